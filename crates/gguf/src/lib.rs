@@ -167,6 +167,11 @@ impl GgufFile {
         bytes.get(start..end).unwrap_or(&[])
     }
 
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.inner.backing.bytes()
+    }
+
     /// Total file size in bytes.
     pub fn file_len(&self) -> u64 {
         self.inner.backing.bytes().len() as u64

@@ -1,1 +1,100 @@
-//! placeholder
+//! The compute kernels of strata's forward pass: quantised matrix products against 8-bit
+//! quantised activations, element-wise layer operations, and the thread pool they run on.
+//!
+//! Main types: [`QMatrix`] (a weight matrix in a GGUF format, borrowed from the mmap or owned),
+//! [`QuantActs`] (activations converted for a product), [`matmul`], [`ThreadPool`]. Every SIMD
+//! kernel has a scalar twin in [`dot`] that it must match bit for bit; SIMD is chosen at run time
+//! from the CPU's features, so one binary runs everywhere.
+//!
+//! This crate knows nothing of models, tokenizers or networks: it depends only on `strata-gguf`
+//! for the names of the formats.
+#![warn(missing_docs)]
+
+pub mod dot;
+pub mod formats;
+mod matmul;
+pub mod ops;
+mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+pub use matmul::{QMatrix, QuantActs, WeightBytes, matmul};
+pub use pool::ThreadPool;
+pub use strata_gguf::GgmlType;
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor's shape does not fit its format or purpose.
+    #[error("{what}: {detail}")]
+    Shape {
+        /// What was checked.
+        what: &'static str,
+        /// The numbers.
+        detail: String,
+    },
+    /// The kernels cannot compute with this weight format (yet).
+    #[error("unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0)")]
+    UnsupportedType(GgmlType),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Whether [`matmul`] can use weights of this format.
+pub fn supported_weight(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+    )
+}
+
+/// The instruction sets the kernels may use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa {
+    /// AVX2 + FMA + F16C.
+    pub avx2: bool,
+}
+
+static ISA: OnceLock<Isa> = OnceLock::new();
+
+/// Detected instruction sets, unless `STRATA_NO_SIMD` is set (to run the portable path).
+pub fn isa() -> Isa {
+    *ISA.get_or_init(|| {
+        if std::env::var_os("STRATA_NO_SIMD").is_some() {
+            return Isa { avx2: false };
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            Isa {
+                avx2: is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Isa { avx2: false }
+        }
+    })
+}
+
+/// The SIMD tile kernel for weights of `ty` on this CPU, if there is one.
+pub(crate) fn simd_tile(ty: GgmlType) -> Option<matmul::TileFn> {
+    #[cfg(target_arch = "x86_64")]
+    if isa().avx2 && x86::supported(ty) {
+        return Some(matmul::tile_avx2);
+    }
+    let _ = ty;
+    None
+}
+
+#[cfg(test)]
+mod tests;

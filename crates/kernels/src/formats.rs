@@ -1,0 +1,230 @@
+//! Block layouts of the quantised formats, their scalar dequantisation, and the 8-bit
+//! quantisation of activations.
+//!
+//! Activations are quantised exactly as llama.cpp's x86 path does it (scale `amax / 127`, inverse
+//! `127 / amax`, round half to even), because strata's greedy output must match llama.cpp token for
+//! token and a different rounding rule flips a few activation codes per row.
+
+use half::f16;
+use strata_gguf::GgmlType;
+
+/// Elements in a block of the 32-element formats.
+pub const QK: usize = 32;
+/// Bytes of a Q4_0 block: f16 scale + 16 bytes of nibbles.
+pub const Q4_0_BYTES: usize = 18;
+/// Bytes of a Q4_1 block: f16 scale, f16 min, 16 bytes of nibbles.
+pub const Q4_1_BYTES: usize = 20;
+/// Bytes of a Q5_0 block: f16 scale, 4 bytes of high bits, 16 bytes of nibbles.
+pub const Q5_0_BYTES: usize = 22;
+/// Bytes of a Q8_0 block: f16 scale + 32 signed bytes.
+pub const Q8_0_BYTES: usize = 34;
+/// Bytes of a Q8_1 block: f16 scale, f16 `scale * sum(q)`, 32 signed bytes.
+pub const Q8_1_BYTES: usize = 36;
+
+#[inline]
+pub(crate) fn rd_f16(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Rounds an f32 to f16 precision and back (what ggml does when it stores an f16).
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// Decodes one block of a 32-element integer format into its signed codes.
+///
+/// Returns the codes and, for Q4_1, the block minimum (`m`, added as `m * sum(y)` by the dot).
+pub(crate) fn block_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK]) -> (f32, f32) {
+    match ty {
+        GgmlType::Q4_0 => {
+            for j in 0..16 {
+                out[j] = (b[2 + j] & 0x0F) as i8 - 8;
+                out[j + 16] = (b[2 + j] >> 4) as i8 - 8;
+            }
+            (rd_f16(b, 0), 0.0)
+        }
+        GgmlType::Q4_1 => {
+            for j in 0..16 {
+                out[j] = (b[4 + j] & 0x0F) as i8;
+                out[j + 16] = (b[4 + j] >> 4) as i8;
+            }
+            (rd_f16(b, 0), rd_f16(b, 2))
+        }
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for j in 0..16 {
+                let lo = (b[6 + j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                let hi = (b[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                out[j] = lo as i8 - 16;
+                out[j + 16] = hi as i8 - 16;
+            }
+            (rd_f16(b, 0), 0.0)
+        }
+        GgmlType::Q8_0 => {
+            for j in 0..QK {
+                out[j] = b[2 + j] as i8;
+            }
+            (rd_f16(b, 0), 0.0)
+        }
+        _ => (0.0, 0.0),
+    }
+}
+
+/// Dequantises one row of `ty` into `out` (the f32 reference every kernel is tested against).
+///
+/// `row` must hold exactly `out.len()` elements of `ty`; the caller checked the shape.
+pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            let bb = ty.block_bytes();
+            let mut codes = [0i8; QK];
+            for (o, b) in out.chunks_exact_mut(QK).zip(row.chunks_exact(bb)) {
+                let (d, m) = block_codes(ty, b, &mut codes);
+                for (o, &q) in o.iter_mut().zip(codes.iter()) {
+                    *o = f32::from(q) * d + m;
+                }
+            }
+        }
+        _ => out.fill(f32::NAN),
+    }
+}
+
+/// The format activations are converted to before a dot product with weights of format `ty`
+/// (ggml's `vec_dot_type`).
+pub fn act_type(ty: GgmlType) -> GgmlType {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::F16 => GgmlType::F16,
+        _ => GgmlType::F32,
+    }
+}
+
+/// Scale of a block as the x86 path computes it: `amax / 127`, and its inverse `127 / amax`.
+#[inline]
+fn q8_scale(x: &[f32]) -> (f32, f32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    (d, id)
+}
+
+/// Quantises `x` (a multiple of 32 long) to Q8_0 blocks in `out`.
+pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+        let (d, id) = q8_scale(xb);
+        ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for (o, &v) in ob[2..].iter_mut().zip(xb) {
+            *o = (v * id).round_ties_even() as i32 as i8 as u8;
+        }
+    }
+}
+
+/// Quantises `x` (a multiple of 32 long) to Q8_1 blocks in `out`.
+pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_1_BYTES)) {
+        let (d, id) = q8_scale(xb);
+        let mut sum = 0i32;
+        for (o, &v) in ob[4..].iter_mut().zip(xb) {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            *o = q as i8 as u8;
+        }
+        ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        ob[2..4].copy_from_slice(&f16::from_f32(d * sum as f32).to_bits().to_le_bytes());
+    }
+}
+
+/// Converts `x` to little-endian f16 bytes.
+pub fn quantize_row_f16(x: &[f32], out: &mut [u8]) {
+    for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+    }
+}
+
+/// Writes `x` as little-endian f32 bytes.
+pub fn quantize_row_f32(x: &[f32], out: &mut [u8]) {
+    for (o, &v) in out.chunks_exact_mut(4).zip(x) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Converts one activation row to `act` format (one of [`act_type`]'s results).
+pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
+    match act {
+        GgmlType::Q8_0 => quantize_row_q8_0(x, out),
+        GgmlType::Q8_1 => quantize_row_q8_1(x, out),
+        GgmlType::F16 => quantize_row_f16(x, out),
+        _ => quantize_row_f32(x, out),
+    }
+}
+
+/// Quantises f32 values to `ty` blocks with simple round-to-nearest (for tests and tools that
+/// write synthetic models; not used on the inference path).
+pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let n_blocks = x.len() / ty.block_size();
+    let mut out = vec![0u8; n_blocks * ty.block_bytes()];
+    match ty {
+        GgmlType::F32 => quantize_row_f32(x, &mut out),
+        GgmlType::F16 => quantize_row_f16(x, &mut out),
+        GgmlType::Q8_0 => quantize_row_q8_0(x, &mut out),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let (bits, bb) = if ty == GgmlType::Q4_0 {
+                (4, 18)
+            } else {
+                (5, 22)
+            };
+            let half = 1i32 << (bits - 1);
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+                let mut max = 0.0f32;
+                for &v in xb {
+                    if v.abs() > max.abs() {
+                        max = v;
+                    }
+                }
+                let d = max / -(half as f32);
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                let q = |v: f32| ((v * id + half as f32 + 0.5) as i32).clamp(0, 2 * half - 1) as u8;
+                let mut qh = 0u32;
+                let nib = bb - 16;
+                for j in 0..16 {
+                    let (a, b) = (q(xb[j]), q(xb[j + 16]));
+                    ob[nib + j] = (a & 0x0F) | ((b & 0x0F) << 4);
+                    qh |= u32::from((a >> 4) & 1) << j;
+                    qh |= u32::from((b >> 4) & 1) << (j + 16);
+                }
+                if ty == GgmlType::Q5_0 {
+                    ob[2..6].copy_from_slice(&qh.to_le_bytes());
+                }
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
+                let min = xb.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = xb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                ob[2..4].copy_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+                let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                for j in 0..16 {
+                    ob[4 + j] = q(xb[j]) | (q(xb[j + 16]) << 4);
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}

@@ -1,0 +1,154 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::dot::dot_scalar;
+use crate::formats::{act_type, dequantize_row, quantize_weights};
+
+/// A small deterministic generator (xorshift), so failures reproduce without a seed dance.
+struct Rng(u64);
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+const TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::F16,
+    GgmlType::F32,
+];
+
+/// Relative tolerance of a product against the dequantised-weight f32 reference, measured
+/// against `sum |w_i * x_i|`: 8-bit activation quantisation contributes at most ~1/254 of a
+/// block's largest activation per element; f16 activations ~1/2048.
+fn tolerance(ty: GgmlType) -> f32 {
+    match act_type(ty) {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => 1.0 / 100.0,
+        GgmlType::F16 => 1.0 / 1000.0,
+        _ => 1e-5,
+    }
+}
+
+fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let wf = rng.vec(rows * cols, 0.5);
+    let x = rng.vec(n * cols, 2.0);
+    let w = QMatrix::new(
+        ty,
+        rows,
+        cols,
+        WeightBytes::Owned(quantize_weights(ty, &wf)),
+    )
+    .unwrap();
+    let mut acts = QuantActs::new();
+    acts.quantize(ty, &x, n, cols);
+    let pool = ThreadPool::new(threads);
+    let mut out = vec![0.0f32; n * rows];
+    matmul(&pool, &w, &acts, &mut out);
+
+    let act_ty = act_type(ty);
+    let act_bytes = act_ty.row_bytes(cols).unwrap();
+    let mut wrow = vec![0.0f32; cols];
+    for t in 0..n {
+        let a = &acts.buf_for_test()[t * act_bytes..(t + 1) * act_bytes];
+        for r in 0..rows {
+            // 1. SIMD (if any) equals the scalar reference bit for bit.
+            let s = dot_scalar(ty, w.row(r), a, cols);
+            let got = out[t * rows + r];
+            assert_eq!(
+                got.to_bits(),
+                s.to_bits(),
+                "{ty} r{r} t{t}: simd {got} scalar {s}"
+            );
+            // 2. Both are close to the f32 product with dequantised weights.
+            dequantize_row(ty, w.row(r), &mut wrow);
+            let xs = &x[t * cols..(t + 1) * cols];
+            let exact: f32 = wrow.iter().zip(xs).map(|(a, b)| a * b).sum();
+            let mag: f32 = wrow.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
+            let err = (got - exact).abs();
+            assert!(
+                err <= tolerance(ty) * mag + 1e-5,
+                "{ty} r{r} t{t}: {got} vs f32 {exact} (err {err}, magnitude {mag})"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_scalar_and_f32_reference() {
+    for (i, ty) in TYPES.into_iter().enumerate() {
+        for &(rows, cols, n, threads) in &[
+            (1, 32, 1, 1),
+            (7, 64, 3, 2),
+            (37, 256, 9, 2),
+            (64, 576, 5, 3),
+        ] {
+            check(
+                ty,
+                rows,
+                cols,
+                n,
+                threads,
+                0x9E37_79B9 + i as u64 * 7 + rows as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn weight_quantisers_round_trip() {
+    let mut rng = Rng(7);
+    let x = rng.vec(256, 1.0);
+    for ty in TYPES {
+        let q = quantize_weights(ty, &x);
+        let mut back = vec![0.0; 256];
+        dequantize_row(ty, &q, &mut back);
+        let max_err = x
+            .iter()
+            .zip(&back)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let bound = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => 0.15,
+            GgmlType::Q5_0 => 0.07,
+            GgmlType::Q8_0 => 0.01,
+            _ => 1e-3,
+        };
+        assert!(max_err <= bound, "{ty}: max error {max_err}");
+    }
+}
+
+#[test]
+fn activation_quantisation_rounds_half_to_even() {
+    // amax 127 gives id = 1, so codes are the rounded inputs: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2.
+    let mut x = vec![0.0f32; 32];
+    x[0] = 127.0;
+    x[1] = 0.5;
+    x[2] = 1.5;
+    x[3] = 2.5;
+    x[4] = -2.5;
+    let mut out = vec![0u8; 34];
+    formats::quantize_row_q8_0(&x, &mut out);
+    let codes: Vec<i8> = out[2..7].iter().map(|&b| b as i8).collect();
+    assert_eq!(codes, [127, 0, 2, 2, -2]);
+}
+
+#[test]
+fn unsupported_formats_are_refused() {
+    let e = QMatrix::new(GgmlType::Q6K, 1, 256, WeightBytes::Owned(vec![0; 210])).unwrap_err();
+    assert!(
+        e.to_string().contains("unsupported weight format Q6_K"),
+        "{e}"
+    );
+    let e = QMatrix::new(GgmlType::Q8_0, 2, 32, WeightBytes::Owned(vec![0; 34])).unwrap_err();
+    assert!(e.to_string().contains("expected 68"), "{e}");
+}
