@@ -167,6 +167,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// Taking `self` makes closures capture the whole wrapper (which is `Sync`), not the field.
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `out[t * w.rows() + r] = dot(w.row(r), acts[t])` for all tokens `t` and rows `r`.
 ///
 /// `acts` must have been quantised for `w`'s format and `w.cols()` columns; `out` must hold
@@ -195,14 +202,14 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             match simd {
                 // SAFETY: `simd_tile` returned a kernel only if the CPU supports it; pointers
                 // cover whole rows of the checked sizes; this thread owns rows r0..r1.
-                Some(k) => unsafe { k(w, acts, r0, r1, optr.0) },
+                Some(k) => unsafe { k(w, acts, r0, r1, optr.ptr()) },
                 None => {
                     for t in 0..n {
                         let a = &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
                         for r in r0..r1 {
                             let v = dot_scalar(w.ty, w.row(r), a, w.cols);
                             // SAFETY: in bounds (checked above) and owned by this thread.
-                            unsafe { *optr.0.add(t * w.rows + r) = v };
+                            unsafe { *optr.ptr().add(t * w.rows + r) = v };
                         }
                     }
                 }
