@@ -1,7 +1,10 @@
-//! The `strata` binary. Only `strata models` exists so far; the other subcommands are wired
-//! in as their crates land.
+//! The `strata` binary: the command-line front end of every crate in the workspace.
+//!
+//! Flags are parsed here and turned into typed library calls; this is the only crate that uses
+//! `anyhow`, and every error reaches the user as one line on stderr with a non-zero exit.
 
 mod cmd_models;
+mod cmd_run;
 
 use std::process::ExitCode;
 
@@ -17,6 +20,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Generate a reply to one prompt, streamed to stdout.
+    Run(cmd_run::RunArgs),
+    /// Chat interactively with a model.
+    Chat(cmd_run::ChatArgs),
     /// Manage downloaded models.
     Models(cmd_models::ModelsArgs),
 }
@@ -24,6 +31,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
+        Command::Run(args) => cmd_run::run(args),
+        Command::Chat(args) => cmd_run::chat(args),
         Command::Models(args) => cmd_models::run(args),
     };
     match result {

@@ -1,1 +1,28 @@
-//! placeholder
+//! The inference engine: a Llama-family forward pass over a shard of a model, its KV cache,
+//! sampling, and the generation loop that ties them to a tokenizer.
+//!
+//! Main types: [`Model`] (a loaded [`ShardSpec`] of a GGUF model), [`KvCache`], [`Scratch`],
+//! [`Sampler`], and [`Generator`] (prompt in, streamed tokens and timing out). The model code is
+//! written for shards from the start: a worker may own any layer range and any slice of heads,
+//! FFN columns and vocabulary rows, and combines partial results through a [`Collective`].
+//!
+//! The engine depends on the GGUF reader, the tokenizer and the kernels; it knows nothing of
+//! networks, clusters or HTTP.
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod generate;
+mod kv_cache;
+mod model;
+mod sampler;
+mod shard;
+mod weights;
+
+pub use config::ModelConfig;
+pub use error::{Error, Result};
+pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
+pub use kv_cache::KvCache;
+pub use model::{Collective, Model, NoComm, Scratch, StageInput};
+pub use sampler::{Sampler, SamplingParams};
+pub use shard::ShardSpec;

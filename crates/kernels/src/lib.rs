@@ -10,6 +10,7 @@
 //! for the names of the formats.
 #![warn(missing_docs)]
 
+pub mod attn;
 pub mod dot;
 pub mod formats;
 mod matmul;

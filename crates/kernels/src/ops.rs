@@ -29,13 +29,32 @@ pub fn rope_table(
     }
 }
 
-/// Rotates adjacent pairs `(x[2i], x[2i+1])` of one head by the table's angles.
-pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+#[inline(always)]
+fn rope_impl(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for (pair, (&c, &s)) in x.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
         let (x0, x1) = (pair[0], pair[1]);
-        pair[0] = x0 * c - x1 * s;
-        pair[1] = x0 * s + x1 * c;
+        // GCC contracts ggml's `x0*c - x1*s` and `x0*s + x1*c` into these fused forms; the
+        // rounding differs from the plain expressions in the last bit.
+        pair[0] = x0.mul_add(c, -(x1 * s));
+        pair[1] = x0.mul_add(s, x1 * c);
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rope_fma(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    rope_impl(x, cos, sin)
+}
+
+/// Rotates adjacent pairs `(x[2i], x[2i+1])` of one head by the table's angles (ggml's `NORM`
+/// mode, with its fused multiply-adds).
+pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { rope_fma(x, cos, sin) };
+    }
+    rope_impl(x, cos, sin)
 }
 
 /// Rotates NEOX-style halves `(x[i], x[i + n/2])` (used by some architectures, e.g. Gemma).
@@ -48,15 +67,56 @@ pub fn rope_apply_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// In-place softmax of `x` (already scaled and masked); the sum is accumulated in f64 and the
-/// result multiplied by its inverse, as ggml does.
-pub fn softmax(x: &mut [f32]) {
+/// ggml's vectorised `expf` (`ggml_v_expf`, after ARM's optimized-routines): a degree-5
+/// polynomial on a reduced argument, within 1.5 ulp of the true value. strata uses it rather than
+/// libm's `expf` because llama.cpp does, and greedy parity needs the same bits.
+#[inline(always)]
+pub fn ggml_expf(x: f32) -> f32 {
+    const R: f32 = 12_582_912.0; // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), R); // log2(e)
+    let n = z - R;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35BF_BE8E),
+        (-n).mul_add(f32::from_bits(0x3F31_7200), x),
+    );
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let c4 = f32::from_bits(0x3C07_2010);
+    let c3 = f32::from_bits(0x3D2B_9F17);
+    let c2 = f32::from_bits(0x3E2A_AF33);
+    let c1 = f32::from_bits(0x3EFF_FEDB);
+    let c0 = f32::from_bits(0x3F7F_FFF6);
+    let j = c4
+        .mul_add(b, c3)
+        .mul_add(u, c2.mul_add(b, c1))
+        .mul_add(u, c0.mul_add(b, 1.0));
+    // scalef: j * 2^n, rounded once.
+    (f64::from(j) * 2f64.powi(n as i32)) as f32
+}
+
+#[inline(always)]
+fn reduce16(a: &[f32]) -> f32 {
+    let s8: [f32; 8] = std::array::from_fn(|i| a[i + 8] + a[i]);
+    let s4: [f32; 4] = std::array::from_fn(|i| s8[i + 4] + s8[i]);
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+#[inline(always)]
+fn softmax_impl(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
-        let e = (*v - max).exp();
-        sum += f64::from(e);
-        *v = e;
+        *v = ggml_expf(*v - max);
+    }
+    // ggml sums 16 exponentials at a time in f32 (its rows are padded with zeros to a multiple
+    // of 16), then adds the block sums in f64.
+    let mut block = [0.0f32; 16];
+    for chunk in x.chunks(16) {
+        block.fill(0.0);
+        block[..chunk.len()].copy_from_slice(chunk);
+        sum += f64::from(reduce16(&block));
     }
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
@@ -64,12 +124,45 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, the SwiGLU activation.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+#[inline(always)]
+fn swiglu_impl(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        *g = x / (1.0 + (-x).exp()) * u;
+        *g = x / (1.0 + ggml_expf(-x)) * u;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_fma(x: &mut [f32]) {
+    softmax_impl(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
+    swiglu_impl(gate, up)
+}
+
+/// In-place softmax of `x` (already scaled and masked), with ggml's exponential and summation
+/// order (blocks of 16 in f32, block sums in f64), multiplied by the inverse of the sum.
+pub fn softmax(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { softmax_fma(x) };
+    }
+    softmax_impl(x)
+}
+
+/// `gate = silu(gate) * up`, the SwiGLU activation, with ggml's exponential.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { swiglu_fma(gate, up) };
+    }
+    swiglu_impl(gate, up)
 }
 
 /// `x += y`.

@@ -1,0 +1,233 @@
+//! `strata run` (one prompt, streamed) and `strata chat` (an interactive multi-turn REPL).
+//!
+//! Both resolve the model through the store (pulling the default model on first use), build the
+//! prompt (chat template unless `--raw`), and stream text to stdout as tokens arrive.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use strata_engine::{GenerateRequest, GenerationStats, Generator, SamplingParams};
+use strata_store::{Store, TerminalProgress};
+use strata_tokenizer::ChatMessage;
+
+/// Options shared by `run` and `chat`.
+#[derive(Debug, Args)]
+pub(crate) struct ModelOpts {
+    /// Model id from the catalog (`strata models list`) or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// Compute threads (default: all cores).
+    #[arg(long, short = 't')]
+    threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 8192).
+    #[arg(long)]
+    ctx_size: Option<usize>,
+    /// System prompt (chat template only).
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Minimum probability relative to the best token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty over the last 64 tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Presence penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Frequency penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// `strata run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    opts: ModelOpts,
+    /// Tokenise the prompt as is, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// Print one JSON object of timings on the last line of stderr.
+    #[arg(long)]
+    stats_json: bool,
+    /// The prompt.
+    prompt: String,
+}
+
+/// `strata chat`.
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    #[command(flatten)]
+    opts: ModelOpts,
+}
+
+impl ModelOpts {
+    fn sampling(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        };
+        p.validate().map_err(anyhow::Error::msg)?;
+        Ok(p)
+    }
+
+    fn load(&self) -> Result<Generator> {
+        let path = resolve_model(&self.model)?;
+        let threads = match self.threads {
+            Some(0) => bail!("--threads must be at least 1"),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        Generator::load(&path, threads, self.ctx_size)
+            .with_context(|| format!("loading {}", path.display()))
+    }
+}
+
+fn resolve_model(spec: &str) -> Result<PathBuf> {
+    let store = Store::from_env()?;
+    let mut progress = TerminalProgress::stderr();
+    let resolved = store.resolve_with(spec, &mut |ev| progress.handle(ev));
+    progress.finish();
+    Ok(resolved?.path)
+}
+
+/// Generates from `prompt` tokens, streaming text to stdout.
+fn stream(
+    g: &mut Generator,
+    prompt: Vec<u32>,
+    opts: &ModelOpts,
+) -> Result<(String, GenerationStats)> {
+    let req = GenerateRequest {
+        prompt,
+        max_tokens: opts.max_tokens,
+        sampling: opts.sampling()?,
+    };
+    let mut ids = Vec::new();
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let mut io_err = None;
+    let stats = {
+        let tok = g.tokenizer_shared();
+        let mut dec = tok.stream_decoder(false);
+        let stats = g.generate(&req, &mut |id| {
+            ids.push(id);
+            if let Some(piece) = dec.push(id) {
+                text.push_str(&piece);
+                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|()| out.flush()) {
+                    io_err = Some(e);
+                    return false;
+                }
+            }
+            true
+        })?;
+        if let Some(rest) = dec.finish() {
+            text.push_str(&rest);
+            out.write_all(rest.as_bytes())?;
+        }
+        stats
+    };
+    if let Some(e) = io_err {
+        return Err(e).context("writing to stdout");
+    }
+    Ok((text, stats))
+}
+
+pub(crate) fn run(args: RunArgs) -> Result<()> {
+    let mut g = args.opts.load()?;
+    let prompt = if args.raw {
+        g.tokenizer().encode_prompt(&args.prompt, false)?
+    } else {
+        let Some(tpl) = g.template() else {
+            bail!("the model has no chat template; use --raw to send the prompt as is");
+        };
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.opts.system {
+            msgs.push(ChatMessage::new("system", s.clone()));
+        }
+        msgs.push(ChatMessage::new("user", args.prompt.clone()));
+        let text = tpl.render(&msgs, true)?;
+        g.tokenizer().encode_prompt(&text, true)?
+    };
+    let (_, stats) = stream(&mut g, prompt, &args.opts)?;
+    println!();
+    if args.stats_json {
+        eprintln!("{}", serde_json::to_string(&stats)?);
+    }
+    Ok(())
+}
+
+pub(crate) fn chat(args: ChatArgs) -> Result<()> {
+    let mut g = args.opts.load()?;
+    if g.template().is_none() {
+        bail!("the model has no chat template, so it cannot chat; try `strata run --raw`");
+    }
+    let mut msgs = Vec::new();
+    if let Some(s) = &args.opts.system {
+        msgs.push(ChatMessage::new("system", s.clone()));
+    }
+    eprintln!(
+        "strata chat: type a message and press Enter; /reset clears the history, /exit or Ctrl-D quits."
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let input = line.trim();
+        match input {
+            "" => continue,
+            "/exit" | "/quit" => return Ok(()),
+            "/reset" => {
+                msgs.retain(|m: &ChatMessage| m.role == "system");
+                continue;
+            }
+            _ => {}
+        }
+        msgs.push(ChatMessage::new("user", input.to_string()));
+        let text = g
+            .template()
+            .map(|t| t.render(&msgs, true))
+            .transpose()?
+            .unwrap_or_default();
+        let prompt = g.tokenizer().encode_prompt(&text, true)?;
+        match stream(&mut g, prompt, &args.opts) {
+            Ok((reply, _)) => {
+                println!();
+                msgs.push(ChatMessage::new("assistant", reply));
+            }
+            Err(e) => {
+                // Drop the turn that failed (e.g. the conversation outgrew the context).
+                msgs.pop();
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+}

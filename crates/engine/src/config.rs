@@ -1,0 +1,106 @@
+//! Model hyper-parameters read from GGUF metadata.
+
+use strata_gguf::GgufFile;
+
+use crate::{Error, Result};
+
+/// Hyper-parameters of a Llama-family decoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// `general.architecture`.
+    pub arch: String,
+    /// Decoder layers.
+    pub n_layer: usize,
+    /// Hidden width.
+    pub n_embd: usize,
+    /// FFN inner width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_head`).
+    pub n_head_kv: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub n_vocab: usize,
+    /// Trained context length.
+    pub n_ctx_train: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base frequency.
+    pub rope_base: f32,
+    /// Dimensions of a head that RoPE rotates.
+    pub rope_dims: usize,
+    /// Whether the LM head reuses the token embedding.
+    pub tied_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Reads the configuration of the model in `file`.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+        let md = file.metadata();
+        let arch = md.get_str("general.architecture")?.to_string();
+        if arch != "llama" {
+            return Err(Error::UnsupportedArchitecture(arch));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let n_embd = md.get_u32(&key("embedding_length"))? as usize;
+        let n_head = md.get_u32(&key("attention.head_count"))? as usize;
+        let n_head_kv = match md.get(&key("attention.head_count_kv")) {
+            Some(_) => md.get_u32(&key("attention.head_count_kv"))? as usize,
+            None => n_head,
+        };
+        if n_head == 0
+            || n_head_kv == 0
+            || !n_head.is_multiple_of(n_head_kv)
+            || !n_embd.is_multiple_of(n_head)
+        {
+            return Err(Error::InvalidModel(format!(
+                "{n_head} heads, {n_head_kv} KV heads and width {n_embd} are inconsistent"
+            )));
+        }
+        let head_dim = n_embd / n_head;
+        let rope_dims = match md.get(&key("rope.dimension_count")) {
+            Some(_) => md.get_u32(&key("rope.dimension_count"))? as usize,
+            None => head_dim,
+        };
+        let rope_base = match md.get(&key("rope.freq_base")) {
+            Some(_) => md.get_f32(&key("rope.freq_base"))?,
+            None => 10_000.0,
+        };
+        let embd = file.require_tensor("token_embd.weight")?;
+        let n_vocab = embd.n_rows();
+        let cfg = ModelConfig {
+            n_layer: md.get_u32(&key("block_count"))? as usize,
+            n_embd,
+            n_ff: md.get_u32(&key("feed_forward_length"))? as usize,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab,
+            n_ctx_train: md.get_u32(&key("context_length"))? as usize,
+            rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_base,
+            rope_dims,
+            tied_embeddings: file.tensor("output.weight").is_none(),
+            arch,
+        };
+        if embd.row_len() != n_embd {
+            return Err(Error::InvalidModel(format!(
+                "token_embd.weight rows are {} wide, model width is {n_embd}",
+                embd.row_len()
+            )));
+        }
+        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
+            return Err(Error::InvalidModel(format!(
+                "rope dimension count {rope_dims} does not fit head width {head_dim}"
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+}

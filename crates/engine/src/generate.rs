@@ -1,0 +1,238 @@
+//! The generation loop: prefill the prompt in batches, then decode token by token until an
+//! end-of-generation token, the token budget, the context limit, or the caller says stop.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use strata_gguf::GgufFile;
+use strata_kernels::ThreadPool;
+use strata_tokenizer::{ChatTemplate, Tokenizer};
+
+use crate::{Error, KvCache, Model, NoComm, Result, Sampler, SamplingParams, Scratch, StageInput};
+
+/// Prompt tokens processed per forward step during prefill (llama.cpp's default batch).
+pub(crate) const PREFILL_BATCH: usize = 512;
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    /// Prompt token ids (BOS included if the model wants one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    Eog,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The context window is full.
+    ContextFull,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+/// Timing and counts of one generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationStats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (including a final end-of-generation token).
+    pub completion_tokens: usize,
+    /// Time from the start to the first generated token, in milliseconds.
+    pub ttft_ms: f64,
+    /// Prompt tokens per second.
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tok_s: f64,
+    /// Why generation ended.
+    pub stop_reason: StopReason,
+}
+
+/// A model ready to generate: weights, tokenizer, chat template, threads and cache.
+pub struct Generator {
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    pool: ThreadPool,
+    cache: KvCache,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator")
+            .field("config", self.model.config())
+            .field("threads", &self.pool.n_threads())
+            .field("n_ctx", &self.cache.capacity())
+            .finish()
+    }
+}
+
+impl Generator {
+    /// Loads the model at `path` with `threads` compute threads and a context of `n_ctx`
+    /// positions (default: the trained context, capped at 8192).
+    pub fn load(path: &Path, threads: usize, n_ctx: Option<usize>) -> Result<Generator> {
+        let file = GgufFile::open(path)?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
+        let template = ChatTemplate::from_gguf(file.metadata())?;
+        let model = Model::load_full(&file)?;
+        let n_ctx = n_ctx.unwrap_or(model.config().n_ctx_train.min(8192)).max(1);
+        let cache = model.new_cache(n_ctx);
+        Ok(Generator {
+            model,
+            tokenizer,
+            template,
+            pool: ThreadPool::new(threads),
+            cache,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// A shared handle to the tokenizer (for decoding while generating).
+    pub fn tokenizer_shared(&self) -> Arc<Tokenizer> {
+        Arc::clone(&self.tokenizer)
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// Context size in tokens.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Runs the prompt and returns the logits of its last token (for tests and tools).
+    pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        self.prefill(prompt)?;
+        Ok(self.scratch.logits().to_vec())
+    }
+
+    /// Appends one token to the sequence started by [`Generator::prompt_logits`] and returns the
+    /// logits that follow it (the same computation as a decode step of [`Generator::generate`]).
+    pub fn decode_logits(&mut self, token: u32) -> Result<&[f32]> {
+        if self.cache.len() >= self.cache.capacity() {
+            return Err(Error::ContextOverflow {
+                needed: self.cache.len() + 1,
+                limit: self.cache.capacity(),
+            });
+        }
+        self.model.forward(
+            &self.pool,
+            &mut self.cache,
+            &mut self.scratch,
+            StageInput::Tokens(&[token]),
+            &NoComm,
+        )?;
+        Ok(self.scratch.logits())
+    }
+
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if prompt.len() >= self.cache.capacity() {
+            return Err(Error::ContextOverflow {
+                needed: prompt.len() + 1,
+                limit: self.cache.capacity(),
+            });
+        }
+        self.cache.clear();
+        for chunk in prompt.chunks(PREFILL_BATCH) {
+            self.model.forward(
+                &self.pool,
+                &mut self.cache,
+                &mut self.scratch,
+                StageInput::Tokens(chunk),
+                &NoComm,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Generates a continuation of `req.prompt`, calling `on_token` with each new token id as soon
+    /// as it is sampled; `on_token` returns `false` to stop early.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<GenerationStats> {
+        req.sampling
+            .validate()
+            .map_err(|m| Error::InvalidModel(format!("invalid sampling parameters: {m}")))?;
+        let start = Instant::now();
+        self.prefill(&req.prompt)?;
+        let prefill_s = start.elapsed().as_secs_f64();
+
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut history = req.prompt.clone();
+        let mut generated = 0usize;
+        let mut ttft = None;
+        let mut decode_start = Instant::now();
+        let stop = loop {
+            if generated >= req.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let tok = sampler.sample(self.scratch.logits_mut(), &history);
+            generated += 1;
+            history.push(tok);
+            if ttft.is_none() {
+                ttft = Some(start.elapsed().as_secs_f64());
+                decode_start = Instant::now();
+            }
+            if !on_token(tok) {
+                break StopReason::Cancelled;
+            }
+            if self.tokenizer.is_eog(tok) {
+                break StopReason::Eog;
+            }
+            if generated >= req.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if self.cache.len() >= self.cache.capacity() {
+                break StopReason::ContextFull;
+            }
+            self.model.forward(
+                &self.pool,
+                &mut self.cache,
+                &mut self.scratch,
+                StageInput::Tokens(&[tok]),
+                &NoComm,
+            )?;
+        };
+        let decode_s = decode_start.elapsed().as_secs_f64();
+        let decoded = generated.saturating_sub(1);
+        Ok(GenerationStats {
+            prompt_tokens: req.prompt.len(),
+            completion_tokens: generated,
+            ttft_ms: ttft.unwrap_or(prefill_s) * 1e3,
+            prefill_tok_s: req.prompt.len() as f64 / prefill_s.max(1e-9),
+            decode_tok_s: if decoded > 0 {
+                decoded as f64 / decode_s.max(1e-9)
+            } else {
+                0.0
+            },
+            stop_reason: stop,
+        })
+    }
+}

@@ -1,0 +1,85 @@
+//! The key/value cache of one sequence on one shard.
+//!
+//! Values are stored as f32 but rounded to f16 precision on the way in: numerically this is
+//! llama.cpp's default f16 cache (which greedy parity depends on), while the attention loops stay
+//! plain f32 arithmetic. Memory is reserved up front for the context size; pages are only touched
+//! as positions fill.
+
+/// Keys and values for `n_layers x n_kv_heads x n_ctx` positions of `head_dim` each.
+#[derive(Debug)]
+pub struct KvCache {
+    n_kv_heads: usize,
+    n_ctx: usize,
+    head_dim: usize,
+    len: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl KvCache {
+    pub(crate) fn new(n_layers: usize, n_kv_heads: usize, n_ctx: usize, head_dim: usize) -> Self {
+        let total = n_layers * n_kv_heads * n_ctx * head_dim;
+        KvCache {
+            n_kv_heads,
+            n_ctx,
+            head_dim,
+            len: 0,
+            k: vec![0.0; total],
+            v: vec![0.0; total],
+        }
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Forgets every position (a new sequence).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Forgets positions from `len` on (e.g. to reuse a shared prompt prefix).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn at(&self, layer: usize, head: usize, pos: usize) -> usize {
+        ((layer * self.n_kv_heads + head) * self.n_ctx + pos) * self.head_dim
+    }
+
+    pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let i = self.at(layer, head, pos);
+        let hd = self.head_dim;
+        for (d, s) in self.k[i..i + hd].iter_mut().zip(k) {
+            *d = strata_kernels::formats::round_f16(*s);
+        }
+        for (d, s) in self.v[i..i + hd].iter_mut().zip(v) {
+            *d = strata_kernels::formats::round_f16(*s);
+        }
+    }
+
+    pub(crate) fn key(&self, layer: usize, head: usize, pos: usize) -> &[f32] {
+        let i = self.at(layer, head, pos);
+        &self.k[i..i + self.head_dim]
+    }
+
+    pub(crate) fn value(&self, layer: usize, head: usize, pos: usize) -> &[f32] {
+        let i = self.at(layer, head, pos);
+        &self.v[i..i + self.head_dim]
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}

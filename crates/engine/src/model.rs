@@ -1,0 +1,426 @@
+//! One forward step of a Llama-family decoder over a shard.
+//!
+//! The step takes a batch of tokens (the whole prompt during prefill, one token during decode) at
+//! consecutive positions, appends their keys and values to the cache, and leaves either the hidden
+//! states (a pipeline stage that is not last) or the last token's logits over the shard's
+//! vocabulary rows. Partial sums of tensor-parallel ranks meet in [`Collective::all_reduce_sum`]
+//! after the attention output and FFN down projections, the only two places a layer needs them.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use strata_gguf::GgufFile;
+use strata_kernels::attn::{self, DotOrder};
+use strata_kernels::formats::{dequantize_row, round_f16};
+use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, ops};
+
+use crate::weights::Weights;
+use crate::{Error, KvCache, ModelConfig, Result, ShardSpec};
+
+/// How tensor-parallel ranks combine partial results. The single-process engine uses
+/// [`NoComm`].
+pub trait Collective: Sync {
+    /// Replaces `x` on every rank with the element-wise sum over ranks.
+    fn all_reduce_sum(&self, x: &mut [f32]);
+}
+
+/// The collective of a single rank: nothing to combine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoComm;
+
+impl Collective for NoComm {
+    fn all_reduce_sum(&self, _x: &mut [f32]) {}
+}
+
+/// What a forward step starts from.
+#[derive(Debug, Clone, Copy)]
+pub enum StageInput<'a> {
+    /// Token ids (first pipeline stage).
+    Tokens(&'a [u32]),
+    /// Hidden states from the previous stage, `n * n_embd` values.
+    Hidden(&'a [f32]),
+}
+
+/// A loaded shard of a model.
+#[derive(Debug)]
+pub struct Model {
+    cfg: ModelConfig,
+    spec: ShardSpec,
+    weights: Weights,
+}
+
+/// Reusable buffers of the forward pass, sized for the largest batch seen so far.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+    acts: QuantActs,
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    scores: Vec<Vec<f32>>,
+    accs: Vec<Vec<f32>>,
+}
+
+impl Scratch {
+    /// Logits of the last token over the shard's vocabulary rows (after a last-stage step).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Mutable logits (samplers apply penalties in place).
+    pub fn logits_mut(&mut self) -> &mut [f32] {
+        &mut self.logits
+    }
+
+    /// Hidden states after a non-last stage step, `n * n_embd` values.
+    pub fn hidden(&self) -> &[f32] {
+        &self.x
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// A raw pointer threads write disjoint regions through.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: every use writes only the (token, head) regions the writing thread claimed from an
+// atomic counter; no two threads claim the same region.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn mm(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut Vec<f32>) {
+    grow(out, acts.n() * w.rows());
+    matmul(pool, w, acts, &mut out[..acts.n() * w.rows()]);
+}
+
+impl Model {
+    /// Loads shard `spec` of the model in `file`.
+    pub fn load(file: &GgufFile, spec: ShardSpec) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(file)?;
+        let weights = Weights::load(file, &cfg, &spec)?;
+        Ok(Model { cfg, spec, weights })
+    }
+
+    /// Loads the whole model.
+    pub fn load_full(file: &GgufFile) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(file)?;
+        let spec = ShardSpec::full(&cfg);
+        let weights = Weights::load(file, &cfg, &spec)?;
+        Ok(Model { cfg, spec, weights })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The shard this model holds.
+    pub fn spec(&self) -> &ShardSpec {
+        &self.spec
+    }
+
+    /// A KV cache for this shard holding `n_ctx` positions.
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.spec.layers.len(),
+            self.spec.kv_heads.len(),
+            n_ctx,
+            self.cfg.head_dim,
+        )
+    }
+
+    /// Runs one step over `n` tokens at positions `cache.len()..cache.len() + n`.
+    ///
+    /// After it, `scratch.logits()` holds the last token's logits (last stage) or
+    /// `scratch.hidden()` the hidden states (other stages).
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &dyn Collective,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let e = cfg.n_embd;
+        let n = match input {
+            StageInput::Tokens(t) => t.len(),
+            StageInput::Hidden(h) => h.len() / e,
+        };
+        if n == 0 {
+            return Err(Error::EmptyPrompt);
+        }
+        let pos0 = cache.len();
+        if pos0 + n > cache.capacity() {
+            return Err(Error::ContextOverflow {
+                needed: pos0 + n,
+                limit: cache.capacity(),
+            });
+        }
+        grow(&mut scratch.x, n * e);
+        match input {
+            StageInput::Tokens(tokens) => {
+                let embd = self.weights.embd.as_ref().ok_or_else(|| {
+                    Error::InvalidShard("tokens given to a stage without the embedding".into())
+                })?;
+                for (t, &id) in tokens.iter().enumerate() {
+                    if id as usize >= cfg.n_vocab {
+                        return Err(Error::BadToken {
+                            id,
+                            vocab: cfg.n_vocab,
+                        });
+                    }
+                    dequantize_row(
+                        embd.ggml_type(),
+                        embd.row(id as usize),
+                        &mut scratch.x[t * e..(t + 1) * e],
+                    );
+                }
+            }
+            StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
+        }
+
+        self.fill_rope(scratch, pos0, n);
+        let last_layer = self.spec.layers.len() - 1;
+        let last_stage = self.spec.is_last_stage(cfg);
+        let mut rows = n;
+        for (li, lw) in self.weights.layers.iter().enumerate() {
+            // Only the last token's row feeds the logits, so the last stage's last layer skips
+            // the other rows after attention (as llama.cpp does).
+            let trim = last_stage && li == last_layer && n > 1;
+            self.attention(pool, cache, scratch, li, lw, pos0, n, trim, comm)?;
+            if trim {
+                scratch.x.copy_within((n - 1) * e..n * e, 0);
+                rows = 1;
+            }
+            self.ffn(pool, scratch, lw, rows, comm);
+        }
+        cache.advance(n);
+
+        if let Some((norm, head)) = &self.weights.head {
+            let last = &scratch.x[(rows - 1) * e..rows * e];
+            grow(&mut scratch.xn, e);
+            ops::rms_norm(last, norm, cfg.rms_eps, &mut scratch.xn[..e]);
+            scratch
+                .acts
+                .quantize(head.ggml_type(), &scratch.xn[..e], 1, e);
+            scratch.logits.resize(head.rows(), 0.0);
+            matmul(pool, head, &scratch.acts, &mut scratch.logits);
+        }
+        Ok(())
+    }
+
+    fn fill_rope(&self, s: &mut Scratch, pos0: usize, n: usize) {
+        let half = self.cfg.rope_dims / 2;
+        grow(&mut s.rope_cos, n * half);
+        grow(&mut s.rope_sin, n * half);
+        for t in 0..n {
+            ops::rope_table(
+                pos0 + t,
+                self.cfg.rope_dims,
+                self.cfg.rope_base,
+                &mut s.rope_cos[t * half..(t + 1) * half],
+                &mut s.rope_sin[t * half..(t + 1) * half],
+            );
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        s: &mut Scratch,
+        li: usize,
+        lw: &crate::weights::LayerWeights,
+        pos0: usize,
+        n: usize,
+        trim: bool,
+        comm: &dyn Collective,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (e, hd) = (cfg.n_embd, cfg.head_dim);
+        let n_q = lw.wq.rows() / hd;
+        let n_kv = lw.wk.rows() / hd;
+        let group = cfg.group();
+        let half = cfg.rope_dims / 2;
+
+        grow(&mut s.xn, n * e);
+        for t in 0..n {
+            ops::rms_norm(
+                &s.x[t * e..(t + 1) * e],
+                &lw.attn_norm,
+                cfg.rms_eps,
+                &mut s.xn[t * e..(t + 1) * e],
+            );
+        }
+        s.acts.quantize(lw.wq.ggml_type(), &s.xn[..n * e], n, e);
+        mm(pool, &lw.wq, &s.acts, &mut s.q);
+        if lw.wk.ggml_type() != lw.wq.ggml_type() {
+            s.acts.quantize(lw.wk.ggml_type(), &s.xn[..n * e], n, e);
+        }
+        mm(pool, &lw.wk, &s.acts, &mut s.k);
+        if lw.wv.ggml_type() != lw.wk.ggml_type() {
+            s.acts.quantize(lw.wv.ggml_type(), &s.xn[..n * e], n, e);
+        }
+        mm(pool, &lw.wv, &s.acts, &mut s.v);
+
+        // RoPE, then round to f16 where llama.cpp stores or converts to f16 (the K/V cache, and
+        // Q when it meets the f16 keys).
+        for t in 0..n {
+            let (c, sn) = (
+                &s.rope_cos[t * half..(t + 1) * half],
+                &s.rope_sin[t * half..(t + 1) * half],
+            );
+            for h in 0..n_q {
+                let q = &mut s.q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
+                ops::rope_apply(&mut q[..cfg.rope_dims], c, sn);
+                q.iter_mut().for_each(|v| *v = round_f16(*v));
+            }
+            for h in 0..n_kv {
+                let k = &mut s.k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
+                ops::rope_apply(&mut k[..cfg.rope_dims], c, sn);
+                let v = &s.v[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
+                cache.store(li, h, pos0 + t, k, v);
+            }
+        }
+
+        // Scores, softmax and the weighted sum of values, one (query head, token) at a time.
+        let n_threads = pool.n_threads();
+        if s.scores.len() < n_threads {
+            s.scores.resize_with(n_threads, Vec::new);
+        }
+        for sc in &mut s.scores {
+            grow(sc, pos0 + n);
+        }
+        if s.accs.len() < n_threads {
+            s.accs.resize_with(n_threads, Vec::new);
+        }
+        for a in &mut s.accs {
+            grow(a, 64 * hd);
+        }
+        let accs: Vec<SyncPtr> = s.accs.iter_mut().map(|v| SyncPtr(v.as_mut_ptr())).collect();
+        // ggml sums attention products in a different order for one token than for a batch.
+        let order = if n == 1 {
+            DotOrder::Single
+        } else {
+            DotOrder::Batch
+        };
+        // With `trim`, only the last token's attention output is needed.
+        let t_first = if trim { n - 1 } else { 0 };
+        let n_out = n - t_first;
+        grow(&mut s.att, n_out * n_q * hd);
+        let att = SyncPtr(s.att.as_mut_ptr());
+        let scale = 1.0 / (hd as f32).sqrt();
+        let next = AtomicUsize::new(0);
+        let units = n_out * n_q;
+        let cache_ref = &*cache;
+        let score_bufs: Vec<SyncPtr> = s
+            .scores
+            .iter_mut()
+            .map(|v| SyncPtr(v.as_mut_ptr()))
+            .collect();
+        let q = &s.q;
+        pool.run(&|tid| {
+            let buf = score_bufs[tid];
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= units {
+                    break;
+                }
+                let (h, tt) = (u % n_q, u / n_q);
+                let t = t_first + tt;
+                let kvh = h / group;
+                let len = pos0 + t + 1;
+                let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
+                // SAFETY: thread `tid` alone uses score buffer `tid`, sized >= pos0 + n above.
+                let sc = unsafe { std::slice::from_raw_parts_mut(buf.get(), len) };
+                for (p, out) in sc.iter_mut().enumerate() {
+                    *out = attn::dot_f16_order(order, qv, cache_ref.key(li, kvh, p)) * scale;
+                }
+                ops::softmax(sc);
+                // llama.cpp converts the probabilities to f16 before the product with V.
+                for w in sc.iter_mut() {
+                    *w = round_f16(*w);
+                }
+                // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
+                // accumulator scratch of thread `tid` follows its score buffer.
+                let (o, acc) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h) * hd), hd),
+                        std::slice::from_raw_parts_mut(accs[tid].get(), 64 * hd),
+                    )
+                };
+                attn::weighted_sum_order(order, sc, |p| cache_ref.value(li, kvh, p), acc, o);
+            }
+        });
+
+        let width = n_q * hd;
+        s.acts
+            .quantize(lw.wo.ggml_type(), &s.att[..n_out * width], n_out, width);
+        mm(pool, &lw.wo, &s.acts, &mut s.proj);
+        // This rank's partial sum of the projection; combine before the residual add.
+        let proj = &mut s.proj[..n_out * e];
+        comm.all_reduce_sum(proj);
+        for (tt, row) in proj.chunks_exact(e).enumerate() {
+            let t = t_first + tt;
+            ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
+        }
+        Ok(())
+    }
+
+    /// The SwiGLU feed-forward block over the first `rows` rows of `s.x`, added in place.
+    fn ffn(
+        &self,
+        pool: &ThreadPool,
+        s: &mut Scratch,
+        lw: &crate::weights::LayerWeights,
+        rows: usize,
+        comm: &dyn Collective,
+    ) {
+        let e = self.cfg.n_embd;
+        let ff = lw.w_gate.rows();
+        grow(&mut s.xn, rows * e);
+        for t in 0..rows {
+            ops::rms_norm(
+                &s.x[t * e..(t + 1) * e],
+                &lw.ffn_norm,
+                self.cfg.rms_eps,
+                &mut s.xn[t * e..(t + 1) * e],
+            );
+        }
+        s.acts
+            .quantize(lw.w_gate.ggml_type(), &s.xn[..rows * e], rows, e);
+        mm(pool, &lw.w_gate, &s.acts, &mut s.gate);
+        if lw.w_up.ggml_type() != lw.w_gate.ggml_type() {
+            s.acts
+                .quantize(lw.w_up.ggml_type(), &s.xn[..rows * e], rows, e);
+        }
+        mm(pool, &lw.w_up, &s.acts, &mut s.up);
+        ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]);
+        s.acts
+            .quantize(lw.w_down.ggml_type(), &s.gate[..rows * ff], rows, ff);
+        mm(pool, &lw.w_down, &s.acts, &mut s.proj);
+        let proj = &mut s.proj[..rows * e];
+        comm.all_reduce_sum(proj);
+        for (t, row) in proj.chunks_exact(e).enumerate() {
+            ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
+        }
+    }
+}

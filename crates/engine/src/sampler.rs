@@ -1,0 +1,284 @@
+//! Turning logits into the next token: greedy, or temperature sampling with top-k, top-p and
+//! min-p filters, after repetition, presence and frequency penalties. A seed makes sampling
+//! reproducible.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Sampling settings. The defaults are greedy decoding with no penalties.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `p` (1.0 = off).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens by this (1.0 = off).
+    pub repeat_penalty: f32,
+    /// Subtract this from logits of tokens that appeared (0 = off).
+    pub presence_penalty: f32,
+    /// Subtract this times the count of each token that appeared (0 = off).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    /// Random seed.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks ranges, naming the offending parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = |v: f32| v.is_finite();
+        if !finite(self.temperature) || self.temperature < 0.0 {
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !finite(self.top_p) || !(0.0..=1.0).contains(&self.top_p) || self.top_p == 0.0 {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !finite(self.min_p) || !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !finite(self.repeat_penalty) || self.repeat_penalty <= 0.0 {
+            return Err(format!(
+                "repeat_penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
+        }
+        if !finite(self.presence_penalty) || !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(format!(
+                "presence_penalty must be in [-2, 2], got {}",
+                self.presence_penalty
+            ));
+        }
+        if !finite(self.frequency_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(format!(
+                "frequency_penalty must be in [-2, 2], got {}",
+                self.frequency_penalty
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this is plain greedy decoding (argmax, no penalties).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// A stateful sampler (its random stream advances with each sample).
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    candidates: Vec<(u32, f32)>,
+    counts: std::collections::HashMap<u32, u32>,
+}
+
+impl Sampler {
+    /// A sampler with `params`, seeded from `params.seed`.
+    pub fn new(params: SamplingParams) -> Self {
+        Sampler {
+            rng: StdRng::seed_from_u64(params.seed),
+            params,
+            candidates: Vec::new(),
+            counts: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            return;
+        }
+        let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
+        self.counts.clear();
+        for &t in recent {
+            *self.counts.entry(t).or_insert(0) += 1;
+        }
+        for (&t, &c) in &self.counts {
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
+            if *l > 0.0 {
+                *l /= p.repeat_penalty;
+            } else {
+                *l *= p.repeat_penalty;
+            }
+            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+
+    /// Picks the next token from `logits` (modified in place by penalties), given the tokens so far.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        if self.params.is_greedy() {
+            return strata_kernels::ops::argmax(logits) as u32;
+        }
+        let p = self.params.clone();
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, by_logit);
+            c.truncate(p.top_k);
+        }
+        c.sort_unstable_by(by_logit);
+        // Softmax with temperature over the survivors.
+        let max = c.first().map_or(0.0, |x| x.1);
+        let mut sum = 0.0f64;
+        for x in c.iter_mut() {
+            x.1 = ((x.1 - max) / p.temperature).exp();
+            sum += f64::from(x.1);
+        }
+        for x in c.iter_mut() {
+            x.1 = (f64::from(x.1) / sum) as f32;
+        }
+        if p.min_p > 0.0 {
+            let cut = c.first().map_or(0.0, |x| x.1) * p.min_p;
+            let keep = c.iter().take_while(|x| x.1 >= cut).count().max(1);
+            c.truncate(keep);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0.0f32;
+            let mut keep = c.len();
+            for (i, x) in c.iter().enumerate() {
+                acc += x.1;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            c.truncate(keep.max(1));
+        }
+        let total: f32 = c.iter().map(|x| x.1).sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for x in c.iter() {
+            r -= x.1;
+            if r <= 0.0 {
+                return x.0;
+            }
+        }
+        c.last().map_or(0, |x| x.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 0.5, 2.9]
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.sample(&mut logits(), &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.5,
+                seed,
+                ..SamplingParams::default()
+            });
+            (0..64)
+                .map(|_| s.sample(&mut logits(), &[]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            ..SamplingParams::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut logits(), &[]), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_the_support() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            ..SamplingParams::default()
+        });
+        for _ in 0..200 {
+            let t = s.sample(&mut logits(), &[]);
+            assert!([1, 2, 4].contains(&t), "{t}");
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.3,
+            ..SamplingParams::default()
+        });
+        for _ in 0..200 {
+            assert_eq!(s.sample(&mut logits(), &[]), 1);
+        }
+    }
+
+    #[test]
+    fn penalties_push_away_from_history() {
+        let mut s = Sampler::new(SamplingParams {
+            repeat_penalty: 2.0,
+            ..SamplingParams::default()
+        });
+        // 3.0 / 2 = 1.5 < 2.9
+        assert_eq!(s.sample(&mut logits(), &[1]), 4);
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 1.0,
+            ..SamplingParams::default()
+        });
+        assert_eq!(s.sample(&mut logits(), &[1, 4]), 2);
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let p = SamplingParams {
+            top_p: 1.5,
+            ..SamplingParams::default()
+        };
+        assert!(
+            p.validate()
+                .expect_err("top_p 1.5 is invalid")
+                .contains("top_p")
+        );
+    }
+}

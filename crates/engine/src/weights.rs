@@ -1,0 +1,176 @@
+//! Loading a shard's weights from the mapped GGUF file.
+//!
+//! Row slices (query/key/value heads, FFN gate/up columns, vocabulary rows) are contiguous in the
+//! file and stay zero-copy views of the map, so only the pages of the owned rows are ever read.
+//! Column slices (the inputs of the attention output and FFN down projections under tensor
+//! parallelism) are gathered into owned buffers once at load time.
+
+use std::ops::Range;
+
+use strata_gguf::{GgufFile, TensorInfo};
+use strata_kernels::formats::dequantize_row;
+use strata_kernels::{QMatrix, WeightBytes};
+
+use crate::{Error, ModelConfig, Result, ShardSpec};
+
+/// Weights of one decoder layer, restricted to a shard's heads and FFN columns.
+#[derive(Debug)]
+pub(crate) struct LayerWeights {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) wq: QMatrix,
+    pub(crate) wk: QMatrix,
+    pub(crate) wv: QMatrix,
+    pub(crate) wo: QMatrix,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) w_gate: QMatrix,
+    pub(crate) w_up: QMatrix,
+    pub(crate) w_down: QMatrix,
+}
+
+/// All weights a shard needs.
+#[derive(Debug)]
+pub(crate) struct Weights {
+    pub(crate) layers: Vec<LayerWeights>,
+    /// Token embedding (first stage only; rows are read on demand from the map).
+    pub(crate) embd: Option<QMatrix>,
+    /// Final norm and the shard's rows of the LM head (last stage only).
+    pub(crate) head: Option<(Vec<f32>, QMatrix)>,
+}
+
+fn kernel_err(t: &TensorInfo) -> impl FnOnce(strata_kernels::Error) -> Error + '_ {
+    move |source| Error::Kernel {
+        tensor: t.name.clone(),
+        source,
+    }
+}
+
+fn tensor<'a>(file: &'a GgufFile, name: &str, cols: usize, rows: usize) -> Result<&'a TensorInfo> {
+    let t = file.require_tensor(name)?;
+    if t.row_len() != cols || t.n_rows() != rows {
+        return Err(Error::InvalidModel(format!(
+            "{name} is {}x{}, expected {cols}x{rows}",
+            t.row_len(),
+            t.n_rows()
+        )));
+    }
+    Ok(t)
+}
+
+/// Rows `rows` of a `cols x n_rows` matrix, as a view of the map.
+fn row_slice(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    n_rows: usize,
+    rows: Range<usize>,
+) -> Result<QMatrix> {
+    let t = tensor(file, name, cols, n_rows)?;
+    let rb = t.row_bytes();
+    let data = WeightBytes::Mapped {
+        file: file.clone(),
+        start: t.offset as usize + rows.start * rb,
+        len: rows.len() * rb,
+    };
+    QMatrix::new(t.ggml_type, rows.len(), cols, data).map_err(kernel_err(t))
+}
+
+/// Columns `keep` of every row of a `cols x n_rows` matrix (copied unless `keep` is all columns).
+fn col_slice(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    n_rows: usize,
+    keep: Range<usize>,
+) -> Result<QMatrix> {
+    if keep == (0..cols) {
+        return row_slice(file, name, cols, n_rows, 0..n_rows);
+    }
+    let t = tensor(file, name, cols, n_rows)?;
+    let ty = t.ggml_type;
+    let (Some(skip), Some(take)) = (ty.row_bytes(keep.start), ty.row_bytes(keep.len())) else {
+        return Err(Error::InvalidShard(format!(
+            "{name}: column range {keep:?} does not fall on {ty} block boundaries"
+        )));
+    };
+    let src = file.tensor_data(t);
+    let rb = t.row_bytes();
+    let mut out = Vec::with_capacity(n_rows * take);
+    for r in 0..n_rows {
+        out.extend_from_slice(&src[r * rb + skip..r * rb + skip + take]);
+    }
+    QMatrix::new(ty, n_rows, keep.len(), WeightBytes::Owned(out)).map_err(kernel_err(t))
+}
+
+/// A 1-D f32 (or f16) tensor of `len` elements, as f32.
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = file.require_tensor(name)?;
+    if t.dims.iter().product::<u64>() != len as u64 {
+        return Err(Error::InvalidModel(format!(
+            "{name} has {:?} elements, expected {len}",
+            t.dims
+        )));
+    }
+    let mut v = vec![0.0; len];
+    dequantize_row(t.ggml_type, file.tensor_data(t), &mut v);
+    if v.iter().any(|x| x.is_nan()) {
+        return Err(Error::InvalidModel(format!(
+            "{name} ({}) is not a float vector",
+            t.ggml_type
+        )));
+    }
+    Ok(v)
+}
+
+impl Weights {
+    pub(crate) fn load(file: &GgufFile, cfg: &ModelConfig, spec: &ShardSpec) -> Result<Weights> {
+        spec.validate(cfg)?;
+        let hd = cfg.head_dim;
+        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let q_rows = {
+            let h = spec.q_heads(cfg);
+            h.start * hd..h.end * hd
+        };
+        let kv_rows = spec.kv_heads.start * hd..spec.kv_heads.end * hd;
+        let kv_width = cfg.n_head_kv * hd;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for l in spec.layers.clone() {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            layers.push(LayerWeights {
+                attn_norm: vector(file, &n("attn_norm"), e)?,
+                wq: row_slice(file, &n("attn_q"), e, e, q_rows.clone())?,
+                wk: row_slice(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
+                wv: row_slice(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
+                wo: col_slice(file, &n("attn_output"), e, e, q_rows.clone())?,
+                ffn_norm: vector(file, &n("ffn_norm"), e)?,
+                w_gate: row_slice(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
+                w_up: row_slice(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
+                w_down: col_slice(file, &n("ffn_down"), ff, e, spec.ffn.clone())?,
+            });
+        }
+        let embd = if spec.is_first_stage() {
+            Some(row_slice(
+                file,
+                "token_embd.weight",
+                e,
+                cfg.n_vocab,
+                0..cfg.n_vocab,
+            )?)
+        } else {
+            None
+        };
+        let head = if spec.is_last_stage(cfg) {
+            let name = if cfg.tied_embeddings {
+                "token_embd.weight"
+            } else {
+                "output.weight"
+            };
+            Some((
+                vector(file, "output_norm.weight", e)?,
+                row_slice(file, name, e, cfg.n_vocab, spec.vocab.clone())?,
+            ))
+        } else {
+            None
+        };
+        Ok(Weights { layers, embd, head })
+    }
+}

@@ -1,0 +1,177 @@
+//! Attention arithmetic in llama.cpp's exact summation order.
+//!
+//! ggml computes `K·q` and `V·p` with f16 operands in two ways: one token at a time with
+//! `ggml_vec_dot_f16` (four 16-lane accumulators, elements strided by 16 and 64), or for a batch
+//! with llamafile's tinyBLAS (one 16-lane accumulator). The float sums differ in the last bit, and
+//! after 30 layers of 8-bit requantisation such bits decide near-tied tokens, so strata reproduces
+//! the order of whichever path llama.cpp takes for the same batch size.
+
+/// Which of ggml's two f16 dot-product orders to reproduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DotOrder {
+    /// One token (`ggml_vec_dot_f16`: 4 x 16 lanes over 64-element steps).
+    Single,
+    /// A batch of tokens (tinyBLAS: 16 lanes).
+    Batch,
+}
+
+/// `_mm512_reduce_add_ps` as GCC expands it: halves, quarters, then pairs.
+#[inline(always)]
+fn reduce16(a: &[f32; 16]) -> f32 {
+    let mut s8 = [0.0f32; 8];
+    for i in 0..8 {
+        s8[i] = a[i + 8] + a[i];
+    }
+    let mut s4 = [0.0f32; 4];
+    for i in 0..4 {
+        s4[i] = s8[i + 4] + s8[i];
+    }
+    let t0 = s4[0] + s4[2];
+    let t1 = s4[1] + s4[3];
+    t0 + t1
+}
+
+/// Combines `ggml_vec_dot_f16`'s four accumulators (pairwise, then a 16-lane reduce).
+#[inline(always)]
+fn reduce4x16(s: &[[f32; 16]; 4]) -> f32 {
+    let mut x = [0.0f32; 16];
+    for l in 0..16 {
+        x[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    }
+    reduce16(&x)
+}
+
+#[inline(always)]
+fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+    match order {
+        DotOrder::Batch => {
+            let mut acc = [0.0f32; 16];
+            for (qc, kc) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
+                for l in 0..16 {
+                    acc[l] = qc[l].mul_add(kc[l], acc[l]);
+                }
+            }
+            reduce16(&acc)
+        }
+        DotOrder::Single => {
+            let mut s = [[0.0f32; 16]; 4];
+            for (qc, kc) in q.chunks_exact(64).zip(k.chunks_exact(64)) {
+                for j in 0..4 {
+                    for l in 0..16 {
+                        s[j][l] = qc[16 * j + l].mul_add(kc[16 * j + l], s[j][l]);
+                    }
+                }
+            }
+            // ggml adds leftover elements (head widths not a multiple of 64) in f64.
+            let tail = q.len() / 64 * 64;
+            let mut sum = f64::from(reduce4x16(&s));
+            for i in tail..q.len() {
+                sum += f64::from(q[i] * k[i]);
+            }
+            sum as f32
+        }
+    }
+}
+
+/// Accumulates `sum_p w[p] * v_p` for value rows `v(p)` of width `out.len()` into `out`, in the
+/// lane order of `order`. `acc` is scratch of at least `64 * out.len()` floats.
+#[inline(always)]
+fn weighted_sum_impl<'a>(
+    order: DotOrder,
+    w: &[f32],
+    v: impl Fn(usize) -> &'a [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = out.len();
+    let slots = if order == DotOrder::Batch { 16 } else { 64 };
+    let acc = &mut acc[..slots * hd];
+    acc.fill(0.0);
+    for (p, &wp) in w.iter().enumerate() {
+        let slot = p % slots;
+        let row = &mut acc[slot * hd..(slot + 1) * hd];
+        for (a, &x) in row.iter_mut().zip(v(p)) {
+            *a = wp.mul_add(x, *a);
+        }
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        let lane = |s: usize| acc[s * hd + d];
+        *o = if order == DotOrder::Batch {
+            let a: [f32; 16] = std::array::from_fn(lane);
+            reduce16(&a)
+        } else {
+            // Slot 16 * j + l is accumulator j, lane l.
+            let s: [[f32; 16]; 4] =
+                std::array::from_fn(|j| std::array::from_fn(|l| lane(16 * j + l)));
+            reduce4x16(&s)
+        };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_fma(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+    dot_impl(order, q, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum_fma<'a>(
+    order: DotOrder,
+    w: &[f32],
+    v: impl Fn(usize) -> &'a [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
+    weighted_sum_impl(order, w, v, acc, out)
+}
+
+/// `q · k` for f16-valued operands, summed in `order`.
+pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { dot_fma(order, q, k) };
+    }
+    dot_impl(order, q, k)
+}
+
+/// `out = sum_p w[p] * v(p)`, summed in `order`; `acc` is scratch of `64 * out.len()` floats.
+pub fn weighted_sum_order<'a>(
+    order: DotOrder,
+    w: &[f32],
+    v: impl Fn(usize) -> &'a [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { weighted_sum_fma(order, w, v, acc, out) };
+    }
+    weighted_sum_impl(order, w, v, acc, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_agree_with_plain_sums_closely_and_with_each_other_exactly_on_integers() {
+        let q: Vec<f32> = (0..64).map(|i| (i % 7) as f32 - 3.0).collect();
+        let k: Vec<f32> = (0..64).map(|i| (i % 5) as f32 - 2.0).collect();
+        let exact: f32 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+        assert_eq!(dot_f16_order(DotOrder::Single, &q, &k), exact);
+        assert_eq!(dot_f16_order(DotOrder::Batch, &q, &k), exact);
+        let w: Vec<f32> = (0..100).map(|p| (p % 3) as f32).collect();
+        let vals: Vec<Vec<f32>> = (0..100).map(|p| vec![p as f32, 1.0]).collect();
+        let mut acc = vec![0.0; 128];
+        let mut out = [0.0f32; 2];
+        for order in [DotOrder::Single, DotOrder::Batch] {
+            weighted_sum_order(order, &w, |p| &vals[p], &mut acc, &mut out);
+            let e0: f32 = (0..100).map(|p| w[p] * p as f32).sum();
+            let e1: f32 = w.iter().sum();
+            assert_eq!(out, [e0, e1]);
+        }
+    }
+}
