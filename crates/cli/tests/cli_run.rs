@@ -1,0 +1,131 @@
+//! End-to-end tests of `strata run` as a user runs it: a real process on the real model.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    // Make sure the default model is in the store first, so the test output is only the run's.
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("default model");
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("running strata")
+}
+
+fn fixture_case(i: usize) -> serde_json::Value {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/reference/smollm2-135m-instruct.json"
+    );
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["cases"][i].clone()
+}
+
+#[test]
+fn greedy_chat_run_prints_llama_cpp_text_and_stats() {
+    let case = fixture_case(0);
+    let out = strata(&[
+        "run",
+        "--threads",
+        "2",
+        "--max-tokens",
+        "64",
+        "--stats-json",
+        case["prompt"].as_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.trim_end(),
+        case["generated_text"].as_str().unwrap().trim_end()
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let stats: serde_json::Value = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        stats["prompt_tokens"],
+        case["prompt_ids"].as_array().unwrap().len()
+    );
+    assert_eq!(stats["completion_tokens"], 64);
+    for k in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(stats[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+}
+
+#[test]
+fn greedy_raw_run_matches_llama_cpp() {
+    let case = fixture_case(4);
+    let out = strata(&[
+        "run",
+        "--raw",
+        "--threads",
+        "1",
+        "-n",
+        "64",
+        case["prompt"].as_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.trim_end(),
+        case["generated_text"].as_str().unwrap().trim_end()
+    );
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = strata(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains(needle), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    fails_with(
+        &["run", "--model", "no-such-model", "hi"],
+        "unknown model 'no-such-model'",
+    );
+
+    let dir = tempdir();
+    let model = strata_store::Store::from_env()
+        .unwrap()
+        .path("smollm2-135m-instruct")
+        .unwrap();
+    let bytes = std::fs::read(&model).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(
+        &["run", "--model", truncated.to_str().unwrap(), "hi"],
+        "exceeds file size",
+    );
+    let garbage = dir.join("garbage.gguf");
+    std::fs::write(&garbage, b"not a model at all").unwrap();
+    fails_with(
+        &["run", "--model", garbage.to_str().unwrap(), "hi"],
+        "not a GGUF file",
+    );
+
+    let long = "word ".repeat(3000);
+    fails_with(
+        &["run", "--raw", "--ctx-size", "512", &long],
+        "context overflow",
+    );
+    fails_with(&["run", "--top-p", "2", "hi"], "top_p");
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("strata-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
