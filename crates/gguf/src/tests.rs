@@ -123,6 +123,19 @@ fn partial_blocks_are_rejected() {
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
 }
 
+/// Regression: vocabulary-only files have no tensors and end right after the metadata, without
+/// padding to the alignment; llama.cpp accepts them.
+#[test]
+fn tensorless_file_without_padding_is_accepted() {
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::String("llama".into()));
+    let mut b = w.to_bytes();
+    let unpadded = 24 + 8 + "general.architecture".len() + 4 + 8 + "llama".len();
+    b.truncate(unpadded);
+    let f = GgufFile::from_bytes(b).unwrap();
+    assert!(f.tensors().is_empty());
+}
+
 #[test]
 fn duplicate_keys_are_rejected() {
     let mut w = GgufWriter::new();
