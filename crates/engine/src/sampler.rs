@@ -263,9 +263,10 @@ mod tests {
         // 3.0 / 2 = 1.5 < 2.9
         assert_eq!(s.sample(&mut logits(), &[1]), 4);
         let mut s = Sampler::new(SamplingParams {
-            frequency_penalty: 1.0,
+            frequency_penalty: 1.5,
             ..SamplingParams::default()
         });
+        // 3.0 - 1.5 and 2.9 - 1.5 both fall below token 2's 2.0.
         assert_eq!(s.sample(&mut logits(), &[1, 4]), 2);
     }
 
