@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_gguf::GgufFile;
 use strata_kernels::attn::{self, DotOrder};
-use strata_kernels::formats::{dequantize_row, round_f16};
+use strata_kernels::formats::dequantize_row;
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, ops};
 
 use crate::weights::Weights;
@@ -64,8 +64,10 @@ pub struct Scratch {
     acts: QuantActs,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
-    scores: Vec<Vec<f32>>,
-    accs: Vec<Vec<f32>>,
+    /// Per-thread attention scores, `score_stride` floats each.
+    scores: Vec<f32>,
+    /// Per-thread weighted-sum accumulators, `64 * head_dim` floats each.
+    accs: Vec<f32>,
 }
 
 impl Scratch {
@@ -186,11 +188,10 @@ impl Model {
                             vocab: cfg.n_vocab,
                         });
                     }
-                    dequantize_row(
-                        embd.ggml_type(),
-                        embd.row(id as usize),
-                        &mut scratch.x[t * e..(t + 1) * e],
-                    );
+                    let row = embd.row(id as usize).ok_or_else(|| {
+                        Error::InvalidShard("the token embedding is not row-addressable".into())
+                    })?;
+                    dequantize_row(embd.ggml_type(), row, &mut scratch.x[t * e..(t + 1) * e]);
                 }
             }
             StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
@@ -291,7 +292,7 @@ impl Model {
             for h in 0..n_q {
                 let q = &mut s.q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
                 ops::rope_apply(&mut q[..cfg.rope_dims], c, sn);
-                q.iter_mut().for_each(|v| *v = round_f16(*v));
+                ops::round_f16_slice(q);
             }
             for h in 0..n_kv {
                 let k = &mut s.k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
@@ -303,19 +304,11 @@ impl Model {
 
         // Scores, softmax and the weighted sum of values, one (query head, token) at a time.
         let n_threads = pool.n_threads();
-        if s.scores.len() < n_threads {
-            s.scores.resize_with(n_threads, Vec::new);
-        }
-        for sc in &mut s.scores {
-            grow(sc, pos0 + n);
-        }
-        if s.accs.len() < n_threads {
-            s.accs.resize_with(n_threads, Vec::new);
-        }
-        for a in &mut s.accs {
-            grow(a, 64 * hd);
-        }
-        let accs: Vec<SyncPtr> = s.accs.iter_mut().map(|v| SyncPtr(v.as_mut_ptr())).collect();
+        let score_stride = pos0 + n;
+        grow(&mut s.scores, n_threads * score_stride);
+        grow(&mut s.accs, n_threads * 64 * hd);
+        let score_base = SyncPtr(s.scores.as_mut_ptr());
+        let acc_base = SyncPtr(s.accs.as_mut_ptr());
         // ggml sums attention products in a different order for one token than for a batch.
         let order = if n == 1 {
             DotOrder::Single
@@ -331,14 +324,8 @@ impl Model {
         let next = AtomicUsize::new(0);
         let units = n_out * n_q;
         let cache_ref = &*cache;
-        let score_bufs: Vec<SyncPtr> = s
-            .scores
-            .iter_mut()
-            .map(|v| SyncPtr(v.as_mut_ptr()))
-            .collect();
         let q = &s.q;
         pool.run(&|tid| {
-            let buf = score_bufs[tid];
             loop {
                 let u = next.fetch_add(1, Ordering::Relaxed);
                 if u >= units {
@@ -349,22 +336,23 @@ impl Model {
                 let kvh = h / group;
                 let len = pos0 + t + 1;
                 let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
-                // SAFETY: thread `tid` alone uses score buffer `tid`, sized >= pos0 + n above.
-                let sc = unsafe { std::slice::from_raw_parts_mut(buf.get(), len) };
+                // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
+                // floats, inside the buffer grown above.
+                let sc = unsafe {
+                    std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
+                };
                 for (p, out) in sc.iter_mut().enumerate() {
                     *out = attn::dot_f16_order(order, qv, cache_ref.key(li, kvh, p)) * scale;
                 }
                 ops::softmax(sc);
                 // llama.cpp converts the probabilities to f16 before the product with V.
-                for w in sc.iter_mut() {
-                    *w = round_f16(*w);
-                }
+                ops::round_f16_slice(sc);
                 // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
                 // accumulator scratch of thread `tid` follows its score buffer.
                 let (o, acc) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h) * hd), hd),
-                        std::slice::from_raw_parts_mut(accs[tid].get(), 64 * hd),
+                        std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
                     )
                 };
                 attn::weighted_sum_order(order, sc, |p| cache_ref.value(li, kvh, p), acc, o);

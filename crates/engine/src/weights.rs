@@ -74,6 +74,18 @@ fn row_slice(
     QMatrix::new(t.ggml_type, rows.len(), cols, data).map_err(kernel_err(t))
 }
 
+/// A row slice in the layout the compute kernels prefer (repacked into an owned buffer when a
+/// SIMD kernel exists for the format).
+fn compute_rows(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    n_rows: usize,
+    rows: Range<usize>,
+) -> Result<QMatrix> {
+    Ok(row_slice(file, name, cols, n_rows, rows)?.prepared())
+}
+
 /// Columns `keep` of every row of a `cols x n_rows` matrix (copied unless `keep` is all columns).
 fn col_slice(
     file: &GgufFile,
@@ -83,7 +95,7 @@ fn col_slice(
     keep: Range<usize>,
 ) -> Result<QMatrix> {
     if keep == (0..cols) {
-        return row_slice(file, name, cols, n_rows, 0..n_rows);
+        return compute_rows(file, name, cols, n_rows, 0..n_rows);
     }
     let t = tensor(file, name, cols, n_rows)?;
     let ty = t.ggml_type;
@@ -98,7 +110,9 @@ fn col_slice(
     for r in 0..n_rows {
         out.extend_from_slice(&src[r * rb + skip..r * rb + skip + take]);
     }
-    QMatrix::new(ty, n_rows, keep.len(), WeightBytes::Owned(out)).map_err(kernel_err(t))
+    QMatrix::new(ty, n_rows, keep.len(), WeightBytes::Owned(out))
+        .map(QMatrix::prepared)
+        .map_err(kernel_err(t))
 }
 
 /// A 1-D f32 (or f16) tensor of `len` elements, as f32.
@@ -137,13 +151,13 @@ impl Weights {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
             layers.push(LayerWeights {
                 attn_norm: vector(file, &n("attn_norm"), e)?,
-                wq: row_slice(file, &n("attn_q"), e, e, q_rows.clone())?,
-                wk: row_slice(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
-                wv: row_slice(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
+                wq: compute_rows(file, &n("attn_q"), e, e, q_rows.clone())?,
+                wk: compute_rows(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
+                wv: compute_rows(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
                 wo: col_slice(file, &n("attn_output"), e, e, q_rows.clone())?,
                 ffn_norm: vector(file, &n("ffn_norm"), e)?,
-                w_gate: row_slice(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
-                w_up: row_slice(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
+                w_gate: compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
+                w_up: compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
                 w_down: col_slice(file, &n("ffn_down"), ff, e, spec.ffn.clone())?,
             });
         }
@@ -166,7 +180,7 @@ impl Weights {
             };
             Some((
                 vector(file, "output_norm.weight", e)?,
-                row_slice(file, name, e, cfg.n_vocab, spec.vocab.clone())?,
+                compute_rows(file, name, e, cfg.n_vocab, spec.vocab.clone())?,
             ))
         } else {
             None

@@ -94,45 +94,62 @@ fn weighted_sum_impl<'a>(
             *a = wp.mul_add(x, *a);
         }
     }
-    for (d, o) in out.iter_mut().enumerate() {
-        let lane = |s: usize| acc[s * hd + d];
-        *o = if order == DotOrder::Batch {
-            let a: [f32; 16] = std::array::from_fn(lane);
-            reduce16(&a)
-        } else {
-            // Slot 16 * j + l is accumulator j, lane l.
-            let s: [[f32; 16]; 4] =
-                std::array::from_fn(|j| std::array::from_fn(|l| lane(16 * j + l)));
-            reduce4x16(&s)
-        };
+    reduce_slots(order, acc, out);
+}
+
+/// `acc[dst] = acc[a] + acc[b]`, element-wise over rows of `hd`.
+#[inline(always)]
+fn add_rows(acc: &mut [f32], hd: usize, dst: usize, a: usize, b: usize) {
+    for d in 0..hd {
+        acc[dst * hd + d] = acc[a * hd + d] + acc[b * hd + d];
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_fma(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
-    dot_impl(order, q, k)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weighted_sum_fma<'a>(
-    order: DotOrder,
-    w: &[f32],
-    v: impl Fn(usize) -> &'a [f32],
-    acc: &mut [f32],
-    out: &mut [f32],
-) {
-    weighted_sum_impl(order, w, v, acc, out)
+/// Reduces the accumulator slots of a weighted sum (row `s` of `acc` is slot `s`) into `out`,
+/// in the lane order of `order`, working in place on `acc`. Equivalent, element by element, to
+/// [`reduce16`] (batch) or [`reduce4x16`] (single) over the slots.
+fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
+    let hd = out.len();
+    if order == DotOrder::Single {
+        // Slot 16 * j + l is accumulator j, lane l: (s0 + s2) + (s1 + s3) into rows 0..16.
+        for l in 0..16 {
+            add_rows(acc, hd, 32 + l, l, 32 + l);
+            add_rows(acc, hd, 48 + l, 16 + l, 48 + l);
+            add_rows(acc, hd, l, 32 + l, 48 + l);
+        }
+    }
+    // reduce16 over rows 0..16: halves, quarters, then pairs.
+    for i in 0..8 {
+        add_rows(acc, hd, i, i + 8, i);
+    }
+    for i in 0..4 {
+        add_rows(acc, hd, i, i + 4, i);
+    }
+    add_rows(acc, hd, 0, 0, 2);
+    add_rows(acc, hd, 1, 1, 3);
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = acc[d] + acc[hd + d];
+    }
 }
 
 /// `q · k` for f16-valued operands, summed in `order`.
 pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
-        return unsafe { dot_fma(order, q, k) };
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe {
+            match order {
+                DotOrder::Single if q.len().is_multiple_of(64) => crate::x86_ops::dot_single(q, k),
+                DotOrder::Batch if q.len().is_multiple_of(16) => crate::x86_ops::dot_batch(q, k),
+                _ => dot_impl(order, q, k),
+            }
+        };
     }
+    dot_impl(order, q, k)
+}
+
+/// The scalar definition of [`dot_f16_order`].
+pub fn dot_f16_order_ref(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     dot_impl(order, q, k)
 }
 
@@ -146,9 +163,29 @@ pub fn weighted_sum_order<'a>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
-        return unsafe { weighted_sum_fma(order, w, v, acc, out) };
+        let hd = out.len();
+        let slots = if order == DotOrder::Batch { 16 } else { 64 };
+        let acc = &mut acc[..slots * hd];
+        acc.fill(0.0);
+        for (p, &wp) in w.iter().enumerate() {
+            let slot = p % slots;
+            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+            unsafe { crate::x86_ops::axpy(wp, v(p), &mut acc[slot * hd..(slot + 1) * hd]) };
+        }
+        reduce_slots(order, acc, out);
+        return;
     }
+    weighted_sum_impl(order, w, v, acc, out)
+}
+
+/// The scalar definition of [`weighted_sum_order`].
+pub fn weighted_sum_order_ref<'a>(
+    order: DotOrder,
+    w: &[f32],
+    v: impl Fn(usize) -> &'a [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
     weighted_sum_impl(order, w, v, acc, out)
 }
 

@@ -146,6 +146,51 @@ pub fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Side arrays filled alongside Q8_0 / Q8_1 blocks (see [`crate::QuantActs`]).
+pub(crate) struct Q8Sides<'a> {
+    /// Block scales (the stored f16 value, as f32).
+    pub(crate) d: &'a mut [f32],
+    /// Q8_1 `d * sum(q)` (the stored f16 value, as f32); untouched for Q8_0.
+    pub(crate) s: &'a mut [f32],
+    /// Eight times the sum of each group of four quants, eight per block, if wanted.
+    pub(crate) ys: Option<&'a mut [i32]>,
+}
+
+/// Quantises one activation row to Q8_0 (`q81 == false`) or Q8_1 blocks and fills the side
+/// arrays; the same bits as [`quantize_row_q8_0`] / [`quantize_row_q8_1`].
+pub(crate) fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8], sides: Q8Sides<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: AVX2 and F16C were detected; `out` holds one block per 32 inputs, and the
+        // side arrays one entry (eight for `ys`) per block, as the caller sized them.
+        unsafe { crate::x86_ops::quantize_row_q8(q81, x, out, sides) };
+        return;
+    }
+    if q81 {
+        quantize_row_q8_1(x, out);
+    } else {
+        quantize_row_q8_0(x, out);
+    }
+    let (bb, qoff) = if q81 {
+        (Q8_1_BYTES, 4)
+    } else {
+        (Q8_0_BYTES, 2)
+    };
+    let mut ys = sides.ys;
+    for (b, blk) in out.chunks_exact(bb).enumerate().take(x.len() / QK) {
+        sides.d[b] = rd_f16(blk, 0);
+        if q81 {
+            sides.s[b] = rd_f16(blk, 2);
+        }
+        if let Some(ys) = ys.as_deref_mut() {
+            for l in 0..8 {
+                let q = &blk[qoff + 4 * l..qoff + 4 * l + 4];
+                ys[8 * b + l] = 8 * q.iter().map(|&v| i32::from(v as i8)).sum::<i32>();
+            }
+        }
+    }
+}
+
 /// Converts `x` to little-endian f16 bytes.
 pub fn quantize_row_f16(x: &[f32], out: &mut [u8]) {
     for (o, &v) in out.chunks_exact_mut(2).zip(x) {

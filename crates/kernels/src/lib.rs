@@ -1,10 +1,11 @@
 //! The compute kernels of strata's forward pass: quantised matrix products against 8-bit
 //! quantised activations, element-wise layer operations, and the thread pool they run on.
 //!
-//! Main types: [`QMatrix`] (a weight matrix in a GGUF format, borrowed from the mmap or owned),
-//! [`QuantActs`] (activations converted for a product), [`matmul`], [`ThreadPool`]. Every SIMD
-//! kernel has a scalar twin in [`dot`] that it must match bit for bit; SIMD is chosen at run time
-//! from the CPU's features, so one binary runs everywhere.
+//! Main types: [`QMatrix`] (a weight matrix in a GGUF format, borrowed from the mmap, owned, or
+//! repacked for the SIMD kernels, see [`packed`]), [`QuantActs`] (activations converted for a
+//! product), [`matmul`], [`ThreadPool`]. Every SIMD kernel has a scalar twin ([`dot`], [`ops`],
+//! [`attn`]) that it must match bit for bit; SIMD is chosen at run time from the CPU's features,
+//! so one binary runs everywhere.
 //!
 //! This crate knows nothing of models, tokenizers or networks: it depends only on `strata-gguf`
 //! for the names of the formats.
@@ -15,9 +16,12 @@ pub mod dot;
 pub mod formats;
 mod matmul;
 pub mod ops;
+pub mod packed;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_ops;
 
 use std::sync::OnceLock;
 
@@ -87,14 +91,9 @@ pub fn isa() -> Isa {
     })
 }
 
-/// The SIMD tile kernel for weights of `ty` on this CPU, if there is one.
-pub(crate) fn simd_tile(ty: GgmlType) -> Option<matmul::TileFn> {
-    #[cfg(target_arch = "x86_64")]
-    if isa().avx2 && x86::supported(ty) {
-        return Some(matmul::tile_avx2);
-    }
-    let _ = ty;
-    None
+/// Whether a SIMD kernel (over the packed layout) exists for weights of `ty` on this CPU.
+pub fn simd_kernels(ty: GgmlType) -> bool {
+    isa().avx2 && packed::packable(ty)
 }
 
 #[cfg(test)]

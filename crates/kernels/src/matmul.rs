@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_gguf::{GgmlType, GgufFile};
 
-use crate::formats::{act_type, quantize_act_row};
+use crate::formats::{QK, act_type, quantize_act_row};
 use crate::{Error, Result, ThreadPool, dot::dot_scalar};
 
 /// Where a weight matrix's bytes live.
@@ -28,6 +28,27 @@ pub enum WeightBytes {
     Owned(Vec<u8>),
 }
 
+impl WeightBytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            WeightBytes::Owned(v) => v,
+            WeightBytes::Mapped { file, start, len } => file
+                .bytes()
+                .get(*start..start.saturating_add(*len))
+                .unwrap_or(&[]),
+        }
+    }
+}
+
+/// How a matrix's bytes are laid out.
+#[derive(Clone, Debug)]
+enum Storage {
+    /// Row by row, as in the GGUF file.
+    Plain(WeightBytes),
+    /// Rows interleaved in groups for the SIMD kernels (see [`crate::packed`]).
+    Packed(Vec<u8>),
+}
+
 /// A weight matrix in one of the GGUF formats.
 #[derive(Clone, Debug)]
 pub struct QMatrix {
@@ -35,7 +56,7 @@ pub struct QMatrix {
     rows: usize,
     cols: usize,
     row_bytes: usize,
-    data: WeightBytes,
+    data: Storage,
 }
 
 impl QMatrix {
@@ -48,19 +69,12 @@ impl QMatrix {
                 ty.block_size()
             ),
         })?;
-        let m = QMatrix {
-            ty,
-            rows,
-            cols,
-            row_bytes,
-            data,
-        };
-        if m.bytes().len() != rows * row_bytes {
+        if data.bytes().len() != rows * row_bytes {
             return Err(Error::Shape {
                 what: "matrix data",
                 detail: format!(
                     "{} bytes for {rows} x {cols} {ty} (expected {})",
-                    m.bytes().len(),
+                    data.bytes().len(),
                     rows * row_bytes
                 ),
             });
@@ -68,7 +82,43 @@ impl QMatrix {
         if !crate::supported_weight(ty) {
             return Err(Error::UnsupportedType(ty));
         }
-        Ok(m)
+        Ok(QMatrix {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data: Storage::Plain(data),
+        })
+    }
+
+    /// The matrix in the layout the fastest kernel for this CPU reads: repacked into row groups
+    /// (an owned copy) when a SIMD kernel for the format exists, unchanged otherwise. A packed
+    /// matrix computes the same bits as the plain one; it no longer gives out rows
+    /// ([`QMatrix::row`] returns `None`), so keep a plain matrix for row look-ups (embeddings).
+    pub fn prepared(self) -> QMatrix {
+        if crate::simd_kernels(self.ty) {
+            self.packed()
+        } else {
+            self
+        }
+    }
+
+    /// The matrix repacked into row groups, whatever the CPU (tests use this directly).
+    pub(crate) fn packed(self) -> QMatrix {
+        let Storage::Plain(plain) = &self.data else {
+            return self;
+        };
+        if !crate::packed::packable(self.ty) {
+            return self;
+        }
+        let nb = self.cols / self.ty.block_size();
+        let data = Storage::Packed(crate::packed::pack(self.ty, plain.bytes(), self.rows, nb));
+        QMatrix { data, ..self }
+    }
+
+    /// Whether the matrix is in the packed layout.
+    pub fn is_packed(&self) -> bool {
+        matches!(self.data, Storage::Packed(_))
     }
 
     /// Element format.
@@ -91,32 +141,42 @@ impl QMatrix {
         self.row_bytes
     }
 
-    /// All bytes, row-major.
-    pub fn bytes(&self) -> &[u8] {
+    /// The bytes of row `r` in the file layout, if `r` exists and the matrix is not packed.
+    pub fn row(&self, r: usize) -> Option<&[u8]> {
         match &self.data {
-            WeightBytes::Owned(v) => v,
-            WeightBytes::Mapped { file, start, len } => file
+            Storage::Plain(b) => b
                 .bytes()
-                .get(*start..start.saturating_add(*len))
-                .unwrap_or(&[]),
+                .get(r * self.row_bytes..(r + 1).checked_mul(self.row_bytes)?),
+            Storage::Packed(_) => None,
         }
     }
 
-    /// The bytes of row `r`.
-    pub fn row(&self, r: usize) -> &[u8] {
-        &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    /// Bytes held in memory by the process for this matrix (0 for a mapped plain matrix).
+    pub fn owned_bytes(&self) -> usize {
+        match &self.data {
+            Storage::Plain(WeightBytes::Owned(v)) | Storage::Packed(v) => v.len(),
+            Storage::Plain(WeightBytes::Mapped { .. }) => 0,
+        }
     }
 }
 
 /// Activations converted for a product with a given weight format; reused across calls so the
 /// hot path does not allocate once it has seen its largest batch.
+///
+/// Besides the blocks in ggml's layout, it keeps side arrays the SIMD kernels read instead of
+/// re-deriving them for every weight row: block scales as f32, Q8_1 block sums as f32, and for
+/// Q4_0 weights eight times the sum of each group of four quants.
 #[derive(Debug, Default)]
 pub struct QuantActs {
     ty: Option<GgmlType>,
+    weight_ty: Option<GgmlType>,
     n: usize,
     cols: usize,
     row_bytes: usize,
     buf: Vec<u8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    ys: Vec<i32>,
 }
 
 impl QuantActs {
@@ -125,7 +185,8 @@ impl QuantActs {
         Self::default()
     }
 
-    /// Converts `n` rows of `cols` activations (`x.len() == n * cols`) for weights of `weight_ty`.
+    /// Converts `n` rows of `cols` activations (`x.len() >= n * cols`) for weights of
+    /// `weight_ty`.
     pub fn quantize(&mut self, weight_ty: GgmlType, x: &[f32], n: usize, cols: usize) {
         let act = act_type(weight_ty);
         let row_bytes = act.row_bytes(cols).unwrap_or(0);
@@ -133,14 +194,40 @@ impl QuantActs {
         if self.buf.len() < need {
             self.buf.resize(need, 0);
         }
-        for (xr, out) in x
+        let blocked = matches!(act, GgmlType::Q8_0 | GgmlType::Q8_1);
+        let nb = if blocked { cols / QK } else { 0 };
+        if blocked && self.d.len() < n * nb {
+            self.d.resize(n * nb, 0.0);
+            self.s.resize(n * nb, 0.0);
+        }
+        let want_ys = weight_ty == GgmlType::Q4_0;
+        if want_ys && self.ys.len() < n * nb * 8 {
+            self.ys.resize(n * nb * 8, 0);
+        }
+        for (t, (xr, out)) in x
             .chunks_exact(cols)
             .zip(self.buf.chunks_exact_mut(row_bytes))
             .take(n)
+            .enumerate()
         {
-            quantize_act_row(act, xr, out);
+            match act {
+                GgmlType::Q8_0 | GgmlType::Q8_1 => {
+                    let sides = crate::formats::Q8Sides {
+                        d: &mut self.d[t * nb..(t + 1) * nb],
+                        s: &mut self.s[t * nb..(t + 1) * nb],
+                        ys: if want_ys {
+                            Some(&mut self.ys[t * nb * 8..(t + 1) * nb * 8])
+                        } else {
+                            None
+                        },
+                    };
+                    crate::formats::quantize_row_q8(act == GgmlType::Q8_1, xr, out, sides);
+                }
+                _ => quantize_act_row(act, xr, out),
+            }
         }
         self.ty = Some(act);
+        self.weight_ty = Some(weight_ty);
         self.n = n;
         self.cols = cols;
         self.row_bytes = row_bytes;
@@ -151,13 +238,35 @@ impl QuantActs {
         self.n
     }
 
-    fn row_ptr(&self, t: usize) -> *const u8 {
-        self.buf[t * self.row_bytes..].as_ptr()
+    #[cfg(target_arch = "x86_64")]
+    fn simd_row(&self, t: usize) -> crate::x86::ActRow {
+        let nb = self.cols / QK;
+        let qoff = if self.ty == Some(GgmlType::Q8_1) {
+            4
+        } else {
+            2
+        };
+        let ys = if self.weight_ty == Some(GgmlType::Q4_0) {
+            self.ys[t * nb * 8..].as_ptr()
+        } else {
+            std::ptr::null()
+        };
+        crate::x86::ActRow {
+            q: self.buf[t * self.row_bytes + qoff..].as_ptr(),
+            stride: self.row_bytes / nb.max(1),
+            d: self.d[t * nb..].as_ptr(),
+            s: self.s[t * nb..].as_ptr(),
+            ys,
+        }
     }
 }
 
-/// Rows claimed by a thread at a time.
+/// Groups of four rows claimed by a thread at a time.
+const GROUP_CHUNK: usize = 4;
+/// Rows claimed by a thread at a time on the plain path.
 const ROW_CHUNK: usize = 16;
+/// Tokens of a batch whose activations are reused while they are in the L2 cache.
+const TOKEN_BLOCK: usize = 64;
 
 /// A raw output pointer that threads write disjoint elements through.
 #[derive(Clone, Copy)]
@@ -174,7 +283,7 @@ impl OutPtr {
     }
 }
 
-/// `out[t * w.rows() + r] = dot(w.row(r), acts[t])` for all tokens `t` and rows `r`.
+/// `out[t * w.rows() + r] = dot(row r of w, acts[t])` for all tokens `t` and rows `r`.
 ///
 /// `acts` must have been quantised for `w`'s format and `w.cols()` columns; `out` must hold
 /// `acts.n() * w.rows()` floats.
@@ -187,87 +296,90 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
     );
     assert_eq!(acts.cols, w.cols, "activation width");
     assert!(out.len() >= n * w.rows, "output too small");
-    let n_chunks = w.rows.div_ceil(ROW_CHUNK);
-    let next = AtomicUsize::new(0);
     let optr = OutPtr(out.as_mut_ptr());
-    let simd = crate::simd_tile(w.ty);
-    pool.run(&|_tid| {
-        loop {
-            let chunk = next.fetch_add(1, Ordering::Relaxed);
-            if chunk >= n_chunks {
-                break;
-            }
-            let r0 = chunk * ROW_CHUNK;
-            let r1 = (r0 + ROW_CHUNK).min(w.rows);
-            match simd {
-                // SAFETY: `simd_tile` returned a kernel only if the CPU supports it; pointers
-                // cover whole rows of the checked sizes; this thread owns rows r0..r1.
-                Some(k) => unsafe { k(w, acts, r0, r1, optr.ptr()) },
-                None => {
+    match &w.data {
+        Storage::Packed(packed) => {
+            assert!(
+                w.ty != GgmlType::Q4_0 || acts.weight_ty == Some(GgmlType::Q4_0),
+                "Q4_0 weights need activations quantised for Q4_0"
+            );
+            matmul_packed(pool, w, packed, acts, optr)
+        }
+        Storage::Plain(bytes) => {
+            let bytes = bytes.bytes();
+            let n_chunks = w.rows.div_ceil(ROW_CHUNK);
+            let next = AtomicUsize::new(0);
+            pool.run(&|_tid| {
+                loop {
+                    let chunk = next.fetch_add(1, Ordering::Relaxed);
+                    if chunk >= n_chunks {
+                        break;
+                    }
+                    let r0 = chunk * ROW_CHUNK;
+                    let r1 = (r0 + ROW_CHUNK).min(w.rows);
                     for t in 0..n {
                         let a = &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
                         for r in r0..r1 {
-                            let v = dot_scalar(w.ty, w.row(r), a, w.cols);
+                            let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
+                            let v = dot_scalar(w.ty, row, a, w.cols);
                             // SAFETY: in bounds (checked above) and owned by this thread.
                             unsafe { *optr.ptr().add(t * w.rows + r) = v };
                         }
                     }
                 }
-            }
+            });
         }
-    });
+    }
 }
 
-/// A tiled SIMD kernel over rows `r0..r1` for all tokens.
-pub(crate) type TileFn = unsafe fn(&QMatrix, &QuantActs, usize, usize, *mut f32);
-
-/// AVX2 tiling: 4 rows x up to 4 tokens, falling back to narrower tiles at the edges.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available; `out` must hold `acts.n * w.rows` floats.
-#[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn tile_avx2(w: &QMatrix, acts: &QuantActs, r0: usize, r1: usize, out: *mut f32) {
-    use crate::x86::tile;
-    let nb = w.cols / 32;
-    let ldo = w.rows;
-    let wp = |r: usize| w.bytes()[r * w.row_bytes..].as_ptr();
-    let n = acts.n;
-    let mut r = r0;
-    // SAFETY (whole body): the caller guarantees the CPU features and the output size; every
-    // row pointer addresses `nb` whole blocks inside the matrix or activation buffer.
-    unsafe {
-        while r + 4 <= r1 {
-            let ws = [wp(r), wp(r + 1), wp(r + 2), wp(r + 3)];
-            let mut t = 0;
-            while t + 4 <= n {
-                let a = [
-                    acts.row_ptr(t),
-                    acts.row_ptr(t + 1),
-                    acts.row_ptr(t + 2),
-                    acts.row_ptr(t + 3),
-                ];
-                tile::<4, 4>(w.ty, ws, a, nb, out.add(t * ldo + r), ldo);
-                t += 4;
+/// The packed path: threads claim (token block, group chunk) units, token blocks outermost so
+/// a block's activations stay in cache while all threads sweep the weights.
+fn matmul_packed(pool: &ThreadPool, w: &QMatrix, packed: &[u8], acts: &QuantActs, optr: OutPtr) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = acts.n;
+        let nb = w.cols / QK;
+        let groups = w.rows.div_ceil(crate::packed::GROUP);
+        let g_chunks = groups.div_ceil(GROUP_CHUNK);
+        let units = g_chunks * n.div_ceil(TOKEN_BLOCK);
+        let next = AtomicUsize::new(0);
+        let row = |t: usize| acts.simd_row(t);
+        pool.run(&|_tid| {
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= units {
+                    break;
+                }
+                let (tb, gc) = (u / g_chunks, u % g_chunks);
+                let g0 = gc * GROUP_CHUNK;
+                let g1 = (g0 + GROUP_CHUNK).min(groups);
+                let t0 = tb * TOKEN_BLOCK;
+                let t1 = (t0 + TOKEN_BLOCK).min(n);
+                // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
+                // F16C (or a test checked them); the packed buffer holds `groups` groups of `nb`
+                // blocks; the activation rows were quantised for this format with their side
+                // arrays; `out` holds `n * rows` floats and this thread alone owns the rows of
+                // groups g0..g1 for tokens t0..t1.
+                unsafe {
+                    crate::x86::matmul_groups(
+                        w.ty,
+                        packed.as_ptr(),
+                        nb,
+                        w.rows,
+                        g0..g1,
+                        t0..t1,
+                        &row,
+                        optr.ptr(),
+                        w.rows,
+                    )
+                };
             }
-            while t < n {
-                tile::<4, 1>(w.ty, ws, [acts.row_ptr(t)], nb, out.add(t * ldo + r), ldo);
-                t += 1;
-            }
-            r += 4;
-        }
-        while r < r1 {
-            for t in 0..n {
-                tile::<1, 1>(
-                    w.ty,
-                    [wp(r)],
-                    [acts.row_ptr(t)],
-                    nb,
-                    out.add(t * ldo + r),
-                    ldo,
-                );
-            }
-            r += 1;
-        }
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (pool, w, packed, acts, optr);
+        unreachable!("packed matrices exist only where a SIMD kernel does");
     }
 }
 

@@ -92,8 +92,9 @@ pub fn ggml_expf(x: f32) -> f32 {
         .mul_add(b, c3)
         .mul_add(u, c2.mul_add(b, c1))
         .mul_add(u, c0.mul_add(b, 1.0));
-    // scalef: j * 2^n, rounded once.
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
+    // scalef: j * 2^n, rounded once (2^n built from its exponent bits; |n| <= 192 here).
+    let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (f64::from(j) * pow2) as f32
 }
 
 #[inline(always)]
@@ -132,26 +133,19 @@ fn swiglu_impl(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_fma(x: &mut [f32]) {
-    softmax_impl(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
-    swiglu_impl(gate, up)
-}
-
 /// In-place softmax of `x` (already scaled and masked), with ggml's exponential and summation
 /// order (blocks of 16 in f32, block sums in f64), multiplied by the inverse of the sum.
 pub fn softmax(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
-        return unsafe { softmax_fma(x) };
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe { crate::x86_ops::softmax(x) };
     }
+    softmax_ref(x)
+}
+
+/// The scalar definition of [`softmax`] (what the SIMD version must reproduce).
+pub fn softmax_ref(x: &mut [f32]) {
     softmax_impl(x)
 }
 
@@ -159,10 +153,27 @@ pub fn softmax(x: &mut [f32]) {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
-        return unsafe { swiglu_fma(gate, up) };
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe { crate::x86_ops::swiglu(gate, up) };
     }
+    swiglu_ref(gate, up)
+}
+
+/// The scalar definition of [`swiglu`].
+pub fn swiglu_ref(gate: &mut [f32], up: &[f32]) {
     swiglu_impl(gate, up)
+}
+
+/// Rounds every value to f16 precision (where ggml stores or converts to f16).
+pub fn round_f16_slice(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe { crate::x86_ops::round_f16_slice(x) };
+    }
+    for v in x {
+        *v = crate::formats::round_f16(*v);
+    }
 }
 
 /// `x += y`.

@@ -53,7 +53,11 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
     acts.quantize(ty, &x, n, cols);
     let pool = ThreadPool::new(threads);
     let mut out = vec![0.0f32; n * rows];
-    matmul(&pool, &w, &acts, &mut out);
+    // The fastest layout for this CPU (packed where a SIMD kernel exists)...
+    matmul(&pool, &w.clone().prepared(), &acts, &mut out);
+    // ...and the plain scalar path, which is the reference.
+    let mut plain_out = vec![0.0f32; n * rows];
+    matmul(&pool, &w, &acts, &mut plain_out);
 
     let act_ty = act_type(ty);
     let act_bytes = act_ty.row_bytes(cols).unwrap();
@@ -62,7 +66,8 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
         let a = &acts.buf_for_test()[t * act_bytes..(t + 1) * act_bytes];
         for r in 0..rows {
             // 1. SIMD (if any) equals the scalar reference bit for bit.
-            let s = dot_scalar(ty, w.row(r), a, cols);
+            let s = dot_scalar(ty, w.row(r).unwrap(), a, cols);
+            assert_eq!(plain_out[t * rows + r].to_bits(), s.to_bits());
             let got = out[t * rows + r];
             assert_eq!(
                 got.to_bits(),
@@ -70,7 +75,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
                 "{ty} r{r} t{t}: simd {got} scalar {s}"
             );
             // 2. Both are close to the f32 product with dequantised weights.
-            dequantize_row(ty, w.row(r), &mut wrow);
+            dequantize_row(ty, w.row(r).unwrap(), &mut wrow);
             let xs = &x[t * cols..(t + 1) * cols];
             let exact: f32 = wrow.iter().zip(xs).map(|(a, b)| a * b).sum();
             let mag: f32 = wrow.iter().zip(xs).map(|(a, b)| (a * b).abs()).sum();
@@ -91,6 +96,8 @@ fn matmul_matches_scalar_and_f32_reference() {
             (7, 64, 3, 2),
             (37, 256, 9, 2),
             (64, 576, 5, 3),
+            (6, 96, 1, 1),
+            (130, 128, 70, 2),
         ] {
             check(
                 ty,
@@ -151,4 +158,104 @@ fn unsupported_formats_are_refused() {
     );
     let e = QMatrix::new(GgmlType::Q8_0, 2, 32, WeightBytes::Owned(vec![0; 34])).unwrap_err();
     assert!(e.to_string().contains("expected 68"), "{e}");
+}
+
+#[test]
+fn simd_activation_quantisation_matches_scalar() {
+    let mut rng = Rng(11);
+    for (i, scale) in [1e-3f32, 1.0, 300.0].into_iter().enumerate() {
+        let mut x = rng.vec(96, scale);
+        if i == 0 {
+            x[5] = 0.0;
+            x[40..72].fill(0.0); // an all-zero block
+        }
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let mut acts = QuantActs::new();
+            acts.quantize(ty, &x, 1, 96);
+            let act = act_type(ty);
+            let mut want = vec![0u8; act.row_bytes(96).unwrap()];
+            formats::quantize_act_row(act, &x, &mut want);
+            assert_eq!(
+                acts.buf_for_test()[..want.len()],
+                want[..],
+                "{ty} scale {scale}"
+            );
+        }
+    }
+}
+
+#[test]
+fn simd_ops_match_their_scalar_definitions() {
+    let mut rng = Rng(5);
+    for n in [1usize, 7, 16, 33, 100, 257] {
+        let base = rng.vec(n, 30.0);
+        let mut a = base.clone();
+        let mut b = base.clone();
+        ops::softmax(&mut a);
+        ops::softmax_ref(&mut b);
+        assert_eq!(bits(&a), bits(&b), "softmax n={n}");
+
+        let up = rng.vec(n, 3.0);
+        let mut a = base.clone();
+        let mut b = base.clone();
+        ops::swiglu(&mut a, &up);
+        ops::swiglu_ref(&mut b, &up);
+        assert_eq!(bits(&a), bits(&b), "swiglu n={n}");
+
+        let mut a = base.clone();
+        ops::round_f16_slice(&mut a);
+        let b: Vec<f32> = base.iter().map(|&v| formats::round_f16(v)).collect();
+        assert_eq!(bits(&a), bits(&b), "round_f16 n={n}");
+    }
+    // The exponential's edges: underflow to subnormals and zero, overflow to infinity.
+    let mut xs: Vec<f32> = (-110..=95).map(|i| i as f32 * 1.013).collect();
+    xs.extend([
+        -87.5, -88.7, -103.2, -104.0, -150.0, 88.5, 89.0, 200.0, -200.0,
+    ]);
+    while xs.len() % 8 != 0 {
+        xs.push(0.25);
+    }
+    let up = vec![1.0f32; xs.len()];
+    let mut a: Vec<f32> = xs.iter().map(|v| -v).collect();
+    let mut b = a.clone();
+    ops::swiglu(&mut a, &up);
+    ops::swiglu_ref(&mut b, &up);
+    assert_eq!(bits(&a), bits(&b), "swiglu edges");
+}
+
+#[test]
+fn simd_attention_orders_match_their_scalar_definitions() {
+    use attn::{
+        DotOrder, dot_f16_order, dot_f16_order_ref, weighted_sum_order, weighted_sum_order_ref,
+    };
+    let mut rng = Rng(9);
+    for hd in [64usize, 128, 80] {
+        let q = rng.vec(hd, 2.0);
+        let keys: Vec<Vec<f32>> = (0..150).map(|_| rng.vec(hd, 2.0)).collect();
+        for order in [DotOrder::Single, DotOrder::Batch] {
+            for k in &keys[..3] {
+                assert_eq!(
+                    dot_f16_order(order, &q, k).to_bits(),
+                    dot_f16_order_ref(order, &q, k).to_bits(),
+                    "dot {order:?} hd {hd}"
+                );
+            }
+            for len in [1usize, 20, 150] {
+                let w = rng.vec(len, 1.0);
+                let mut acc = vec![0.0; 64 * hd];
+                let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
+                weighted_sum_order(order, &w, |p| &keys[p], &mut acc, &mut a);
+                weighted_sum_order_ref(order, &w, |p| &keys[p], &mut acc, &mut b);
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "weighted sum {order:?} hd {hd} len {len}"
+                );
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }

@@ -1,124 +1,293 @@
-//! AVX2 kernels (x86_64). Each computes a tile of R weight rows by C activation rows, keeping the
-//! per-lane accumulation order of [`crate::dot::dot_scalar`], so results are bit-identical to the
-//! scalar reference (and to llama.cpp) while the weight block is decoded once per tile.
+//! AVX2 kernels (x86_64) over the packed layout of [`crate::packed`].
+//!
+//! Each kernel computes the products of one group of four weight rows with one to four
+//! activation rows. Per block it forms the same eight 32-bit integer lane sums as llama.cpp's
+//! AVX2 `ggml_vec_dot_*` (each the sum of four products), converts them to f32 and accumulates
+//! `d_w * d_a * lane` with a fused multiply-add per lane across blocks, then reduces the eight
+//! lanes in `hsum_float_8` order. That makes the results bit-identical to
+//! [`crate::dot::dot_scalar`], and the layout lets one instruction do the scale work of four rows.
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 
-use strata_gguf::GgmlType;
+/// One activation row as the kernels read it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ActRow {
+    /// The 32 quants of block 0; block `b`'s are at `q + b * stride`.
+    pub(crate) q: *const u8,
+    /// Bytes between blocks.
+    pub(crate) stride: usize,
+    /// Block scales as f32 (the f16 values, converted once).
+    pub(crate) d: *const f32,
+    /// Q8_1 `d * sum(q)` per block as f32 (Q4_1 weights only).
+    pub(crate) s: *const f32,
+    /// Eight times the sum of each group of four quants, eight per block (Q4_0 weights only).
+    pub(crate) ys: *const i32,
+}
 
-/// Weight formats with an AVX2 tile kernel.
-pub(crate) fn supported(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+impl ActRow {
+    const NULL: ActRow = ActRow {
+        q: std::ptr::null(),
+        stride: 0,
+        d: std::ptr::null(),
+        s: std::ptr::null(),
+        ys: std::ptr::null(),
+    };
+}
+
+/// Lane indices that spread scales `[d0, d1]` (pair 0) or `[d2, d3]` (pair 1) over the two
+/// halves of a register.
+#[inline(always)]
+unsafe fn pair_index(p: usize) -> __m256i {
+    let a = (2 * p) as i32;
+    _mm256_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1)
+}
+
+/// `hsum_float_8` of the two rows of a pair: `lo` holds lanes 0..4 of row 0 then of row 1, `hi`
+/// lanes 4..8. Returns the two sums.
+#[inline(always)]
+unsafe fn pair_sums(lo: __m256, hi: __m256) -> (f32, f32) {
+    // hsum_float_8 starts with high half + low half: for each row that is `hi + lo` lane-wise.
+    let s = _mm256_add_ps(hi, lo);
+    let finish = |r: __m128| {
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    };
+    (
+        finish(_mm256_castps256_ps128(s)),
+        finish(_mm256_extractf128_ps(s, 1)),
+    )
 }
 
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+unsafe fn hsum8(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
 #[inline(always)]
-unsafe fn hsum(x: __m256) -> f32 {
-    let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    _mm_cvtss_f32(r)
+unsafe fn cvt4_f16(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
 }
 
-/// 16 bytes of nibbles to 32 bytes: low nibbles first, then high nibbles.
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    let tmp = _mm_loadu_si128(p as *const __m128i);
-    let both = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// Eight lanes of sums of four products `u8 * i8`, as f32.
-#[inline(always)]
-unsafe fn dot_us8(ux: __m256i, sy: __m256i) -> __m256 {
-    let p16 = _mm256_maddubs_epi16(ux, sy);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
-}
-
-/// Eight lanes of sums of four products `i8 * i8`, as f32.
-#[inline(always)]
-unsafe fn dot_s8(x: __m256i, y: __m256i) -> __m256 {
-    dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
-}
-
-/// Computes `out[c * ldo + r] = dot(w[r], a[c])` for an R x C tile.
+/// Q4_0 / Q4_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
+/// activation rows. `out[c][r]` receives row `r` of the group (only the computed rows are set).
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C. `w[r]` must point to `nb` blocks of `ty`, `a[c]` to
-/// `nb` blocks of its activation format, and `out` must hold `(C - 1) * ldo + R` floats.
+/// AVX2, FMA and F16C must be available; `g` must address `nb` packed group blocks of the format
+/// (`MIN`: Q4_1, else Q4_0) and every `a[c]` `nb` blocks of its activation rows with the side
+/// arrays that format needs.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn tile<const R: usize, const C: usize>(
-    ty: GgmlType,
-    w: [*const u8; R],
-    a: [*const u8; C],
+pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
+    g: *const u8,
+    p0: usize,
     nb: usize,
+    a: &[ActRow; C],
+    out: &mut [[f32; 4]; C],
+) {
+    let gbb = if MIN { 80 } else { 72 };
+    let qoff = if MIN { 16 } else { 8 };
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let idx: [__m256i; NP] = std::array::from_fn(|i| pair_index(p0 + i));
+    let mut lo_acc = [[_mm256_setzero_ps(); C]; NP];
+    let mut hi_acc = [[_mm256_setzero_ps(); C]; NP];
+    let mut summs = [_mm_setzero_ps(); C];
+    for b in 0..nb {
+        let blk = g.add(b * gbb);
+        let d4 = _mm256_castps128_ps256(cvt4_f16(blk));
+        let m4 = if MIN {
+            cvt4_f16(blk.add(8))
+        } else {
+            _mm_setzero_ps()
+        };
+        let mut nib_lo = [_mm256_setzero_si256(); NP];
+        let mut nib_hi = [_mm256_setzero_si256(); NP];
+        let mut dpair = [_mm256_setzero_ps(); NP];
+        for i in 0..NP {
+            let v = _mm256_loadu_si256(blk.add(qoff + 32 * (p0 + i)) as *const __m256i);
+            nib_lo[i] = _mm256_and_si256(v, mask);
+            nib_hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            dpair[i] = _mm256_permutevar8x32_ps(d4, idx[i]);
+        }
+        for c in 0..C {
+            let yq = a[c].q.add(b * a[c].stride);
+            let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
+            let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq.add(16) as *const __m128i));
+            let dy = _mm256_set1_ps(*a[c].d.add(b));
+            if MIN {
+                summs[c] = _mm_fmadd_ps(m4, _mm_set1_ps(*a[c].s.add(b)), summs[c]);
+            }
+            let (ys_lo, ys_hi) = if MIN {
+                (_mm256_setzero_si256(), _mm256_setzero_si256())
+            } else {
+                let ys = a[c].ys.add(8 * b);
+                (
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys as *const __m128i)),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys.add(4) as *const __m128i)),
+                )
+            };
+            for i in 0..NP {
+                let mut il = _mm256_madd_epi16(_mm256_maddubs_epi16(nib_lo[i], ylo), ones);
+                let mut ih = _mm256_madd_epi16(_mm256_maddubs_epi16(nib_hi[i], yhi), ones);
+                if !MIN {
+                    // Q4_0 codes are nibble - 8: subtract 8 * sum(y) per lane.
+                    il = _mm256_sub_epi32(il, ys_lo);
+                    ih = _mm256_sub_epi32(ih, ys_hi);
+                }
+                let scale = _mm256_mul_ps(dpair[i], dy);
+                lo_acc[i][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(il), lo_acc[i][c]);
+                hi_acc[i][c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ih), hi_acc[i][c]);
+            }
+        }
+    }
+    for c in 0..C {
+        let mut sm = [0.0f32; 4];
+        _mm_storeu_ps(sm.as_mut_ptr(), summs[c]);
+        for i in 0..NP {
+            let (r0, r1) = pair_sums(lo_acc[i][c], hi_acc[i][c]);
+            let r = 2 * (p0 + i);
+            out[c][r] = r0 + sm[r];
+            out[c][r + 1] = r1 + sm[r + 1];
+        }
+    }
+}
+
+/// Q8_0 weights: the four rows of the group at `g` times `C` activation rows (Q8_0).
+///
+/// # Safety
+/// As for [`q4_tile`], for the Q8_0 packed layout.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_tile<const C: usize>(
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow; C],
+    out: &mut [[f32; 4]; C],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 4]; C];
+    for b in 0..nb {
+        let blk = g.add(b * 136);
+        let d4 = cvt4_f16(blk);
+        let mut ax = [_mm256_setzero_si256(); 4];
+        let mut sx = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            sx[r] = _mm256_loadu_si256(blk.add(8 + 32 * r) as *const __m256i);
+            ax[r] = _mm256_sign_epi8(sx[r], sx[r]);
+        }
+        for c in 0..C {
+            let y = _mm256_loadu_si256(a[c].q.add(b * a[c].stride) as *const __m256i);
+            let ds = _mm256_castps128_ps256(_mm_mul_ps(d4, _mm_set1_ps(*a[c].d.add(b))));
+            for r in 0..4 {
+                let p = _mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(y, sx[r]));
+                let i = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                let scale = _mm256_permutevar8x32_ps(ds, _mm256_set1_epi32(r as i32));
+                acc[c][r] = _mm256_fmadd_ps(scale, i, acc[c][r]);
+            }
+        }
+    }
+    for c in 0..C {
+        for r in 0..4 {
+            out[c][r] = hsum8(acc[c][r]);
+        }
+    }
+}
+
+/// Computes the whole group at `g` for `C` activation rows, choosing the pair split by width.
+///
+/// # Safety
+/// As for [`q4_tile`] / [`q8_tile`] for `ty`'s packed layout.
+#[inline(always)]
+pub(crate) unsafe fn group<const C: usize>(
+    ty: strata_gguf::GgmlType,
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow; C],
+    out: &mut [[f32; 4]; C],
+) {
+    use strata_gguf::GgmlType as T;
+    match (ty, C) {
+        // One activation row: both pairs at once share the scale and activation loads.
+        (T::Q4_1, 1) => q4_tile::<C, 2, true>(g, 0, nb, a, out),
+        (T::Q4_0, 1) => q4_tile::<C, 2, false>(g, 0, nb, a, out),
+        // Several: one pair at a time keeps the accumulators in registers.
+        (T::Q4_1, _) => {
+            q4_tile::<C, 1, true>(g, 0, nb, a, out);
+            q4_tile::<C, 1, true>(g, 1, nb, a, out);
+        }
+        (T::Q4_0, _) => {
+            q4_tile::<C, 1, false>(g, 0, nb, a, out);
+            q4_tile::<C, 1, false>(g, 1, nb, a, out);
+        }
+        _ => q8_tile::<C>(g, nb, a, out),
+    }
+}
+
+/// Rows `g0 * 4 ..` of groups `g0..g1` for activation rows `t0..t1`; results go to
+/// `out[t * ldo + row]` for rows below `rows`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `packed` must be the packed matrix of `ty` with `nb`
+/// blocks per row and at least `g1` groups; `acts(t)` must describe valid activation rows for all
+/// `t` in `t0..t1`; `out` must hold `t1 * ldo` floats, and no other thread may write the rows of
+/// groups `g0..g1`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn matmul_groups(
+    ty: strata_gguf::GgmlType,
+    packed: *const u8,
+    nb: usize,
+    rows: usize,
+    groups: std::ops::Range<usize>,
+    tokens: std::ops::Range<usize>,
+    acts: &dyn Fn(usize) -> ActRow,
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    let mut summs = [[0.0f32; C]; R];
-    match ty {
-        GgmlType::Q4_1 => {
-            for ib in 0..nb {
-                let mut dy = [0.0f32; C];
-                let mut sy = [0.0f32; C];
-                let mut qy = [_mm256_setzero_si256(); C];
-                for c in 0..C {
-                    let yb = a[c].add(ib * 36);
-                    dy[c] = f16_at(yb);
-                    sy[c] = f16_at(yb.add(2));
-                    qy[c] = _mm256_loadu_si256(yb.add(4) as *const __m256i);
-                }
-                for r in 0..R {
-                    let xb = w[r].add(ib * 20);
-                    let dx = f16_at(xb);
-                    let m = f16_at(xb.add(2));
-                    let qx = nibbles(xb.add(4));
-                    for c in 0..C {
-                        summs[r][c] = m.mul_add(sy[c], summs[r][c]);
-                        let xy = dot_us8(qx, qy[c]);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy[c]), xy, acc[r][c]);
-                    }
-                }
+    let gstride = nb * crate::packed::group_block_bytes(ty);
+    let store = |t: usize, g: usize, v: &[f32; 4]| {
+        let r0 = g * 4;
+        for (i, &x) in v.iter().enumerate() {
+            if r0 + i < rows {
+                *out.add(t * ldo + r0 + i) = x;
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q8_0 => {
-            let q8 = ty == GgmlType::Q8_0;
-            let wb = ty.block_bytes();
-            for ib in 0..nb {
-                let mut dy = [0.0f32; C];
-                let mut qy = [_mm256_setzero_si256(); C];
-                for c in 0..C {
-                    let yb = a[c].add(ib * 34);
-                    dy[c] = f16_at(yb);
-                    qy[c] = _mm256_loadu_si256(yb.add(2) as *const __m256i);
-                }
-                for r in 0..R {
-                    let xb = w[r].add(ib * wb);
-                    let dx = f16_at(xb);
-                    let qx = if q8 {
-                        _mm256_loadu_si256(xb.add(2) as *const __m256i)
-                    } else {
-                        _mm256_sub_epi8(nibbles(xb.add(2)), _mm256_set1_epi8(8))
-                    };
-                    for c in 0..C {
-                        let xy = dot_s8(qx, qy[c]);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy[c]), xy, acc[r][c]);
-                    }
-                }
+    };
+    for g in groups {
+        let gp = packed.add(g * gstride);
+        let mut t = tokens.start;
+        while t + 4 <= tokens.end {
+            let a = [acts(t), acts(t + 1), acts(t + 2), acts(t + 3)];
+            let mut o = [[0.0f32; 4]; 4];
+            if ty == strata_gguf::GgmlType::Q8_0 {
+                // Four rows x four tokens of Q8_0 would not fit in registers: two by two.
+                let mut o2 = [[0.0f32; 4]; 2];
+                group::<2>(ty, gp, nb, &[a[0], a[1]], &mut o2);
+                o[0] = o2[0];
+                o[1] = o2[1];
+                group::<2>(ty, gp, nb, &[a[2], a[3]], &mut o2);
+                o[2] = o2[0];
+                o[3] = o2[1];
+            } else {
+                group::<4>(ty, gp, nb, &a, &mut o);
             }
+            for (i, v) in o.iter().enumerate() {
+                store(t + i, g, v);
+            }
+            t += 4;
         }
-        _ => {}
+        while t < tokens.end {
+            let mut o = [[0.0f32; 4]; 1];
+            group::<1>(ty, gp, nb, &[acts(t)], &mut o);
+            store(t, g, &o[0]);
+            t += 1;
+        }
     }
-    for r in 0..R {
-        for c in 0..C {
-            *out.add(c * ldo + r) = hsum(acc[r][c]) + summs[r][c];
-        }
+}
+
+impl Default for ActRow {
+    fn default() -> Self {
+        ActRow::NULL
     }
 }

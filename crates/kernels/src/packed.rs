@@ -1,0 +1,124 @@
+//! The repacked weight layout the SIMD kernels read.
+//!
+//! GGUF stores a quantised matrix row by row, each block carrying its own f16 scale. A kernel that
+//! reads it that way spends more instructions on scales than on products: every block of every
+//! row needs a 16-bit load, an f16 conversion, a multiply and a broadcast. At load time strata
+//! therefore regroups rows in fours ([`GROUP`]) and interleaves them block by block:
+//!
+//! ```text
+//! group g, block b:  d[4] f16 | m[4] f16 (Q4_1 only) | quants
+//!   Q4_0 / Q4_1 quants:  row0 16 B | row1 16 B | row2 16 B | row3 16 B   (two rows per 256 bits)
+//!   Q8_0 quants:         row0 32 B | row1 32 B | row2 32 B | row3 32 B
+//! ```
+//!
+//! Four scales convert in one instruction, and one 256-bit load of a 4-bit format yields both
+//! rows of a pair: masking gives their low nibbles side by side, shifting their high nibbles. The
+//! integer sum of each group of four products lands in the same 32-bit lane index it has in
+//! llama.cpp's kernels, and each lane accumulates across blocks in the same order, so results stay
+//! bit-identical to [`crate::dot::dot_scalar`]. The bytes are the same ones as in the file, only
+//! reordered: a packed matrix is exactly as large as the original (plus padding rows when the row
+//! count is not a multiple of four).
+
+use strata_gguf::GgmlType;
+
+/// Rows interleaved together.
+pub const GROUP: usize = 4;
+
+/// Whether `ty` has a packed layout.
+pub fn packable(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// Bytes of one block of one group (four rows) of `ty`.
+pub fn group_block_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_1 => 8 + 8 + 64,
+        GgmlType::Q4_0 => 8 + 64,
+        GgmlType::Q8_0 => 8 + 128,
+        _ => 0,
+    }
+}
+
+/// Offset of the quants inside a group block.
+pub(crate) fn quants_offset(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q4_1 { 16 } else { 8 }
+}
+
+/// Repacks `rows` rows of `row_bytes` bytes each (format `ty`, `nb` blocks per row) into groups.
+/// Missing rows of the last group are zero (zero scales, so their products are zero).
+pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+    let gbb = group_block_bytes(ty);
+    let bb = ty.block_bytes();
+    let row_bytes = nb * bb;
+    let groups = rows.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * nb * gbb];
+    let qoff = quants_offset(ty);
+    for g in 0..groups {
+        for b in 0..nb {
+            let dst = &mut out[(g * nb + b) * gbb..(g * nb + b + 1) * gbb];
+            for r in 0..GROUP {
+                let row = g * GROUP + r;
+                if row >= rows {
+                    continue;
+                }
+                let src = &plain[row * row_bytes + b * bb..row * row_bytes + (b + 1) * bb];
+                dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+                match ty {
+                    GgmlType::Q4_1 => {
+                        dst[8 + 2 * r..10 + 2 * r].copy_from_slice(&src[2..4]);
+                        dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[4..20]);
+                    }
+                    GgmlType::Q4_0 => {
+                        dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[2..18]);
+                    }
+                    _ => {
+                        dst[qoff + 32 * r..qoff + 32 * (r + 1)].copy_from_slice(&src[2..34]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Restores row `r` in the file layout (for tests and for reading a row of a packed matrix).
+pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u8]) {
+    let gbb = group_block_bytes(ty);
+    let bb = ty.block_bytes();
+    let qoff = quants_offset(ty);
+    let (g, i) = (r / GROUP, r % GROUP);
+    for b in 0..nb {
+        let src = &packed[(g * nb + b) * gbb..(g * nb + b + 1) * gbb];
+        let dst = &mut out[b * bb..(b + 1) * bb];
+        dst[0..2].copy_from_slice(&src[2 * i..2 * i + 2]);
+        match ty {
+            GgmlType::Q4_1 => {
+                dst[2..4].copy_from_slice(&src[8 + 2 * i..10 + 2 * i]);
+                dst[4..20].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
+            }
+            GgmlType::Q4_0 => dst[2..18].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]),
+            _ => dst[2..34].copy_from_slice(&src[qoff + 32 * i..qoff + 32 * (i + 1)]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_then_unpack_restores_every_row() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, nb) = (7, 3);
+            let rb = nb * ty.block_bytes();
+            let plain: Vec<u8> = (0..rows * rb).map(|i| (i * 31 % 251) as u8).collect();
+            let packed = pack(ty, &plain, rows, nb);
+            assert_eq!(packed.len(), 2 * nb * group_block_bytes(ty));
+            let mut row = vec![0u8; rb];
+            for r in 0..rows {
+                unpack_row(ty, &packed, nb, r, &mut row);
+                assert_eq!(row, plain[r * rb..(r + 1) * rb], "{ty} row {r}");
+            }
+        }
+    }
+}
