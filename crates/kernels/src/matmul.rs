@@ -261,8 +261,10 @@ impl QuantActs {
     }
 }
 
-/// Groups of four rows claimed by a thread at a time.
-const GROUP_CHUNK: usize = 4;
+/// Fewest groups of four rows a thread claims at a time.
+const MIN_GROUP_CHUNK: usize = 4;
+/// Chunks per thread a matrix is cut into (dynamic claiming absorbs uneven progress).
+const CHUNKS_PER_THREAD: usize = 4;
 /// Rows claimed by a thread at a time on the plain path.
 const ROW_CHUNK: usize = 16;
 /// Tokens of a batch whose activations are reused while they are in the L2 cache.
@@ -340,7 +342,12 @@ fn matmul_packed(pool: &ThreadPool, w: &QMatrix, packed: &[u8], acts: &QuantActs
         let n = acts.n;
         let nb = w.cols / QK;
         let groups = w.rows.div_ceil(crate::packed::GROUP);
-        let g_chunks = groups.div_ceil(GROUP_CHUNK);
+        // Large contiguous chunks keep each thread's weight stream sequential, which is what
+        // the hardware prefetchers follow; a few chunks per thread still absorb imbalance.
+        let chunk = groups
+            .div_ceil(pool.n_threads() * CHUNKS_PER_THREAD)
+            .max(MIN_GROUP_CHUNK);
+        let g_chunks = groups.div_ceil(chunk);
         let units = g_chunks * n.div_ceil(TOKEN_BLOCK);
         let next = AtomicUsize::new(0);
         let row = |t: usize| acts.simd_row(t);
@@ -351,8 +358,8 @@ fn matmul_packed(pool: &ThreadPool, w: &QMatrix, packed: &[u8], acts: &QuantActs
                     break;
                 }
                 let (tb, gc) = (u / g_chunks, u % g_chunks);
-                let g0 = gc * GROUP_CHUNK;
-                let g1 = (g0 + GROUP_CHUNK).min(groups);
+                let g0 = gc * chunk;
+                let g1 = (g0 + chunk).min(groups);
                 let t0 = tb * TOKEN_BLOCK;
                 let t1 = (t0 + TOKEN_BLOCK).min(n);
                 // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
