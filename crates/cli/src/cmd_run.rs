@@ -107,7 +107,7 @@ impl ModelOpts {
     }
 }
 
-fn resolve_model(spec: &str) -> Result<PathBuf> {
+pub(crate) fn resolve_model(spec: &str) -> Result<PathBuf> {
     let store = Store::from_env()?;
     let mut progress = TerminalProgress::stderr();
     let resolved = store.resolve_with(spec, &mut |ev| progress.handle(ev));

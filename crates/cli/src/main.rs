@@ -3,6 +3,7 @@
 //! Flags are parsed here and turned into typed library calls; this is the only crate that uses
 //! `anyhow`, and every error reaches the user as one line on stderr with a non-zero exit.
 
+mod cmd_bench;
 mod cmd_models;
 mod cmd_run;
 
@@ -26,6 +27,8 @@ enum Command {
     Chat(cmd_run::ChatArgs),
     /// Manage downloaded models.
     Models(cmd_models::ModelsArgs),
+    /// Measure speed (side by side with llama.cpp where it is installed).
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run::run(args),
         Command::Chat(args) => cmd_run::chat(args),
         Command::Models(args) => cmd_models::run(args),
+        Command::Bench(args) => cmd_bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

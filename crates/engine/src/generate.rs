@@ -147,6 +147,37 @@ impl Generator {
         Ok(self.scratch.logits())
     }
 
+    /// Times one prefill of `prompt` from an empty cache (llama-bench's `pp` test).
+    pub fn time_prefill(&mut self, prompt: &[u32]) -> Result<std::time::Duration> {
+        let start = Instant::now();
+        self.prefill(prompt)?;
+        Ok(start.elapsed())
+    }
+
+    /// Times `n` single-token steps from an empty cache, each fed the next of `tokens` (cycled):
+    /// llama-bench's `tg` test.
+    pub fn time_decode(&mut self, tokens: &[u32], n: usize) -> Result<std::time::Duration> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.cache.clear();
+        let start = Instant::now();
+        for i in 0..n {
+            self.decode_logits(tokens[i % tokens.len()])?;
+        }
+        Ok(start.elapsed())
+    }
+
+    /// Threads of the compute pool.
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Measures the memory read bandwidth this generator's threads reach (bytes per second).
+    pub fn memory_bandwidth(&self) -> f64 {
+        strata_kernels::membw::read_bandwidth(&self.pool, 512 << 20, 3)
+    }
+
     fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
         if prompt.is_empty() {
             return Err(Error::EmptyPrompt);

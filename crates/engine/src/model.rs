@@ -132,6 +132,11 @@ impl Model {
         &self.cfg
     }
 
+    /// Bytes of weights one decode step streams from memory (the roofline's denominator).
+    pub fn streamed_bytes_per_token(&self) -> usize {
+        self.weights.streamed_bytes()
+    }
+
     /// The shard this model holds.
     pub fn spec(&self) -> &ShardSpec {
         &self.spec

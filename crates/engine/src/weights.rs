@@ -188,3 +188,19 @@ impl Weights {
         Ok(Weights { layers, embd, head })
     }
 }
+
+impl Weights {
+    /// Bytes of weight matrices one decode step reads (every layer matrix and the LM head; the
+    /// embedding only contributes one row).
+    pub(crate) fn streamed_bytes(&self) -> usize {
+        let m = |q: &QMatrix| q.rows() * q.row_bytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down)
+            })
+            .sum();
+        layers + self.head.as_ref().map_or(0, |(_, h)| m(h))
+    }
+}

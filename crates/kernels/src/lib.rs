@@ -15,6 +15,7 @@ pub mod attn;
 pub mod dot;
 pub mod formats;
 mod matmul;
+pub mod membw;
 pub mod ops;
 pub mod packed;
 mod pool;

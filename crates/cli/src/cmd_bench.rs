@@ -1,0 +1,273 @@
+//! `strata bench engine`: single-node prefill and decode speed, side by side with llama.cpp's
+//! own `llama-bench` on the same GGUF in the same run, against the memory-bandwidth roofline.
+//!
+//! The tests mirror llama-bench's: `pp N` is one prefill of N random tokens from an empty cache,
+//! `tg N` is N single-token steps from an empty cache. Each figure is the median of several
+//! repetitions; llama-bench is run right after strata for the same thread count, so both see the
+//! same machine state. Timing is noisy on shared machines: read the ratio, not the absolutes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use strata_engine::Generator;
+
+/// `strata bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    cmd: BenchCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Single-node prefill and decode tok/s against llama.cpp and the memory roofline.
+    Engine(EngineArgs),
+}
+
+/// `strata bench engine`.
+#[derive(Debug, Args)]
+pub(crate) struct EngineArgs {
+    /// Model id from the catalog or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, short = 't', value_delimiter = ',', default_values_t = [1usize, 2])]
+    threads: Vec<usize>,
+    /// Prompt tokens of the prefill test (llama-bench `-p`).
+    #[arg(long, default_value_t = 512)]
+    pp: usize,
+    /// Generated tokens of the decode test (llama-bench `-n`).
+    #[arg(long, default_value_t = 128)]
+    tg: usize,
+    /// Repetitions per test; the median is reported.
+    #[arg(long, short = 'r', default_value_t = 5)]
+    repetitions: usize,
+    /// Path of llama.cpp's `llama-bench` (default: `$STRATA_LLAMA_BENCH`, `llama-bench` on
+    /// PATH, then `~/.cache/llama-bench/llama-bench`).
+    #[arg(long)]
+    llama_bench: Option<PathBuf>,
+    /// Measure strata only.
+    #[arg(long)]
+    no_llama: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    match args.cmd {
+        BenchCmd::Engine(a) => engine(a),
+    }
+}
+
+/// One row of the report.
+struct Row {
+    threads: usize,
+    test: String,
+    strata: Vec<f64>,
+    llama: Option<f64>,
+    roofline: Option<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Deterministic pseudo-random token ids below `vocab` (llama-bench also feeds random ids).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn engine(a: EngineArgs) -> Result<()> {
+    if a.threads.is_empty() || a.threads.contains(&0) {
+        bail!("--threads needs thread counts of at least 1");
+    }
+    if a.pp == 0 || a.tg == 0 || a.repetitions == 0 {
+        bail!("--pp, --tg and --repetitions must be at least 1");
+    }
+    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let llama = if a.no_llama {
+        None
+    } else {
+        find_llama_bench(a.llama_bench.as_deref())
+    };
+    if !a.no_llama && llama.is_none() {
+        eprintln!(
+            "note: llama-bench not found (pass --llama-bench PATH or set STRATA_LLAMA_BENCH); \
+             measuring strata only"
+        );
+    }
+    let mut rows = Vec::new();
+    let mut bytes_per_token = 0usize;
+    for &t in &a.threads {
+        let mut g = Generator::load(&path, t, Some(a.pp + a.tg + 8))
+            .with_context(|| format!("loading {}", path.display()))?;
+        bytes_per_token = g.model().streamed_bytes_per_token();
+        let vocab = g.model().config().n_vocab;
+        let bw = g.memory_bandwidth();
+        let prompt = random_tokens(a.pp, vocab, 42);
+        let gen_tokens = random_tokens(a.tg, vocab, 7);
+        // Warm-up: page in the weights and size every buffer.
+        g.time_prefill(&prompt)?;
+        g.time_decode(&gen_tokens, a.tg.min(16))?;
+        let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        for _ in 0..a.repetitions {
+            pp.push(a.pp as f64 / g.time_prefill(&prompt)?.as_secs_f64().max(1e-9));
+            tg.push(a.tg as f64 / g.time_decode(&gen_tokens, a.tg)?.as_secs_f64().max(1e-9));
+        }
+        drop(g);
+        let theirs = match &llama {
+            Some(exe) => Some(run_llama_bench(exe, &path, t, a.pp, a.tg, a.repetitions)?),
+            None => None,
+        };
+        rows.push(Row {
+            threads: t,
+            test: format!("pp{}", a.pp),
+            strata: pp,
+            llama: theirs.map(|x| x.0),
+            roofline: None,
+        });
+        rows.push(Row {
+            threads: t,
+            test: format!("tg{}", a.tg),
+            strata: tg,
+            llama: theirs.map(|x| x.1),
+            roofline: Some(bw / bytes_per_token.max(1) as f64),
+        });
+    }
+    if a.json {
+        let results: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let ours = median(&r.strata);
+                json!({
+                    "threads": r.threads,
+                    "test": r.test,
+                    "strata_tok_s": ours,
+                    "strata_samples": r.strata,
+                    "llama_cpp_tok_s": r.llama,
+                    "ratio": r.llama.map(|l| ours / l),
+                    "roofline_tok_s": r.roofline,
+                    "roofline_share": r.roofline.map(|x| ours / x),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "model": path.display().to_string(),
+                "weight_bytes_per_token": bytes_per_token,
+                "llama_bench": llama.as_ref().map(|p| p.display().to_string()),
+                "results": results,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "model {}: {:.1} MB of weights read per token; median of {} runs",
+        path.display(),
+        bytes_per_token as f64 / 1e6,
+        a.repetitions
+    );
+    println!(
+        "| threads | test | strata tok/s | llama.cpp tok/s | strata / llama.cpp | roofline tok/s | strata / roofline |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |x| format!("{x:.prec$}"));
+    for r in &rows {
+        let ours = median(&r.strata);
+        println!(
+            "| {} | {} | {:.1} | {} | {} | {} | {} |",
+            r.threads,
+            r.test,
+            ours,
+            opt(r.llama, 1),
+            opt(r.llama.map(|l| ours / l), 2),
+            opt(r.roofline, 0),
+            r.roofline
+                .map_or("-".into(), |x| format!("{:.0} %", 100.0 * ours / x)),
+        );
+    }
+    Ok(())
+}
+
+fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = given {
+        return Some(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("STRATA_LLAMA_BENCH") {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let p = dir.join("llama-bench");
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    let home = std::env::var_os("HOME")?;
+    let p = PathBuf::from(home).join(".cache/llama-bench/llama-bench");
+    p.is_file().then_some(p)
+}
+
+/// Runs llama-bench once for `threads` and returns its mean (pp, tg) tok/s.
+fn run_llama_bench(
+    exe: &Path,
+    model: &Path,
+    threads: usize,
+    pp: usize,
+    tg: usize,
+    reps: usize,
+) -> Result<(f64, f64)> {
+    let out = Command::new(exe)
+        .arg("-m")
+        .arg(model)
+        .args(["-p", &pp.to_string(), "-n", &tg.to_string()])
+        .args(["-t", &threads.to_string(), "-r", &reps.to_string()])
+        .args(["-o", "json"])
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            exe.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("reading the JSON output of {}", exe.display()))?;
+    let find = |prompt: usize, n_gen: usize| -> Result<f64> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| {
+                r["n_prompt"].as_u64() == Some(prompt as u64)
+                    && r["n_gen"].as_u64() == Some(n_gen as u64)
+            })
+            .and_then(|r| r["avg_ts"].as_f64())
+            .with_context(|| format!("llama-bench printed no result for pp{prompt} tg{n_gen}"))
+    };
+    Ok((find(pp, 0)?, find(0, tg)?))
+}
