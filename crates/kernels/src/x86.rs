@@ -66,6 +66,16 @@ unsafe fn hsum8(x: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
+/// How far ahead of the block being read the kernels ask for weights: a decode step streams
+/// every weight once from DRAM, and the hardware prefetchers alone leave the loads waiting.
+const PREFETCH_BYTES: usize = 2048;
+
+#[inline(always)]
+unsafe fn prefetch(p: *const u8) {
+    // Prefetching never faults, so running past the end of the matrix is harmless.
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+}
+
 #[inline(always)]
 unsafe fn cvt4_f16(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
@@ -96,6 +106,7 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
     let mut summs = [_mm_setzero_ps(); C];
     for b in 0..nb {
         let blk = g.add(b * gbb);
+        prefetch(blk);
         let d4 = _mm256_castps128_ps256(cvt4_f16(blk));
         let m4 = if MIN {
             cvt4_f16(blk.add(8))
@@ -169,6 +180,9 @@ pub(crate) unsafe fn q8_tile<const C: usize>(
     let mut acc = [[_mm256_setzero_ps(); 4]; C];
     for b in 0..nb {
         let blk = g.add(b * 136);
+        prefetch(blk);
+        prefetch(blk.add(64));
+        prefetch(blk.add(128));
         let d4 = cvt4_f16(blk);
         let mut ax = [_mm256_setzero_si256(); 4];
         let mut sx = [_mm256_setzero_si256(); 4];
