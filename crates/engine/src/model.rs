@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use strata_gguf::GgufFile;
 use strata_kernels::attn::{self, DotOrder};
 use strata_kernels::formats::dequantize_row;
-use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, ops};
+use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
 use crate::weights::Weights;
 use crate::{Error, KvCache, ModelConfig, Result, ShardSpec};
@@ -277,15 +277,27 @@ impl Model {
             );
         }
         s.acts.quantize(lw.wq.ggml_type(), &s.xn[..n * e], n, e);
-        mm(pool, &lw.wq, &s.acts, &mut s.q);
-        if lw.wk.ggml_type() != lw.wq.ggml_type() {
+        let same = |m: &QMatrix| m.ggml_type() == lw.wq.ggml_type();
+        if same(&lw.wk) && same(&lw.wv) {
+            grow(&mut s.q, n * lw.wq.rows());
+            grow(&mut s.k, n * lw.wk.rows());
+            grow(&mut s.v, n * lw.wv.rows());
+            matmul_multi(
+                pool,
+                &s.acts,
+                &mut [
+                    (&lw.wq, &mut s.q[..n * lw.wq.rows()]),
+                    (&lw.wk, &mut s.k[..n * lw.wk.rows()]),
+                    (&lw.wv, &mut s.v[..n * lw.wv.rows()]),
+                ],
+            );
+        } else {
+            mm(pool, &lw.wq, &s.acts, &mut s.q);
             s.acts.quantize(lw.wk.ggml_type(), &s.xn[..n * e], n, e);
-        }
-        mm(pool, &lw.wk, &s.acts, &mut s.k);
-        if lw.wv.ggml_type() != lw.wk.ggml_type() {
+            mm(pool, &lw.wk, &s.acts, &mut s.k);
             s.acts.quantize(lw.wv.ggml_type(), &s.xn[..n * e], n, e);
+            mm(pool, &lw.wv, &s.acts, &mut s.v);
         }
-        mm(pool, &lw.wv, &s.acts, &mut s.v);
 
         // RoPE, then round to f16 where llama.cpp stores or converts to f16 (the K/V cache, and
         // Q when it meets the f16 keys).
@@ -400,12 +412,23 @@ impl Model {
         }
         s.acts
             .quantize(lw.w_gate.ggml_type(), &s.xn[..rows * e], rows, e);
-        mm(pool, &lw.w_gate, &s.acts, &mut s.gate);
-        if lw.w_up.ggml_type() != lw.w_gate.ggml_type() {
+        if lw.w_up.ggml_type() == lw.w_gate.ggml_type() {
+            grow(&mut s.gate, rows * ff);
+            grow(&mut s.up, rows * ff);
+            matmul_multi(
+                pool,
+                &s.acts,
+                &mut [
+                    (&lw.w_gate, &mut s.gate[..rows * ff]),
+                    (&lw.w_up, &mut s.up[..rows * ff]),
+                ],
+            );
+        } else {
+            mm(pool, &lw.w_gate, &s.acts, &mut s.gate);
             s.acts
                 .quantize(lw.w_up.ggml_type(), &s.xn[..rows * e], rows, e);
+            mm(pool, &lw.w_up, &s.acts, &mut s.up);
         }
-        mm(pool, &lw.w_up, &s.acts, &mut s.up);
         ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]);
         s.acts
             .quantize(lw.w_down.ggml_type(), &s.gate[..rows * ff], rows, ff);

@@ -49,6 +49,3 @@ fn main() {
         );
     }
 }
-
-#[allow(dead_code)]
-fn pool_probe() {}

@@ -26,7 +26,7 @@ mod x86_ops;
 
 use std::sync::OnceLock;
 
-pub use matmul::{QMatrix, QuantActs, WeightBytes, matmul};
+pub use matmul::{QMatrix, QuantActs, WeightBytes, matmul, matmul_multi};
 pub use pool::ThreadPool;
 pub use strata_gguf::GgmlType;
 

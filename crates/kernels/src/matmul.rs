@@ -291,21 +291,19 @@ impl OutPtr {
 /// `acts.n() * w.rows()` floats.
 pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32]) {
     let n = acts.n;
-    assert_eq!(
-        acts.ty,
-        Some(act_type(w.ty)),
-        "activations quantised for another format"
-    );
-    assert_eq!(acts.cols, w.cols, "activation width");
-    assert!(out.len() >= n * w.rows, "output too small");
+    check_shapes(w, acts, out);
     let optr = OutPtr(out.as_mut_ptr());
     match &w.data {
         Storage::Packed(packed) => {
-            assert!(
-                w.ty != GgmlType::Q4_0 || acts.weight_ty == Some(GgmlType::Q4_0),
-                "Q4_0 weights need activations quantised for Q4_0"
-            );
-            matmul_packed(pool, w, packed, acts, optr)
+            let mut jobs = [PackedJob {
+                w,
+                packed,
+                out: optr,
+                chunk: 0,
+                g_chunks: 0,
+                first_unit: 0,
+            }];
+            matmul_packed(pool, &mut jobs, acts)
         }
         Storage::Plain(bytes) => {
             let bytes = bytes.bytes();
@@ -334,60 +332,125 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
     }
 }
 
+/// One matrix of a packed product: the weights and where its output goes.
+struct PackedJob<'a> {
+    w: &'a QMatrix,
+    packed: &'a [u8],
+    out: OutPtr,
+    /// Groups per chunk, chunks per token block, and this job's first unit.
+    chunk: usize,
+    g_chunks: usize,
+    first_unit: usize,
+}
+
 /// The packed path: threads claim (token block, group chunk) units, token blocks outermost so
-/// a block's activations stay in cache while all threads sweep the weights.
-fn matmul_packed(pool: &ThreadPool, w: &QMatrix, packed: &[u8], acts: &QuantActs, optr: OutPtr) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let n = acts.n;
-        let nb = w.cols / QK;
-        let groups = w.rows.div_ceil(crate::packed::GROUP);
+/// a block's activations stay in cache while all threads sweep the weights. Several matrices
+/// that read the same activations (Q, K, V; gate, up) share one parallel region.
+fn matmul_packed(pool: &ThreadPool, jobs: &mut [PackedJob<'_>], acts: &QuantActs) {
+    let n = acts.n;
+    let n_tb = n.div_ceil(TOKEN_BLOCK);
+    let mut units = 0;
+    for j in jobs.iter_mut() {
+        let groups = j.w.rows.div_ceil(crate::packed::GROUP);
         // Large contiguous chunks keep each thread's weight stream sequential, which is what
         // the hardware prefetchers follow; a few chunks per thread still absorb imbalance.
-        let chunk = groups
+        j.chunk = groups
             .div_ceil(pool.n_threads() * CHUNKS_PER_THREAD)
             .max(MIN_GROUP_CHUNK);
-        let g_chunks = groups.div_ceil(chunk);
-        let units = g_chunks * n.div_ceil(TOKEN_BLOCK);
-        let next = AtomicUsize::new(0);
-        let row = |t: usize| acts.simd_row(t);
-        pool.run(&|_tid| {
-            loop {
-                let u = next.fetch_add(1, Ordering::Relaxed);
-                if u >= units {
-                    break;
-                }
-                let (tb, gc) = (u / g_chunks, u % g_chunks);
-                let g0 = gc * chunk;
-                let g1 = (g0 + chunk).min(groups);
-                let t0 = tb * TOKEN_BLOCK;
-                let t1 = (t0 + TOKEN_BLOCK).min(n);
-                // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
-                // F16C (or a test checked them); the packed buffer holds `groups` groups of `nb`
-                // blocks; the activation rows were quantised for this format with their side
-                // arrays; `out` holds `n * rows` floats and this thread alone owns the rows of
-                // groups g0..g1 for tokens t0..t1.
-                unsafe {
-                    crate::x86::matmul_groups(
-                        w.ty,
-                        packed.as_ptr(),
-                        nb,
-                        w.rows,
-                        g0..g1,
-                        t0..t1,
-                        &row,
-                        optr.ptr(),
-                        w.rows,
-                    )
-                };
+        j.g_chunks = groups.div_ceil(j.chunk);
+        j.first_unit = units;
+        units += j.g_chunks * n_tb;
+    }
+    let jobs = &*jobs;
+    let next = AtomicUsize::new(0);
+    #[cfg(target_arch = "x86_64")]
+    let row = |t: usize| acts.simd_row(t);
+    pool.run(&|_tid| {
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= units {
+                break;
             }
+            let Some(j) = jobs.iter().rev().find(|j| j.first_unit <= u) else {
+                break;
+            };
+            let u = u - j.first_unit;
+            let groups = j.w.rows.div_ceil(crate::packed::GROUP);
+            let (tb, gc) = (u / j.g_chunks, u % j.g_chunks);
+            let g0 = gc * j.chunk;
+            let g1 = (g0 + j.chunk).min(groups);
+            let t0 = tb * TOKEN_BLOCK;
+            let t1 = (t0 + TOKEN_BLOCK).min(n);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
+            // F16C (or a test checked them); the packed buffer holds `groups` groups of `nb`
+            // blocks; the activation rows were quantised for this format with their side
+            // arrays; `out` holds `n * rows` floats and this thread alone owns the rows of
+            // groups g0..g1 for tokens t0..t1.
+            unsafe {
+                crate::x86::matmul_groups(
+                    j.w.ty,
+                    j.packed.as_ptr(),
+                    j.w.cols / QK,
+                    j.w.rows,
+                    g0..g1,
+                    t0..t1,
+                    &row,
+                    j.out.ptr(),
+                    j.w.rows,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!(
+                "packed matrices exist only where a SIMD kernel does: {g0}..{g1} {t0}..{t1}"
+            );
+        }
+    });
+}
+
+/// Several products with the same activations, in one parallel region when every matrix is
+/// packed (saving a thread hand-off per matrix, which matters at a few microseconds a matmul).
+/// Each `(w, out)` pair obeys [`matmul`]'s contract.
+pub fn matmul_multi(pool: &ThreadPool, acts: &QuantActs, parts: &mut [(&QMatrix, &mut [f32])]) {
+    let all_packed = parts
+        .iter()
+        .all(|(w, _)| w.is_packed() && w.ty == parts[0].0.ty);
+    if !all_packed || acts.ty != Some(act_type(parts[0].0.ty)) {
+        for (w, out) in parts.iter_mut() {
+            matmul(pool, w, acts, out);
+        }
+        return;
+    }
+    let mut jobs: Vec<PackedJob<'_>> = Vec::with_capacity(parts.len());
+    for (w, out) in parts.iter_mut() {
+        check_shapes(w, acts, out);
+        let Storage::Packed(packed) = &w.data else {
+            unreachable!("checked above");
+        };
+        jobs.push(PackedJob {
+            w,
+            packed,
+            out: OutPtr(out.as_mut_ptr()),
+            chunk: 0,
+            g_chunks: 0,
+            first_unit: 0,
         });
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (pool, w, packed, acts, optr);
-        unreachable!("packed matrices exist only where a SIMD kernel does");
-    }
+    matmul_packed(pool, &mut jobs, acts);
+}
+
+fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
+    assert_eq!(
+        acts.ty,
+        Some(act_type(w.ty)),
+        "activations quantised for another format"
+    );
+    assert_eq!(acts.cols, w.cols, "activation width");
+    assert!(out.len() >= acts.n * w.rows, "output too small");
+    assert!(
+        w.ty != GgmlType::Q4_0 || !w.is_packed() || acts.weight_ty == Some(GgmlType::Q4_0),
+        "Q4_0 weights need activations quantised for Q4_0"
+    );
 }
 
 #[cfg(test)]

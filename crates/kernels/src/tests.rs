@@ -212,7 +212,7 @@ fn simd_ops_match_their_scalar_definitions() {
     xs.extend([
         -87.5, -88.7, -103.2, -104.0, -150.0, 88.5, 89.0, 200.0, -200.0,
     ]);
-    while xs.len() % 8 != 0 {
+    while !xs.len().is_multiple_of(8) {
         xs.push(0.25);
     }
     let up = vec![1.0f32; xs.len()];
@@ -258,4 +258,47 @@ fn simd_attention_orders_match_their_scalar_definitions() {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn fused_products_equal_separate_ones() {
+    let mut rng = Rng(21);
+    let cols = 128;
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+    ] {
+        let mats: Vec<QMatrix> = [40usize, 12, 12]
+            .iter()
+            .map(|&rows| {
+                let w = rng.vec(rows * cols, 0.5);
+                QMatrix::new(ty, rows, cols, WeightBytes::Owned(quantize_weights(ty, &w)))
+                    .unwrap()
+                    .prepared()
+            })
+            .collect();
+        for n in [1usize, 5] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut acts = QuantActs::new();
+            acts.quantize(ty, &x, n, cols);
+            let pool = ThreadPool::new(2);
+            let mut sep: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0; n * m.rows()]).collect();
+            for (m, o) in mats.iter().zip(sep.iter_mut()) {
+                matmul(&pool, m, &acts, o);
+            }
+            let mut fused: Vec<Vec<f32>> =
+                mats.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+            let mut parts: Vec<(&QMatrix, &mut [f32])> = mats
+                .iter()
+                .zip(fused.iter_mut())
+                .map(|(m, o)| (m, o.as_mut_slice()))
+                .collect();
+            matmul_multi(&pool, &acts, &mut parts);
+            for (a, b) in sep.iter().zip(&fused) {
+                assert_eq!(bits(a), bits(b), "{ty} n={n}");
+            }
+        }
+    }
 }
