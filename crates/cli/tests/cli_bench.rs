@@ -1,0 +1,57 @@
+//! End-to-end test of `strata bench engine`: a real process measuring the real model.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+#[test]
+fn bench_engine_reports_every_test_with_a_roofline() {
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("default model");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "engine",
+            "--no-llama",
+            "--json",
+            "--threads",
+            "1,2",
+        ])
+        .args(["--pp", "16", "--tg", "4", "-r", "2"])
+        .output()
+        .expect("running strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["weight_bytes_per_token"].as_u64().unwrap() > 90_000_000);
+    let results = v["results"].as_array().unwrap();
+    let tests: Vec<(u64, &str)> = results
+        .iter()
+        .map(|r| (r["threads"].as_u64().unwrap(), r["test"].as_str().unwrap()))
+        .collect();
+    assert_eq!(tests, [(1, "pp16"), (1, "tg4"), (2, "pp16"), (2, "tg4")]);
+    for r in results {
+        assert!(r["strata_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["strata_samples"].as_array().unwrap().len(), 2);
+        assert!(r["llama_cpp_tok_s"].is_null());
+        if r["test"] == "tg4" {
+            assert!(r["roofline_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+}
+
+#[test]
+fn bench_engine_rejects_zero_threads() {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "engine", "--no-llama", "--threads", "0"])
+        .output()
+        .expect("running strata");
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("--threads"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
