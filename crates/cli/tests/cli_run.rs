@@ -122,6 +122,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         "context overflow",
     );
     fails_with(&["run", "--top-p", "2", "hi"], "top_p");
+    // A context no machine can hold is refused, not an allocation abort.
+    fails_with(
+        &["run", "--ctx-size", "100000000000", "hi"],
+        "cannot allocate a KV cache",
+    );
 }
 
 fn tempdir() -> std::path::PathBuf {

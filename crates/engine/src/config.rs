@@ -85,6 +85,21 @@ impl ModelConfig {
             tied_embeddings: file.tensor("output.weight").is_none(),
             arch,
         };
+        // Every layer has at least nine tensors; a count beyond that is a corrupt header, and
+        // must be refused before anything is sized by it.
+        if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 9 {
+            return Err(Error::InvalidModel(format!(
+                "block count {} does not match the file's {} tensors",
+                cfg.n_layer,
+                file.tensors().len()
+            )));
+        }
+        if cfg.n_ff == 0 || n_embd == 0 {
+            return Err(Error::InvalidModel(format!(
+                "width {n_embd} and FFN width {} must be positive",
+                cfg.n_ff
+            )));
+        }
         if embd.row_len() != n_embd {
             return Err(Error::InvalidModel(format!(
                 "token_embd.weight rows are {} wide, model width is {n_embd}",

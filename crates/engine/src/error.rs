@@ -43,6 +43,16 @@ pub enum Error {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// Memory for the KV cache could not be reserved.
+    #[error(
+        "cannot allocate a KV cache of {bytes} bytes for {n_ctx} positions (try a smaller --ctx-size)"
+    )]
+    CacheTooLarge {
+        /// Positions asked for.
+        n_ctx: usize,
+        /// Bytes that would be needed.
+        bytes: u128,
+    },
     /// Tokenizer or chat template failure.
     #[error(transparent)]
     Tokenizer(#[from] strata_tokenizer::Error),

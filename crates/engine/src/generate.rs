@@ -86,7 +86,7 @@ impl Generator {
         let template = ChatTemplate::from_gguf(file.metadata())?;
         let model = Model::load_full(&file)?;
         let n_ctx = n_ctx.unwrap_or(model.config().n_ctx_train.min(8192)).max(1);
-        let cache = model.new_cache(n_ctx);
+        let cache = model.new_cache(n_ctx)?;
         Ok(Generator {
             model,
             tokenizer,

@@ -17,16 +17,39 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(n_layers: usize, n_kv_heads: usize, n_ctx: usize, head_dim: usize) -> Self {
-        let total = n_layers * n_kv_heads * n_ctx * head_dim;
-        KvCache {
+    /// A cache for `n_ctx` positions; fails (rather than aborting the process) when the memory
+    /// cannot be reserved.
+    pub(crate) fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        n_ctx: usize,
+        head_dim: usize,
+    ) -> crate::Result<Self> {
+        let too_large = || crate::Error::CacheTooLarge {
+            n_ctx,
+            bytes: 8 * n_layers as u128 * n_kv_heads as u128 * n_ctx as u128 * head_dim as u128,
+        };
+        let total = n_layers
+            .checked_mul(n_kv_heads)
+            .and_then(|x| x.checked_mul(n_ctx))
+            .and_then(|x| x.checked_mul(head_dim))
+            .ok_or_else(too_large)?;
+        let alloc = || -> crate::Result<Vec<f32>> {
+            // Probe first, so an impossible size is an error rather than an abort; then take
+            // zeroed memory, whose pages the kernel supplies only as positions fill.
+            let mut probe: Vec<f32> = Vec::new();
+            probe.try_reserve_exact(total).map_err(|_| too_large())?;
+            drop(probe);
+            Ok(vec![0.0; total])
+        };
+        Ok(KvCache {
             n_kv_heads,
             n_ctx,
             head_dim,
             len: 0,
-            k: vec![0.0; total],
-            v: vec![0.0; total],
-        }
+            k: alloc()?,
+            v: alloc()?,
+        })
     }
 
     /// Positions filled.

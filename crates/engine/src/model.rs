@@ -143,7 +143,7 @@ impl Model {
     }
 
     /// A KV cache for this shard holding `n_ctx` positions.
-    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+    pub fn new_cache(&self, n_ctx: usize) -> Result<KvCache> {
         KvCache::new(
             self.spec.layers.len(),
             self.spec.kv_heads.len(),

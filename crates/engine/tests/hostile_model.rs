@@ -1,0 +1,154 @@
+//! Mutation tests on the real model file: flipped header bytes and truncations of
+//! SmolLM2's GGUF must end in an error (or a model that runs), never a panic.
+//!
+//! Every stage a user's file goes through is exercised: the GGUF reader, the tokenizer and chat
+//! template built from its metadata, the model configuration, the shard loader (including the
+//! weight repacking), and one forward step.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use strata_engine::{Model, NoComm, Scratch, StageInput};
+use strata_gguf::GgufFile;
+use strata_kernels::ThreadPool;
+use strata_tokenizer::{ChatTemplate, Tokenizer};
+
+fn real_model() -> Vec<u8> {
+    let path = strata_store::Store::from_env()
+        .expect("model store")
+        .ensure("smollm2-135m-instruct")
+        .expect("fetching the default model");
+    std::fs::read(path).unwrap()
+}
+
+/// Runs every loading stage on `bytes`; returns a description of how far it got.
+fn load_everything(bytes: Vec<u8>, pool: &ThreadPool) -> String {
+    let file = match GgufFile::from_bytes(bytes) {
+        Ok(f) => f,
+        Err(e) => return format!("gguf: {e}"),
+    };
+    if let Err(e) = Tokenizer::from_gguf(file.metadata()) {
+        return format!("tokenizer: {e}");
+    }
+    if let Err(e) = ChatTemplate::from_gguf(file.metadata()) {
+        return format!("template: {e}");
+    }
+    let model = match Model::load_full(&file) {
+        Ok(m) => m,
+        Err(e) => return format!("model: {e}"),
+    };
+    let mut cache = match model.new_cache(16) {
+        Ok(c) => c,
+        Err(e) => return format!("cache: {e}"),
+    };
+    let mut scratch = Scratch::default();
+    match model.forward(
+        pool,
+        &mut cache,
+        &mut scratch,
+        StageInput::Tokens(&[1, 2, 3]),
+        &NoComm,
+    ) {
+        Ok(()) => "ran".into(),
+        Err(e) => format!("forward: {e}"),
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn mutated_real_model_headers_fail_cleanly() {
+    let original = real_model();
+    let header_len = GgufFile::from_bytes(original.clone())
+        .unwrap()
+        .data_offset() as usize;
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(0x5EED_1234);
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for case in 0..40 {
+        let mut bytes = original.clone();
+        // Half the cases hit the fixed-layout start (counts, first keys), half anywhere in the
+        // metadata and tensor table.
+        let span = if case % 2 == 0 { 4096 } else { header_len };
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(span);
+            bytes[at] = match rng.below(4) {
+                0 => 0xFF,
+                1 => 0x00,
+                2 => bytes[at] ^ (1 << rng.below(8)),
+                _ => rng.next() as u8,
+            };
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| load_everything(bytes, &pool)));
+        let outcome = result.unwrap_or_else(|_| panic!("case {case}: a mutated header panicked"));
+        let stage = outcome.split(':').next().unwrap_or("").to_string();
+        *outcomes.entry(stage).or_default() += 1;
+    }
+    // The mutations must reach past the reader at least sometimes, or the test proves little.
+    assert!(outcomes.len() >= 2, "{outcomes:?}");
+}
+
+/// Hostile values for the hyper-parameters: zero, one, odd sizes, huge and sign-bit values.
+#[test]
+fn hostile_hyperparameters_fail_cleanly() {
+    let original = real_model();
+    let pool = ThreadPool::new(1);
+    let keys = [
+        "llama.block_count",
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.rope.dimension_count",
+        "llama.vocab_size",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+    ];
+    let mut reached_model_checks = 0;
+    for key in keys {
+        let Some(at) = original
+            .windows(key.len())
+            .position(|w| w == key.as_bytes())
+        else {
+            continue;
+        };
+        // Key string, then a u32 value type, then the value.
+        let value_at = at + key.len() + 4;
+        for v in [0u32, 1, 3, 7, 577, 0x7FFF_FFFF, 0xFFFF_FFFF] {
+            let mut bytes = original.clone();
+            bytes[value_at..value_at + 4].copy_from_slice(&v.to_le_bytes());
+            let outcome = catch_unwind(AssertUnwindSafe(|| load_everything(bytes, &pool)))
+                .unwrap_or_else(|_| panic!("{key} = {v} panicked"));
+            if outcome.starts_with("model:") || outcome.starts_with("tokenizer:") {
+                reached_model_checks += 1;
+            }
+        }
+    }
+    assert!(reached_model_checks >= 10, "{reached_model_checks}");
+}
+
+#[test]
+fn truncated_real_model_fails_cleanly() {
+    let original = real_model();
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(77);
+    for _ in 0..12 {
+        let cut = rng.below(original.len());
+        let bytes = original[..cut].to_vec();
+        let outcome = catch_unwind(AssertUnwindSafe(|| load_everything(bytes, &pool)))
+            .unwrap_or_else(|_| panic!("truncation at {cut} panicked"));
+        assert!(outcome.starts_with("gguf:"), "cut at {cut}: {outcome}");
+    }
+}
