@@ -92,14 +92,16 @@ impl KvCache {
         }
     }
 
-    pub(crate) fn key(&self, layer: usize, head: usize, pos: usize) -> &[f32] {
-        let i = self.at(layer, head, pos);
-        &self.k[i..i + self.head_dim]
+    /// Keys of positions `0..len`, back to back.
+    pub(crate) fn keys(&self, layer: usize, head: usize, len: usize) -> &[f32] {
+        let i = self.at(layer, head, 0);
+        &self.k[i..i + len * self.head_dim]
     }
 
-    pub(crate) fn value(&self, layer: usize, head: usize, pos: usize) -> &[f32] {
-        let i = self.at(layer, head, pos);
-        &self.v[i..i + self.head_dim]
+    /// Values of positions `0..len`, back to back.
+    pub(crate) fn values(&self, layer: usize, head: usize, len: usize) -> &[f32] {
+        let i = self.at(layer, head, 0);
+        &self.v[i..i + len * self.head_dim]
     }
 
     pub(crate) fn advance(&mut self, n: usize) {

@@ -358,9 +358,7 @@ impl Model {
                 let sc = unsafe {
                     std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
                 };
-                for (p, out) in sc.iter_mut().enumerate() {
-                    *out = attn::dot_f16_order(order, qv, cache_ref.key(li, kvh, p)) * scale;
-                }
+                attn::scores(order, qv, cache_ref.keys(li, kvh, len), scale, sc);
                 ops::softmax(sc);
                 // llama.cpp converts the probabilities to f16 before the product with V.
                 ops::round_f16_slice(sc);
@@ -372,7 +370,7 @@ impl Model {
                         std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
                     )
                 };
-                attn::weighted_sum_order(order, sc, |p| cache_ref.value(li, kvh, p), acc, o);
+                attn::weighted_sum(order, sc, cache_ref.values(li, kvh, len), acc, o);
             }
         });
 

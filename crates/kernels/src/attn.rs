@@ -148,6 +148,36 @@ pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     dot_impl(order, q, k)
 }
 
+/// Scores of `q` against keys stored back to back (`keys[p * q.len()..]` for output `p`),
+/// each `dot_f16_order(order, q, key) * scale`.
+pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        let width = if order == DotOrder::Single { 64 } else { 16 };
+        if q.len().is_multiple_of(width) {
+            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+            return unsafe {
+                crate::x86_ops::scores(order == DotOrder::Single, q, keys, scale, out)
+            };
+        }
+    }
+    let hd = q.len();
+    for (p, o) in out.iter_mut().enumerate() {
+        *o = dot_impl(order, q, &keys[p * hd..(p + 1) * hd]) * scale;
+    }
+}
+
+/// [`weighted_sum_order`] over value rows stored back to back (`values[p * out.len()..]`).
+pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32], out: &mut [f32]) {
+    let hd = out.len();
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 && order == DotOrder::Batch {
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe { crate::x86_ops::weighted_sum_batch(w, values, out) };
+    }
+    weighted_sum_order(order, w, |p| &values[p * hd..(p + 1) * hd], acc, out)
+}
+
 /// The scalar definition of [`dot_f16_order`].
 pub fn dot_f16_order_ref(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     dot_impl(order, q, k)

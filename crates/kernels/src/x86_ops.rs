@@ -272,3 +272,95 @@ pub(crate) unsafe fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8], sides
         }
     }
 }
+
+/// Scores of one query against keys stored back to back (`keys[p * hd..(p + 1) * hd]`, one per
+/// output), each summed in `ggml_vec_dot_f16` (`single`) or tinyBLAS order, times `scale`.
+/// Four keys per iteration keep enough independent FMA chains in flight.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scores(single: bool, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let len = out.len().min(keys.len() / hd.max(1));
+    let one = |p: usize| {
+        let k = &keys[p * hd..(p + 1) * hd];
+        if single {
+            dot_single(q, k)
+        } else {
+            dot_batch(q, k)
+        }
+    };
+    if single {
+        // One 64-wide step per head of 64: nothing to interleave that the plain loop lacks.
+        for (p, o) in out.iter_mut().enumerate().take(len) {
+            *o = one(p) * scale;
+        }
+        return;
+    }
+    let qp = q.as_ptr();
+    let mut p = 0;
+    while p + 4 <= len {
+        let kp: [*const f32; 4] = std::array::from_fn(|i| keys.as_ptr().add((p + i) * hd));
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 16 <= hd {
+            let q0 = _mm256_loadu_ps(qp.add(i));
+            let q1 = _mm256_loadu_ps(qp.add(i + 8));
+            for j in 0..4 {
+                lo[j] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kp[j].add(i)), lo[j]);
+                hi[j] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kp[j].add(i + 8)), hi[j]);
+            }
+            i += 16;
+        }
+        for j in 0..4 {
+            out[p + j] = reduce16(lo[j], hi[j]) * scale;
+        }
+        p += 4;
+    }
+    while p < len {
+        out[p] = one(p) * scale;
+        p += 1;
+    }
+}
+
+/// `out = sum_p w[p] * values[p]` (rows of `out.len()` stored back to back) in tinyBLAS order:
+/// sixteen slot accumulators, position `p` in slot `p % 16`, reduced in `reduce16` order. The
+/// slots of one 8-wide column chunk live in registers, eight at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn weighted_sum_batch(w: &[f32], values: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    let len = w.len().min(values.len() / hd.max(1));
+    let vp = values.as_ptr();
+    let mut c = 0;
+    while c + 8 <= hd {
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        for (h, acc) in halves.iter_mut().enumerate() {
+            let mut p0 = 8 * h;
+            while p0 < len {
+                for (s, a) in acc.iter_mut().enumerate() {
+                    let p = p0 + s;
+                    if p < len {
+                        let v = _mm256_loadu_ps(vp.add(p * hd + c));
+                        *a = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(p)), v, *a);
+                    }
+                }
+                p0 += 16;
+            }
+        }
+        // reduce16 over the slots, lane-wise: halves, quarters, then pairs.
+        let s8: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(halves[1][i], halves[0][i]));
+        let s4: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(s8[i + 4], s8[i]));
+        let r = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+        _mm256_storeu_ps(out.as_mut_ptr().add(c), r);
+        c += 8;
+    }
+    // Columns past the last full chunk (head widths not a multiple of 8).
+    for d in c..hd {
+        let mut slots = [0.0f32; 16];
+        for p in 0..len {
+            slots[p % 16] = w[p].mul_add(values[p * hd + d], slots[p % 16]);
+        }
+        let s8: [f32; 8] = std::array::from_fn(|i| slots[i + 8] + slots[i]);
+        let s4: [f32; 4] = std::array::from_fn(|i| s8[i + 4] + s8[i]);
+        out[d] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    }
+}
