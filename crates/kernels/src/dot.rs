@@ -64,6 +64,8 @@ pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
             }
             hsum8(&acc) + summs
         }
+        GgmlType::Q4K => crate::kquants::dot_q4_k(w, a, n),
+        GgmlType::Q6K => crate::kquants::dot_q6_k(w, a, n),
         _ => f32::NAN,
     }
 }

@@ -96,6 +96,8 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Q4K => crate::kquants::dequantize_q4_k(row, out),
+        GgmlType::Q6K => crate::kquants::dequantize_q6_k(row, out),
         _ => out.fill(f32::NAN),
     }
 }
@@ -106,6 +108,7 @@ pub fn act_type(ty: GgmlType) -> GgmlType {
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4K | GgmlType::Q6K => GgmlType::Q8K,
         GgmlType::F16 => GgmlType::F16,
         _ => GgmlType::F32,
     }
@@ -210,6 +213,7 @@ pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
     match act {
         GgmlType::Q8_0 => quantize_row_q8_0(x, out),
         GgmlType::Q8_1 => quantize_row_q8_1(x, out),
+        GgmlType::Q8K => crate::kquants::quantize_row_q8_k(x, out),
         GgmlType::F16 => quantize_row_f16(x, out),
         _ => quantize_row_f32(x, out),
     }
@@ -255,6 +259,8 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
                 }
             }
         }
+        GgmlType::Q4K => out = crate::kquants::quantize_q4_k(x),
+        GgmlType::Q6K => out = crate::kquants::quantize_q6_k(x),
         GgmlType::Q4_1 => {
             for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
                 let min = xb.iter().copied().fold(f32::INFINITY, f32::min);

@@ -14,6 +14,7 @@
 pub mod attn;
 pub mod dot;
 pub mod formats;
+pub mod kquants;
 mod matmul;
 pub mod membw;
 pub mod ops;
@@ -42,7 +43,9 @@ pub enum Error {
         detail: String,
     },
     /// The kernels cannot compute with this weight format (yet).
-    #[error("unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0)")]
+    #[error(
+        "unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)"
+    )]
     UnsupportedType(GgmlType),
 }
 
@@ -59,6 +62,8 @@ pub fn supported_weight(ty: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q8_0
+            | GgmlType::Q4K
+            | GgmlType::Q6K
     )
 }
 

@@ -18,7 +18,9 @@ impl Rng {
     }
 }
 
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4K,
+    GgmlType::Q6K,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -32,7 +34,7 @@ const TYPES: [GgmlType; 6] = [
 /// block's largest activation per element; f16 activations ~1/2048.
 fn tolerance(ty: GgmlType) -> f32 {
     match act_type(ty) {
-        GgmlType::Q8_0 | GgmlType::Q8_1 => 1.0 / 100.0,
+        GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8K => 1.0 / 100.0,
         GgmlType::F16 => 1.0 / 1000.0,
         _ => 1e-5,
     }
@@ -98,7 +100,12 @@ fn matmul_matches_scalar_and_f32_reference() {
             (64, 576, 5, 3),
             (6, 96, 1, 1),
             (130, 128, 70, 2),
+            (9, 512, 3, 2),
+            (5, 1024, 1, 1),
         ] {
+            if !(cols as usize).is_multiple_of(ty.block_size()) {
+                continue;
+            }
             check(
                 ty,
                 rows,
@@ -125,7 +132,8 @@ fn weight_quantisers_round_trip() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         let bound = match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 => 0.15,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => 0.15,
+            GgmlType::Q6K => 0.05,
             GgmlType::Q5_0 => 0.07,
             GgmlType::Q8_0 => 0.01,
             _ => 1e-3,
@@ -151,9 +159,9 @@ fn activation_quantisation_rounds_half_to_even() {
 
 #[test]
 fn unsupported_formats_are_refused() {
-    let e = QMatrix::new(GgmlType::Q6K, 1, 256, WeightBytes::Owned(vec![0; 210])).unwrap_err();
+    let e = QMatrix::new(GgmlType::Q5K, 1, 256, WeightBytes::Owned(vec![0; 176])).unwrap_err();
     assert!(
-        e.to_string().contains("unsupported weight format Q6_K"),
+        e.to_string().contains("unsupported weight format Q5_K"),
         "{e}"
     );
     let e = QMatrix::new(GgmlType::Q8_0, 2, 32, WeightBytes::Owned(vec![0; 34])).unwrap_err();

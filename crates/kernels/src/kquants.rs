@@ -1,0 +1,310 @@
+//! The 256-element "K" formats: Q4_K and Q6_K weights, and the Q8_K activations they are
+//! multiplied with.
+//!
+//! The dot products reproduce llama.cpp's AVX2 kernels (`ggml_vec_dot_q4_K_q8_K`,
+//! `ggml_vec_dot_q6_K_q8_K`) lane by lane: per super-block each of eight 32-bit lanes collects
+//! exact integer sums (four products per lane per 32-element chunk, times the sub-block scale),
+//! then accumulates `d * lane` with one fused multiply-add; the Q4_K minimums go through a
+//! separate four-lane accumulator. The same integers in the same lanes give the same floats.
+//!
+//! Block layouts (bytes):
+//! - Q4_K (144): `d` f16, `dmin` f16, 12 bytes of packed 6-bit scales and mins, 128 of nibbles.
+//! - Q6_K (210): 128 low-nibble bytes `ql`, 64 high-bit bytes `qh`, 16 `i8` scales, `d` f16.
+//! - Q8_K (292): `d` f32, 256 `i8` quants, 16 `i16` sums of each 16 quants.
+
+use half::f16;
+
+use crate::dot::hsum8;
+use crate::formats::rd_f16;
+
+/// Elements of a super-block.
+pub const QK_K: usize = 256;
+/// Bytes of a Q4_K block.
+pub const Q4_K_BYTES: usize = 144;
+/// Bytes of a Q6_K block.
+pub const Q6_K_BYTES: usize = 210;
+/// Bytes of a Q8_K block.
+pub const Q8_K_BYTES: usize = 292;
+
+fn rd_f32(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// llama.cpp's `nearest_int`: round half to even through the float adder (|x| < 2^22).
+fn nearest_int(x: f32) -> i32 {
+    let v = x + 12_582_912.0;
+    ((v.to_bits() & 0x007F_FFFF) as i32) - 0x0040_0000
+}
+
+/// Quantises `x` (a multiple of 256 long) to Q8_K blocks exactly as `quantize_row_q8_K_ref`.
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        let (mut max, mut amax) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (o, &v) in ob[4..4 + QK_K].iter_mut().zip(xb) {
+            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+        }
+        for j in 0..QK_K / 16 {
+            let sum: i32 = ob[4 + 16 * j..4 + 16 * (j + 1)]
+                .iter()
+                .map(|&q| i32::from(q as i8))
+                .sum();
+            let at = 4 + QK_K + 2 * j;
+            ob[at..at + 2].copy_from_slice(&(sum as i16).to_le_bytes());
+        }
+        ob[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+fn q8k_quant(a: &[u8], i: usize) -> i32 {
+    i32::from(a[4 + i] as i8)
+}
+
+fn q8k_bsum(a: &[u8], j: usize) -> i32 {
+    i32::from(i16::from_le_bytes([
+        a[4 + QK_K + 2 * j],
+        a[4 + QK_K + 2 * j + 1],
+    ]))
+}
+
+/// The eight 6-bit scales and eight 6-bit minimums of a Q4_K block.
+pub(crate) fn q4k_scales_mins(b: &[u8]) -> ([i32; 8], [i32; 8]) {
+    let q = &b[4..16];
+    let mut sc = [0i32; 8];
+    let mut m = [0i32; 8];
+    for j in 0..8 {
+        if j < 4 {
+            sc[j] = i32::from(q[j] & 63);
+            m[j] = i32::from(q[j + 4] & 63);
+        } else {
+            sc[j] = i32::from((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+            m[j] = i32::from((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+    }
+    (sc, m)
+}
+
+/// The 6-bit code of element `e` (0..256) of a Q6_K block.
+fn q6k_code(b: &[u8], e: usize) -> i32 {
+    let (half, r) = (e / 128, e % 128);
+    let (k, p) = (r / 32, r % 32);
+    let ql = &b[64 * half..64 * half + 64];
+    let qh = b[128 + 32 * half + p];
+    let lo = match k {
+        0 => ql[p] & 15,
+        1 => ql[32 + p] & 15,
+        2 => ql[p] >> 4,
+        _ => ql[32 + p] >> 4,
+    };
+    i32::from(lo | (((qh >> (2 * k)) & 3) << 4))
+}
+
+fn q6k_scale(b: &[u8], s: usize) -> i32 {
+    i32::from(b[192 + s] as i8)
+}
+
+/// Dot product of one Q4_K row and one Q8_K row of `n` elements, in AVX2 lane order.
+pub fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    for (x, y) in w
+        .chunks_exact(Q4_K_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let yd = rd_f32(y, 0);
+        let d = yd * rd_f16(x, 0);
+        let dmin = -yd * rd_f16(x, 2);
+        let (sc, m) = q4k_scales_mins(x);
+        // Minimums: four lanes of two 32-element sub-blocks each.
+        for (i, am) in acc_m.iter_mut().enumerate() {
+            let s = |k: usize| q8k_bsum(y, 2 * k) + q8k_bsum(y, 2 * k + 1);
+            let prod = m[2 * i] * s(2 * i) + m[2 * i + 1] * s(2 * i + 1);
+            *am = dmin.mul_add(prod as f32, *am);
+        }
+        let qs = &x[16..144];
+        let mut sumi = [0i32; 8];
+        for j in 0..4 {
+            for (l, lane) in sumi.iter_mut().enumerate() {
+                let (mut lo, mut hi) = (0i32, 0i32);
+                for p in 4 * l..4 * l + 4 {
+                    let q = qs[32 * j + p];
+                    lo += i32::from(q & 15) * q8k_quant(y, 64 * j + p);
+                    hi += i32::from(q >> 4) * q8k_quant(y, 64 * j + 32 + p);
+                }
+                *lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+            }
+        }
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+/// Dot product of one Q6_K row and one Q8_K row of `n` elements, in AVX2 lane order.
+pub fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (x, y) in w
+        .chunks_exact(Q6_K_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let d = rd_f32(y, 0) * rd_f16(x, 208);
+        let mut sumi = [0i32; 8];
+        // 32-element chunks c = 4 * half + k; lanes 0..4 use scale 2c, lanes 4..8 scale 2c + 1.
+        for c in 0..8 {
+            for (l, lane) in sumi.iter_mut().enumerate() {
+                let sc = q6k_scale(x, 2 * c + l / 4);
+                let mut s = 0i32;
+                for p in 4 * l..4 * l + 4 {
+                    let e = 32 * c + p;
+                    s += q6k_code(x, e) * q8k_quant(y, e);
+                }
+                *lane += sc * s;
+            }
+        }
+        // The codes are stored +32: subtract 32 * scale * sum(q8), lane l taking scales 2l, 2l+1.
+        for (l, lane) in sumi.iter_mut().enumerate() {
+            let sub = q8k_bsum(y, 2 * l) * q6k_scale(x, 2 * l)
+                + q8k_bsum(y, 2 * l + 1) * q6k_scale(x, 2 * l + 1);
+            *lane -= sub << 5;
+        }
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Dequantises a Q4_K row.
+pub fn dequantize_q4_k(row: &[u8], out: &mut [f32]) {
+    for (x, o) in row.chunks_exact(Q4_K_BYTES).zip(out.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (rd_f16(x, 0), rd_f16(x, 2));
+        let (sc, m) = q4k_scales_mins(x);
+        let qs = &x[16..144];
+        for j in 0..4 {
+            for p in 0..32 {
+                let q = qs[32 * j + p];
+                o[64 * j + p] = d * sc[2 * j] as f32 * f32::from(q & 15) - dmin * m[2 * j] as f32;
+                o[64 * j + 32 + p] =
+                    d * sc[2 * j + 1] as f32 * f32::from(q >> 4) - dmin * m[2 * j + 1] as f32;
+            }
+        }
+    }
+}
+
+/// Dequantises a Q6_K row.
+pub fn dequantize_q6_k(row: &[u8], out: &mut [f32]) {
+    for (x, o) in row.chunks_exact(Q6_K_BYTES).zip(out.chunks_exact_mut(QK_K)) {
+        let d = rd_f16(x, 208);
+        for (e, v) in o.iter_mut().enumerate() {
+            *v = d * q6k_scale(x, e / 16) as f32 * (q6k_code(x, e) - 32) as f32;
+        }
+    }
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// Quantises to Q4_K with plain rounding (for tests and synthetic models, not for quality).
+pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; x.len() / QK_K * Q4_K_BYTES];
+    for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q4_K_BYTES)) {
+        // Per 32-element sub-block: scale = range / 15, minimum = -min (stored as positive).
+        let mut scales = [0.0f32; 8];
+        let mut mins = [0.0f32; 8];
+        for s in 0..8 {
+            let sub = &xb[32 * s..32 * (s + 1)];
+            let lo = sub.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
+            let hi = sub.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            scales[s] = (hi - lo) / 15.0;
+            mins[s] = -lo;
+        }
+        let max_sc = scales.iter().copied().fold(0.0, f32::max);
+        let max_m = mins.iter().copied().fold(0.0, f32::max);
+        let d = f16::from_f32(max_sc / 63.0).to_f32();
+        let dmin = f16::from_f32(max_m / 63.0).to_f32();
+        put_f16(ob, 0, d);
+        put_f16(ob, 2, dmin);
+        let q6 = |v: f32, unit: f32| {
+            if unit > 0.0 {
+                (v / unit).round().clamp(0.0, 63.0) as u8
+            } else {
+                0
+            }
+        };
+        let sc: Vec<u8> = scales.iter().map(|&s| q6(s, d)).collect();
+        let m: Vec<u8> = mins.iter().map(|&v| q6(v, dmin)).collect();
+        let packed = &mut ob[4..16];
+        for j in 0..4 {
+            packed[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+            packed[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+            packed[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+        }
+        for j in 0..4 {
+            for half in 0..2 {
+                let s = 2 * j + half;
+                let unit = d * f32::from(sc[s]);
+                let off = dmin * f32::from(m[s]);
+                for p in 0..32 {
+                    let v = xb[64 * j + 32 * half + p];
+                    let q = if unit > 0.0 {
+                        ((v + off) / unit).round().clamp(0.0, 15.0) as u8
+                    } else {
+                        0
+                    };
+                    ob[16 + 32 * j + p] |= q << (4 * half);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Quantises to Q6_K with plain rounding (for tests and synthetic models, not for quality).
+pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; x.len() / QK_K * Q6_K_BYTES];
+    for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q6_K_BYTES)) {
+        let sub: Vec<f32> = xb
+            .chunks_exact(16)
+            .map(|s| s.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0)
+            .collect();
+        let max_sub = sub.iter().copied().fold(0.0, f32::max);
+        let d = f16::from_f32(max_sub / 127.0).to_f32();
+        put_f16(ob, 208, d);
+        for (s, &v) in sub.iter().enumerate() {
+            let sc = if d > 0.0 {
+                (v / d).round().clamp(-128.0, 127.0)
+            } else {
+                0.0
+            };
+            ob[192 + s] = sc as i8 as u8;
+        }
+        for e in 0..QK_K {
+            let unit = d * f32::from(ob[192 + e / 16] as i8);
+            let q = if unit != 0.0 {
+                ((xb[e] / unit).round() + 32.0).clamp(0.0, 63.0) as u8
+            } else {
+                32
+            };
+            let (half, r) = (e / 128, e % 128);
+            let (k, p) = (r / 32, r % 32);
+            let ql = 64 * half + if k % 2 == 1 { 32 + p } else { p };
+            ob[ql] |= (q & 15) << if k >= 2 { 4 } else { 0 };
+            ob[128 + 32 * half + p] |= (q >> 4) << (2 * k);
+        }
+    }
+    out
+}
