@@ -4,11 +4,23 @@ use strata_gguf::GgufFile;
 
 use crate::{Error, Result};
 
+/// The decoder architectures the engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama and its relatives (SmolLM2): RMSNorm, RoPE on adjacent pairs, SwiGLU.
+    Llama,
+    /// Gemma 3: scaled embeddings, per-head Q/K norms, NEOX RoPE with a separate base for
+    /// sliding-window layers, norms after attention and FFN, GeGLU.
+    Gemma3,
+}
+
 /// Hyper-parameters of a Llama-family decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// `general.architecture`.
     pub arch: String,
+    /// The architecture, parsed.
+    pub kind: Arch,
     /// Decoder layers.
     pub n_layer: usize,
     /// Hidden width.
@@ -33,6 +45,48 @@ pub struct ModelConfig {
     pub rope_dims: usize,
     /// Whether the LM head reuses the token embedding.
     pub tied_embeddings: bool,
+    /// Factor applied to token embeddings (Gemma: `sqrt(n_embd)`).
+    pub embed_scale: Option<f32>,
+    /// Factor applied to queries before attention (Gemma: `1 / sqrt(head_dim)`); when set, the
+    /// softmax scale is 1.
+    pub query_scale: Option<f32>,
+    /// RoPE rotates halves (`x[i]`, `x[i + d/2]`) rather than adjacent pairs.
+    pub rope_neox: bool,
+    /// Sliding-window attention: window length, layer pattern and RoPE base of those layers.
+    pub swa: Option<SlidingWindow>,
+}
+
+/// Which layers attend through a sliding window, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// A key at distance `window` or more from the query is masked.
+    pub window: usize,
+    /// Every `pattern`-th layer (the last of each group) attends globally.
+    pub pattern: usize,
+    /// RoPE base of the sliding-window layers.
+    pub rope_base: f32,
+}
+
+impl ModelConfig {
+    /// Whether layer `il` uses the sliding window.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa
+            .as_ref()
+            .is_some_and(|w| w.pattern == 0 || il % w.pattern < w.pattern - 1)
+    }
+
+    /// RoPE base of layer `il`.
+    pub fn rope_base_of(&self, il: usize) -> f32 {
+        match &self.swa {
+            Some(w) if self.is_swa(il) => w.rope_base,
+            _ => self.rope_base,
+        }
+    }
+
+    /// Width of all query heads together.
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
 }
 
 impl ModelConfig {
@@ -40,9 +94,11 @@ impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         let md = file.metadata();
         let arch = md.get_str("general.architecture")?.to_string();
-        if arch != "llama" {
-            return Err(Error::UnsupportedArchitecture(arch));
-        }
+        let kind = match arch.as_str() {
+            "llama" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
+            _ => return Err(Error::UnsupportedArchitecture(arch)),
+        };
         let key = |k: &str| format!("{arch}.{k}");
         let n_embd = md.get_u32(&key("embedding_length"))? as usize;
         let n_head = md.get_u32(&key("attention.head_count"))? as usize;
@@ -50,16 +106,31 @@ impl ModelConfig {
             Some(_) => md.get_u32(&key("attention.head_count_kv"))? as usize,
             None => n_head,
         };
+        let opt_u32 = |k: &str| -> Result<Option<usize>> {
+            match md.get(&key(k)) {
+                Some(_) => Ok(Some(md.get_u32(&key(k))? as usize)),
+                None => Ok(None),
+            }
+        };
+        let key_length = opt_u32("attention.key_length")?;
         if n_head == 0
             || n_head_kv == 0
             || !n_head.is_multiple_of(n_head_kv)
-            || !n_embd.is_multiple_of(n_head)
+            || (key_length.is_none() && !n_embd.is_multiple_of(n_head))
         {
             return Err(Error::InvalidModel(format!(
                 "{n_head} heads, {n_head_kv} KV heads and width {n_embd} are inconsistent"
             )));
         }
-        let head_dim = n_embd / n_head;
+        let head_dim = key_length.unwrap_or(n_embd / n_head);
+        if head_dim == 0
+            || head_dim > 4096
+            || opt_u32("attention.value_length")?.is_some_and(|v| v != head_dim)
+        {
+            return Err(Error::InvalidModel(format!(
+                "head width {head_dim} is unsupported (keys and values must be equally wide)"
+            )));
+        }
         let rope_dims = match md.get(&key("rope.dimension_count")) {
             Some(_) => md.get_u32(&key("rope.dimension_count"))? as usize,
             None => head_dim,
@@ -83,6 +154,21 @@ impl ModelConfig {
             rope_base,
             rope_dims,
             tied_embeddings: file.tensor("output.weight").is_none(),
+            embed_scale: (kind == Arch::Gemma3).then(|| (n_embd as f32).sqrt()),
+            query_scale: (kind == Arch::Gemma3).then(|| 1.0 / (head_dim as f32).sqrt()),
+            rope_neox: kind == Arch::Gemma3,
+            swa: match (kind, opt_u32("attention.sliding_window")?) {
+                (Arch::Gemma3, Some(window)) if window > 0 => Some(SlidingWindow {
+                    window,
+                    pattern: opt_u32("attention.sliding_window_pattern")?.unwrap_or(6),
+                    rope_base: match md.get(&key("rope.freq_base_swa")) {
+                        Some(_) => md.get_f32(&key("rope.freq_base_swa"))?,
+                        None => 10_000.0,
+                    },
+                }),
+                _ => None,
+            },
+            kind,
             arch,
         };
         // Every layer has at least nine tensors; a count beyond that is a corrupt header, and

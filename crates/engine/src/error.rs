@@ -16,7 +16,7 @@ pub enum Error {
         source: strata_kernels::Error,
     },
     /// The architecture named in `general.architecture` is not implemented.
-    #[error("unsupported architecture {0:?} (supported: llama)")]
+    #[error("unsupported architecture {0:?} (supported: llama, gemma3)")]
     UnsupportedArchitecture(String),
     /// Hyper-parameters are inconsistent (e.g. head count does not divide the width).
     #[error("invalid model: {0}")]

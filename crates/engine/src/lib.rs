@@ -19,7 +19,7 @@ mod sampler;
 mod shard;
 mod weights;
 
-pub use config::ModelConfig;
+pub use config::{Arch, ModelConfig, SlidingWindow};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;

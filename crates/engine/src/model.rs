@@ -196,7 +196,11 @@ impl Model {
                     let row = embd.row(id as usize).ok_or_else(|| {
                         Error::InvalidShard("the token embedding is not row-addressable".into())
                     })?;
-                    dequantize_row(embd.ggml_type(), row, &mut scratch.x[t * e..(t + 1) * e]);
+                    let x = &mut scratch.x[t * e..(t + 1) * e];
+                    dequantize_row(embd.ggml_type(), row, x);
+                    if let Some(f) = cfg.embed_scale {
+                        ops::scale(x, f);
+                    }
                 }
             }
             StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
@@ -232,18 +236,27 @@ impl Model {
         Ok(())
     }
 
+    /// RoPE tables for the `n` positions from `pos0`: one for the model's base and, with a
+    /// sliding window, one for the window layers' base (after the first `n * half` entries).
     fn fill_rope(&self, s: &mut Scratch, pos0: usize, n: usize) {
         let half = self.cfg.rope_dims / 2;
-        grow(&mut s.rope_cos, n * half);
-        grow(&mut s.rope_sin, n * half);
-        for t in 0..n {
-            ops::rope_table(
-                pos0 + t,
-                self.cfg.rope_dims,
-                self.cfg.rope_base,
-                &mut s.rope_cos[t * half..(t + 1) * half],
-                &mut s.rope_sin[t * half..(t + 1) * half],
-            );
+        let bases: &[f32] = match &self.cfg.swa {
+            Some(w) => &[self.cfg.rope_base, w.rope_base],
+            None => &[self.cfg.rope_base],
+        };
+        grow(&mut s.rope_cos, bases.len() * n * half);
+        grow(&mut s.rope_sin, bases.len() * n * half);
+        for (bi, &base) in bases.iter().enumerate() {
+            for t in 0..n {
+                let at = (bi * n + t) * half;
+                ops::rope_table(
+                    pos0 + t,
+                    self.cfg.rope_dims,
+                    base,
+                    &mut s.rope_cos[at..at + half],
+                    &mut s.rope_sin[at..at + half],
+                );
+            }
         }
     }
 
@@ -299,21 +312,37 @@ impl Model {
             mm(pool, &lw.wv, &s.acts, &mut s.v);
         }
 
-        // RoPE, then round to f16 where llama.cpp stores or converts to f16 (the K/V cache, and
-        // Q when it meets the f16 keys).
+        // Per-head norms (Gemma 3), RoPE, the query scale, then rounding to f16 where llama.cpp
+        // stores or converts to f16 (the K/V cache, and Q when it meets the f16 keys).
+        let gl = self.spec.layers.start + li;
+        let table = if cfg.is_swa(gl) { n } else { 0 };
+        let rope = |x: &mut [f32], c: &[f32], sn: &[f32]| {
+            if cfg.rope_neox {
+                ops::rope_apply_neox(x, c, sn);
+            } else {
+                ops::rope_apply(x, c, sn);
+            }
+        };
         for t in 0..n {
-            let (c, sn) = (
-                &s.rope_cos[t * half..(t + 1) * half],
-                &s.rope_sin[t * half..(t + 1) * half],
-            );
+            let at = (table + t) * half;
+            let (c, sn) = (&s.rope_cos[at..at + half], &s.rope_sin[at..at + half]);
             for h in 0..n_q {
                 let q = &mut s.q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
-                ops::rope_apply(&mut q[..cfg.rope_dims], c, sn);
+                if let Some(w) = &lw.q_norm {
+                    ops::rms_norm_in_place(q, w, cfg.rms_eps);
+                }
+                rope(&mut q[..cfg.rope_dims], c, sn);
+                if let Some(f) = cfg.query_scale {
+                    ops::scale(q, f);
+                }
                 ops::round_f16_slice(q);
             }
             for h in 0..n_kv {
                 let k = &mut s.k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
-                ops::rope_apply(&mut k[..cfg.rope_dims], c, sn);
+                if let Some(w) = &lw.k_norm {
+                    ops::rms_norm_in_place(k, w, cfg.rms_eps);
+                }
+                rope(&mut k[..cfg.rope_dims], c, sn);
                 let v = &s.v[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
                 cache.store(li, h, pos0 + t, k, v);
             }
@@ -337,7 +366,17 @@ impl Model {
         let n_out = n - t_first;
         grow(&mut s.att, n_out * n_q * hd);
         let att = SyncPtr(s.att.as_mut_ptr());
-        let scale = 1.0 / (hd as f32).sqrt();
+        // Queries already scaled (Gemma) meet a softmax scale of 1.
+        let scale = if cfg.query_scale.is_some() {
+            1.0
+        } else {
+            1.0 / (hd as f32).sqrt()
+        };
+        let window = cfg
+            .swa
+            .as_ref()
+            .filter(|_| cfg.is_swa(gl))
+            .map(|w| w.window);
         let next = AtomicUsize::new(0);
         let units = n_out * n_q;
         let cache_ref = &*cache;
@@ -359,6 +398,16 @@ impl Model {
                     std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
                 };
                 attn::scores(order, qv, cache_ref.keys(li, kvh, len), scale, sc);
+                if let Some(w) = window {
+                    // Keys `w` or more positions back are masked (exp(-inf) = 0), keeping the
+                    // row's layout so the softmax sums in ggml's blocks.
+                    let query_pos = pos0 + t;
+                    for (p, v) in sc.iter_mut().enumerate() {
+                        if query_pos - p >= w {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
                 ops::softmax(sc);
                 // llama.cpp converts the probabilities to f16 before the product with V.
                 ops::round_f16_slice(sc);
@@ -381,6 +430,11 @@ impl Model {
         // This rank's partial sum of the projection; combine before the residual add.
         let proj = &mut s.proj[..n_out * e];
         comm.all_reduce_sum(proj);
+        if let Some(w) = &lw.attn_post_norm {
+            for row in proj.chunks_exact_mut(e) {
+                ops::rms_norm_in_place(row, w, cfg.rms_eps);
+            }
+        }
         for (tt, row) in proj.chunks_exact(e).enumerate() {
             let t = t_first + tt;
             ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
@@ -427,12 +481,20 @@ impl Model {
                 .quantize(lw.w_up.ggml_type(), &s.xn[..rows * e], rows, e);
             mm(pool, &lw.w_up, &s.acts, &mut s.up);
         }
-        ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]);
+        match self.cfg.kind {
+            crate::Arch::Llama => ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
+            crate::Arch::Gemma3 => ops::geglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
+        }
         s.acts
             .quantize(lw.w_down.ggml_type(), &s.gate[..rows * ff], rows, ff);
         mm(pool, &lw.w_down, &s.acts, &mut s.proj);
         let proj = &mut s.proj[..rows * e];
         comm.all_reduce_sum(proj);
+        if let Some(w) = &lw.ffn_post_norm {
+            for row in proj.chunks_exact_mut(e) {
+                ops::rms_norm_in_place(row, w, self.cfg.rms_eps);
+            }
+        }
         for (t, row) in proj.chunks_exact(e).enumerate() {
             ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
         }

@@ -25,6 +25,12 @@ pub(crate) struct LayerWeights {
     pub(crate) w_gate: QMatrix,
     pub(crate) w_up: QMatrix,
     pub(crate) w_down: QMatrix,
+    /// Per-head RMSNorm weights of queries and keys (Gemma 3).
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    /// RMSNorm weights applied to the attention and FFN outputs before the residual (Gemma 3).
+    pub(crate) attn_post_norm: Option<Vec<f32>>,
+    pub(crate) ffn_post_norm: Option<Vec<f32>>,
 }
 
 /// All weights a shard needs.
@@ -146,15 +152,28 @@ impl Weights {
         };
         let kv_rows = spec.kv_heads.start * hd..spec.kv_heads.end * hd;
         let kv_width = cfg.n_head_kv * hd;
+        let q_width = cfg.q_width();
+        let gemma = cfg.kind == crate::Arch::Gemma3;
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in spec.layers.clone() {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
+            let gemma_vec = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                if gemma {
+                    Ok(Some(vector(file, &n(s), len)?))
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &n("attn_norm"), e)?,
-                wq: compute_rows(file, &n("attn_q"), e, e, q_rows.clone())?,
+                q_norm: gemma_vec("attn_q_norm", hd)?,
+                k_norm: gemma_vec("attn_k_norm", hd)?,
+                attn_post_norm: gemma_vec("post_attention_norm", e)?,
+                ffn_post_norm: gemma_vec("post_ffw_norm", e)?,
+                wq: compute_rows(file, &n("attn_q"), e, q_width, q_rows.clone())?,
                 wk: compute_rows(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
                 wv: compute_rows(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
-                wo: col_slice(file, &n("attn_output"), e, e, q_rows.clone())?,
+                wo: col_slice(file, &n("attn_output"), q_width, e, q_rows.clone())?,
                 ffn_norm: vector(file, &n("ffn_norm"), e)?,
                 w_gate: compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
                 w_up: compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,

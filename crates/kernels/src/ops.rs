@@ -11,6 +11,16 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] of `x` into itself.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0f32 / (mean + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * scale * g;
+    }
+}
+
 /// Cosine/sine table of rotary embeddings for one position, in ggml's `NORM` layout (adjacent
 /// pairs), computed with ggml's repeated-multiplication recurrence for the angle.
 pub fn rope_table(
@@ -57,13 +67,60 @@ pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     rope_impl(x, cos, sin)
 }
 
-/// Rotates NEOX-style halves `(x[i], x[i + n/2])` (used by some architectures, e.g. Gemma).
+/// Rotates NEOX-style halves `(x[i], x[i + n/2])` (used by some architectures, e.g. Gemma),
+/// with the same fused multiply-adds as [`rope_apply`].
 pub fn rope_apply_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = cos.len();
     for i in 0..half {
         let (x0, x1) = (x[i], x[i + half]);
-        x[i] = x0 * cos[i] - x1 * sin[i];
-        x[i + half] = x0 * sin[i] + x1 * cos[i];
+        x[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+        x[i + half] = x0.mul_add(sin[i], x1 * cos[i]);
+    }
+}
+
+/// ggml's tanh-approximation GELU in f32, with the fused multiply-add GCC forms from
+/// `1 + GELU_COEF_A * x * x`.
+fn gelu_f32(x: f32) -> f32 {
+    let gelu_coef_a = f32::from_bits(0x3D37_2713); // 0.044715
+    let sqrt_2_over_pi = f32::from_bits(0x3F4C_422A); // sqrt(2 / pi)
+    let inner = (gelu_coef_a * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (sqrt_2_over_pi * x * inner).tanh())
+}
+
+/// ggml's GELU table: the f16 result for every f16 input (ggml evaluates GELU through it).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                half::f16::from_f32(gelu_f32(x)).to_bits()
+            })
+            .collect()
+    })
+}
+
+/// `gate = gelu(gate) * up`, the GeGLU activation, as ggml computes it: inputs at or below -10
+/// give 0, at or above 10 pass through, others go through the f16 table.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            let t = table[usize::from(half::f16::from_f32(x).to_bits())];
+            half::f16::from_bits(t).to_f32() * u
+        };
+    }
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x {
+        *v *= s;
     }
 }
 
