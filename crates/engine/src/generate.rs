@@ -97,6 +97,11 @@ impl Generator {
         })
     }
 
+    /// Which llama.cpp build's arithmetic to reproduce (see [`Model::set_flavour`]).
+    pub fn set_flavour(&mut self, flavour: strata_kernels::attn::Flavour) {
+        self.model.set_flavour(flavour);
+    }
+
     /// The model.
     pub fn model(&self) -> &Model {
         &self.model

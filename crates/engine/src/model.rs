@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_gguf::GgufFile;
-use strata_kernels::attn::{self, DotOrder};
+use strata_kernels::attn::{self, Flavour};
 use strata_kernels::formats::dequantize_row;
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
@@ -46,6 +46,7 @@ pub struct Model {
     cfg: ModelConfig,
     spec: ShardSpec,
     weights: Weights,
+    flavour: Flavour,
 }
 
 /// Reusable buffers of the forward pass, sized for the largest batch seen so far.
@@ -116,7 +117,18 @@ impl Model {
     pub fn load(file: &GgufFile, spec: ShardSpec) -> Result<Model> {
         let cfg = ModelConfig::from_gguf(file)?;
         let weights = Weights::load(file, &cfg, &spec)?;
-        Ok(Model { cfg, spec, weights })
+        Ok(Model {
+            cfg,
+            spec,
+            weights,
+            flavour: Flavour::native(),
+        })
+    }
+
+    /// Which llama.cpp build's attention arithmetic to reproduce (default: the one llama.cpp
+    /// would be built as on this CPU).
+    pub fn set_flavour(&mut self, flavour: Flavour) {
+        self.flavour = flavour;
     }
 
     /// Loads the whole model.
@@ -124,7 +136,12 @@ impl Model {
         let cfg = ModelConfig::from_gguf(file)?;
         let spec = ShardSpec::full(&cfg);
         let weights = Weights::load(file, &cfg, &spec)?;
-        Ok(Model { cfg, spec, weights })
+        Ok(Model {
+            cfg,
+            spec,
+            weights,
+            flavour: Flavour::native(),
+        })
     }
 
     /// Hyper-parameters.
@@ -357,9 +374,9 @@ impl Model {
         let acc_base = SyncPtr(s.accs.as_mut_ptr());
         // ggml sums attention products in a different order for one token than for a batch.
         let order = if n == 1 {
-            DotOrder::Single
+            self.flavour.single()
         } else {
-            DotOrder::Batch
+            self.flavour.batch()
         };
         // With `trim`, only the last token's attention output is needed.
         let t_first = if trim { n - 1 } else { 0 };
@@ -381,6 +398,7 @@ impl Model {
         let units = n_out * n_q;
         let cache_ref = &*cache;
         let q = &s.q;
+        let flavour = self.flavour;
         pool.run(&|tid| {
             loop {
                 let u = next.fetch_add(1, Ordering::Relaxed);
@@ -408,7 +426,7 @@ impl Model {
                         }
                     }
                 }
-                ops::softmax(sc);
+                ops::softmax(sc, flavour);
                 // llama.cpp converts the probabilities to f16 before the product with V.
                 ops::round_f16_slice(sc);
                 // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
@@ -482,7 +500,9 @@ impl Model {
             mm(pool, &lw.w_up, &s.acts, &mut s.up);
         }
         match self.cfg.kind {
-            crate::Arch::Llama => ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
+            crate::Arch::Llama => {
+                ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff], self.flavour)
+            }
             crate::Arch::Gemma3 => ops::geglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
         }
         s.acts

@@ -6,13 +6,80 @@
 //! after 30 layers of 8-bit requantisation such bits decide near-tied tokens, so strata reproduces
 //! the order of whichever path llama.cpp takes for the same batch size.
 
-/// Which of ggml's two f16 dot-product orders to reproduce.
+/// Which of ggml's f16 dot-product orders to reproduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DotOrder {
-    /// One token (`ggml_vec_dot_f16`: 4 x 16 lanes over 64-element steps).
+    /// One token, as an AVX-512 build of llama.cpp sums it (`ggml_vec_dot_f16`: 4 x 16 lanes
+    /// over 64-element steps).
     Single,
-    /// A batch of tokens (tinyBLAS: 16 lanes).
+    /// One token, as an AVX2 build sums it (`ggml_vec_dot_f16`: 4 x 8 lanes over 32-element
+    /// steps, reduced pairwise then with two horizontal adds).
+    Single8,
+    /// A batch of tokens, as an AVX-512 build sums it (tinyBLAS: 16 lanes).
     Batch,
+    /// A batch of tokens, as an AVX2 build sums it (tinyBLAS: 8 lanes, `hsum` of a `__m256`).
+    Batch8,
+}
+
+impl DotOrder {
+    /// Elements per step of the order's accumulators (the slots of a weighted sum).
+    fn slots(self) -> usize {
+        match self {
+            DotOrder::Single => 64,
+            DotOrder::Single8 => 32,
+            DotOrder::Batch => 16,
+            DotOrder::Batch8 => 8,
+        }
+    }
+}
+
+/// Which llama.cpp build's arithmetic to reproduce where builds differ (the single-token f16
+/// dot products of attention): llama.cpp compiles for the CPU it runs on, so "identical to
+/// llama.cpp" depends on that CPU's vector width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// A build with AVX-512.
+    Avx512,
+    /// A build with AVX2 but no AVX-512.
+    Avx2,
+}
+
+impl Flavour {
+    /// The flavour llama.cpp would be built with on this CPU.
+    pub fn native() -> Flavour {
+        #[cfg(target_arch = "x86_64")]
+        if !is_x86_feature_detected!("avx512f") {
+            return Flavour::Avx2;
+        }
+        Flavour::Avx512
+    }
+
+    /// The order of a single-token attention step.
+    pub fn single(self) -> DotOrder {
+        match self {
+            Flavour::Avx512 => DotOrder::Single,
+            Flavour::Avx2 => DotOrder::Single8,
+        }
+    }
+
+    /// The order of a batched attention step.
+    pub fn batch(self) -> DotOrder {
+        match self {
+            Flavour::Avx512 => DotOrder::Batch,
+            Flavour::Avx2 => DotOrder::Batch8,
+        }
+    }
+}
+
+/// `ggml_vec_dot_f16`'s AVX2 reduction of four 8-lane accumulators.
+#[inline(always)]
+fn reduce4x8(s: &[[f32; 8]; 4]) -> f32 {
+    let mut x = [0.0f32; 8];
+    for l in 0..8 {
+        x[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    }
+    let t: [f32; 4] = std::array::from_fn(|i| x[i] + x[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
 }
 
 /// `_mm512_reduce_add_ps` as GCC expands it: halves, quarters, then pairs.
@@ -53,6 +120,31 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             }
             reduce16(&acc)
         }
+        DotOrder::Batch8 => {
+            let mut acc = [0.0f32; 8];
+            for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
+                for l in 0..8 {
+                    acc[l] = qc[l].mul_add(kc[l], acc[l]);
+                }
+            }
+            crate::dot::hsum8(&acc)
+        }
+        DotOrder::Single8 => {
+            let mut s = [[0.0f32; 8]; 4];
+            for (qc, kc) in q.chunks_exact(32).zip(k.chunks_exact(32)) {
+                for j in 0..4 {
+                    for l in 0..8 {
+                        s[j][l] = qc[8 * j + l].mul_add(kc[8 * j + l], s[j][l]);
+                    }
+                }
+            }
+            let tail = q.len() / 32 * 32;
+            let mut sum = f64::from(reduce4x8(&s));
+            for i in tail..q.len() {
+                sum += f64::from(q[i] * k[i]);
+            }
+            sum as f32
+        }
         DotOrder::Single => {
             let mut s = [[0.0f32; 16]; 4];
             for (qc, kc) in q.chunks_exact(64).zip(k.chunks_exact(64)) {
@@ -84,7 +176,7 @@ fn weighted_sum_impl<'a>(
     out: &mut [f32],
 ) {
     let hd = out.len();
-    let slots = if order == DotOrder::Batch { 16 } else { 64 };
+    let slots = order.slots();
     let acc = &mut acc[..slots * hd];
     acc.fill(0.0);
     for (p, &wp) in w.iter().enumerate() {
@@ -110,6 +202,36 @@ fn add_rows(acc: &mut [f32], hd: usize, dst: usize, a: usize, b: usize) {
 /// [`reduce16`] (batch) or [`reduce4x16`] (single) over the slots.
 fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
     let hd = out.len();
+    if order == DotOrder::Batch8 {
+        // hsum of eight slots: high half + low half, then pairs.
+        for i in 0..4 {
+            add_rows(acc, hd, i, i + 4, i);
+        }
+        add_rows(acc, hd, 0, 0, 2);
+        add_rows(acc, hd, 1, 1, 3);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = acc[d] + acc[hd + d];
+        }
+        return;
+    }
+    if order == DotOrder::Single8 {
+        // Slot 8 * j + l is accumulator j, lane l: (s0 + s2) + (s1 + s3) into rows 0..8, then
+        // the two halves, then two horizontal adds.
+        for l in 0..8 {
+            add_rows(acc, hd, 16 + l, l, 16 + l);
+            add_rows(acc, hd, 24 + l, 8 + l, 24 + l);
+            add_rows(acc, hd, l, 16 + l, 24 + l);
+        }
+        for i in 0..4 {
+            add_rows(acc, hd, i, i, i + 4);
+        }
+        add_rows(acc, hd, 0, 0, 1);
+        add_rows(acc, hd, 2, 2, 3);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = acc[d] + acc[2 * hd + d];
+        }
+        return;
+    }
     if order == DotOrder::Single {
         // Slot 16 * j + l is accumulator j, lane l: (s0 + s2) + (s1 + s3) into rows 0..16.
         for l in 0..16 {
@@ -141,6 +263,9 @@ pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             match order {
                 DotOrder::Single if q.len().is_multiple_of(64) => crate::x86_ops::dot_single(q, k),
                 DotOrder::Batch if q.len().is_multiple_of(16) => crate::x86_ops::dot_batch(q, k),
+                DotOrder::Single8 if q.len().is_multiple_of(32) => {
+                    crate::x86_ops::dot_single8(q, k)
+                }
                 _ => dot_impl(order, q, k),
             }
         };
@@ -153,8 +278,9 @@ pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
 pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
-        let width = if order == DotOrder::Single { 64 } else { 16 };
-        if q.len().is_multiple_of(width) {
+        let width = order.slots();
+        let simd = matches!(order, DotOrder::Single | DotOrder::Batch);
+        if simd && q.len().is_multiple_of(width) {
             // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
             return unsafe {
                 crate::x86_ops::scores(order == DotOrder::Single, q, keys, scale, out)
@@ -194,7 +320,7 @@ pub fn weighted_sum_order<'a>(
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         let hd = out.len();
-        let slots = if order == DotOrder::Batch { 16 } else { 64 };
+        let slots = order.slots();
         let acc = &mut acc[..slots * hd];
         acc.fill(0.0);
         for (p, &wp) in w.iter().enumerate() {
@@ -230,11 +356,18 @@ mod tests {
         let exact: f32 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
         assert_eq!(dot_f16_order(DotOrder::Single, &q, &k), exact);
         assert_eq!(dot_f16_order(DotOrder::Batch, &q, &k), exact);
+        assert_eq!(dot_f16_order(DotOrder::Single8, &q, &k), exact);
+        assert_eq!(dot_f16_order(DotOrder::Batch8, &q, &k), exact);
         let w: Vec<f32> = (0..100).map(|p| (p % 3) as f32).collect();
         let vals: Vec<Vec<f32>> = (0..100).map(|p| vec![p as f32, 1.0]).collect();
         let mut acc = vec![0.0; 128];
         let mut out = [0.0f32; 2];
-        for order in [DotOrder::Single, DotOrder::Batch] {
+        for order in [
+            DotOrder::Single,
+            DotOrder::Single8,
+            DotOrder::Batch,
+            DotOrder::Batch8,
+        ] {
             weighted_sum_order(order, &w, |p| &vals[p], &mut acc, &mut out);
             let e0: f32 = (0..100).map(|p| w[p] * p as f32).sum();
             let e1: f32 = w.iter().sum();

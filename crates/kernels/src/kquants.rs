@@ -152,6 +152,52 @@ pub fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
+/// Dot product of one Q4_K row and one Q8_K row in the order of llama.cpp's x86 repacked
+/// kernels, which it uses for every Q4_K matrix whose row count is a multiple of 8.
+///
+/// The single-token kernel (`ggml_gemv_q4_K_8x8_q8_K`) accumulates, per super-block, the whole
+/// scaled integer dot and the whole minimum correction with one fused multiply-add each; the
+/// four-token kernel (`ggml_gemm_q4_K_8x8_q8_K`, which takes the first `4 * (n / 4)` tokens of a
+/// batch) does so per 64-element chunk (`per_chunk`). The two accumulators are subtracted at the
+/// end.
+pub fn dot_q4_k_repacked(w: &[u8], a: &[u8], n: usize, per_chunk: bool) -> f32 {
+    let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
+    for (x, y) in w
+        .chunks_exact(Q4_K_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let yd = rd_f32(y, 0);
+        let (dd, dm) = (rd_f16(x, 0) * yd, rd_f16(x, 2) * yd);
+        let (sc, m) = q4k_scales_mins(x);
+        let qs = &x[16..144];
+        let (mut dot, mut mins) = (0i32, 0i32);
+        for j in 0..4 {
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for p in 0..32 {
+                let q = qs[32 * j + p];
+                lo += i32::from(q & 15) * q8k_quant(y, 64 * j + p);
+                hi += i32::from(q >> 4) * q8k_quant(y, 64 * j + 32 + p);
+            }
+            let chunk_dot = sc[2 * j] * lo + sc[2 * j + 1] * hi;
+            let sum = |s: usize| q8k_bsum(y, 2 * s) + q8k_bsum(y, 2 * s + 1);
+            let chunk_min = m[2 * j] * sum(2 * j) + m[2 * j + 1] * sum(2 * j + 1);
+            if per_chunk {
+                acc = (chunk_dot as f32).mul_add(dd, acc);
+                acc_m = (chunk_min as f32).mul_add(dm, acc_m);
+            } else {
+                dot += chunk_dot;
+                mins += chunk_min;
+            }
+        }
+        if !per_chunk {
+            acc = (dot as f32).mul_add(dd, acc);
+            acc_m = (mins as f32).mul_add(dm, acc_m);
+        }
+    }
+    acc - acc_m
+}
+
 /// Dot product of one Q6_K row and one Q8_K row of `n` elements, in AVX2 lane order.
 pub fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -185,6 +231,31 @@ pub fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// Dot product of one Q6_K row and one Q8_K row in the order of llama.cpp's tiled K-quant
+/// kernel (`ggml-cpu/tiled`), which it uses for batches of 8 or more tokens: per super-block
+/// the exact integer dot `S` becomes `d_w * S`, then accumulates with one fused multiply-add
+/// by the activation scale.
+pub fn dot_q6_k_tiled(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for (x, y) in w
+        .chunks_exact(Q6_K_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let mut total = 0i32;
+        for sb in 0..16 {
+            let mut s = 0i32;
+            for e in 16 * sb..16 * (sb + 1) {
+                s += (q6k_code(x, e) - 32) * q8k_quant(y, e);
+            }
+            total += q6k_scale(x, sb) * s;
+        }
+        let t = rd_f16(x, 208) * total as f32;
+        acc = t.mul_add(rd_f32(y, 0), acc);
+    }
+    acc
 }
 
 /// Dequantises a Q4_K row.

@@ -200,7 +200,7 @@ impl QuantActs {
             self.d.resize(n * nb, 0.0);
             self.s.resize(n * nb, 0.0);
         }
-        let want_ys = weight_ty == GgmlType::Q4_0;
+        let want_ys = needs_ys(weight_ty);
         if want_ys && self.ys.len() < n * nb * 8 {
             self.ys.resize(n * nb * 8, 0);
         }
@@ -246,7 +246,7 @@ impl QuantActs {
         } else {
             2
         };
-        let ys = if self.weight_ty == Some(GgmlType::Q4_0) {
+        let ys = if self.weight_ty.is_some_and(needs_ys) {
             self.ys[t * nb * 8..].as_ptr()
         } else {
             std::ptr::null()
@@ -259,6 +259,11 @@ impl QuantActs {
             ys,
         }
     }
+}
+
+/// Whether packed weights of `ty` read the activation quant sums (their codes are offset).
+fn needs_ys(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
 }
 
 /// Fewest groups of four rows a thread claims at a time.
@@ -307,6 +312,18 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
         }
         Storage::Plain(bytes) => {
             let bytes = bytes.bytes();
+            // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
+            // its tiled K-quant kernel takes batches of 8 or more tokens whole.
+            let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && w.ty == GgmlType::Q6K {
+                let d = tiled_dot(w.ty);
+                (d, d, 0)
+            } else {
+                (
+                    row_dot(w.ty, w.rows, false),
+                    row_dot(w.ty, w.rows, true),
+                    n / 4 * 4,
+                )
+            };
             let n_chunks = w.rows.div_ceil(ROW_CHUNK);
             let next = AtomicUsize::new(0);
             pool.run(&|_tid| {
@@ -321,7 +338,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
                         let a = &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
                         for r in r0..r1 {
                             let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-                            let v = dot_scalar(w.ty, row, a, w.cols);
+                            let v = if t < n4 { dot4 } else { dot }(w.ty, row, a, w.cols);
                             // SAFETY: in bounds (checked above) and owned by this thread.
                             unsafe { *optr.ptr().add(t * w.rows + r) = v };
                         }
@@ -341,6 +358,53 @@ struct PackedJob<'a> {
     chunk: usize,
     g_chunks: usize,
     first_unit: usize,
+}
+
+/// The best row-by-row dot product for `ty` on this CPU (for formats without a packed layout).
+///
+/// Q4_K matrices whose row count is a multiple of 8 follow llama.cpp's x86 repacked kernels'
+/// order (`four`: the four-token kernel's), others its `vec_dot` order (llama.cpp picks its
+/// kernel by the same rule).
+fn row_dot(ty: GgmlType, rows: usize, four: bool) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY (all): `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
+        match ty {
+            GgmlType::Q4K if repacked && four => {
+                return |_, w, a, n| unsafe {
+                    crate::x86_kquants::dot_q4_k_repacked::<true>(w, a, n)
+                };
+            }
+            GgmlType::Q4K if repacked => {
+                return |_, w, a, n| unsafe {
+                    crate::x86_kquants::dot_q4_k_repacked::<false>(w, a, n)
+                };
+            }
+            GgmlType::Q4K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q4_k(w, a, n) },
+            GgmlType::Q6K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q6_k(w, a, n) },
+            _ => {}
+        }
+    }
+    match (repacked, four) {
+        (true, true) => |_, w, a, n| crate::kquants::dot_q4_k_repacked(w, a, n, true),
+        (true, false) => |_, w, a, n| crate::kquants::dot_q4_k_repacked(w, a, n, false),
+        _ => dot_scalar,
+    }
+}
+
+/// Smallest batch llama.cpp sends through its tiled K-quant kernel.
+const TILED_MIN_BATCH: usize = 8;
+
+/// The dot product of llama.cpp's tiled kernel for `ty` (Q6_K).
+fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
+        return |_, w, a, n| unsafe { crate::x86_kquants::dot_q6_k_tiled(w, a, n) };
+    }
+    let _ = ty;
+    |_, w, a, n| crate::kquants::dot_q6_k_tiled(w, a, n)
 }
 
 /// The packed path: threads claim (token block, group chunk) units, token blocks outermost so
@@ -448,8 +512,8 @@ fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
     assert_eq!(acts.cols, w.cols, "activation width");
     assert!(out.len() >= acts.n * w.rows, "output too small");
     assert!(
-        w.ty != GgmlType::Q4_0 || !w.is_packed() || acts.weight_ty == Some(GgmlType::Q4_0),
-        "Q4_0 weights need activations quantised for Q4_0"
+        !needs_ys(w.ty) || !w.is_packed() || acts.weight_ty.is_some_and(needs_ys),
+        "packed Q4_0 / Q5_0 weights need activations quantised for Q4_0 or Q5_0"
     );
 }
 

@@ -1,6 +1,8 @@
 //! Element-wise and row-wise operations of a transformer layer, written to round where ggml
 //! rounds (products in f32, long sums in f64) so hidden states track llama.cpp's closely.
 
+use crate::attn::Flavour;
+
 /// RMS normalisation with a learned scale: `out = (x * 1/sqrt(mean(x^2) + eps)) * w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
@@ -161,20 +163,75 @@ fn reduce16(a: &[f32]) -> f32 {
     (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
 
+/// ggml's `expf` as its AVX2 build computes it (`ggml_v_expf` for `__m256`): the same reduced
+/// argument and polynomial as [`ggml_expf`] without the constant term, finished as `k + k * j`
+/// with `k = 2^n` built in the exponent bits, and a two-step scale for |n| > 126.
 #[inline(always)]
-fn softmax_impl(x: &mut [f32]) {
+pub fn ggml_expf_avx2(x: f32) -> f32 {
+    const R: f32 = 12_582_912.0; // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), R);
+    let n = z - R;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35BF_BE8E),
+        (-n).mul_add(f32::from_bits(0x3F31_7200), x),
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3C07_2010)
+        .mul_add(b, f32::from_bits(0x3D2B_9F17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3E2A_AF33).mul_add(b, f32::from_bits(0x3EFF_FEDB)),
+        )
+        .mul_add(u, f32::from_bits(0x3F7F_FFF6) * b);
+    if n.abs() <= 126.0 || n.is_nan() {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7F00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+#[inline(always)]
+fn expf_of(flavour: Flavour, x: f32) -> f32 {
+    match flavour {
+        Flavour::Avx512 => ggml_expf(x),
+        Flavour::Avx2 => ggml_expf_avx2(x),
+    }
+}
+
+#[inline(always)]
+fn softmax_impl(x: &mut [f32], flavour: Flavour) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
-        *v = ggml_expf(*v - max);
+        *v = expf_of(flavour, *v - max);
     }
-    // ggml sums 16 exponentials at a time in f32 (its rows are padded with zeros to a multiple
-    // of 16), then adds the block sums in f64.
-    let mut block = [0.0f32; 16];
-    for chunk in x.chunks(16) {
-        block.fill(0.0);
-        block[..chunk.len()].copy_from_slice(chunk);
-        sum += f64::from(reduce16(&block));
+    // ggml sums a vector of exponentials at a time in f32 (16 with AVX-512, 8 with AVX2; its
+    // rows are padded with zeros to a multiple of that), then adds the block sums in f64.
+    match flavour {
+        Flavour::Avx512 => {
+            let mut block = [0.0f32; 16];
+            for chunk in x.chunks(16) {
+                block.fill(0.0);
+                block[..chunk.len()].copy_from_slice(chunk);
+                sum += f64::from(reduce16(&block));
+            }
+        }
+        Flavour::Avx2 => {
+            let mut block = [0.0f32; 8];
+            for chunk in x.chunks(8) {
+                block.fill(0.0);
+                block[..chunk.len()].copy_from_slice(chunk);
+                sum += f64::from(crate::dot::hsum8(&block));
+            }
+        }
     }
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
@@ -183,42 +240,65 @@ fn softmax_impl(x: &mut [f32]) {
 }
 
 #[inline(always)]
-fn swiglu_impl(gate: &mut [f32], up: &[f32]) {
+fn swiglu_impl(gate: &mut [f32], up: &[f32], flavour: Flavour) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        *g = x / (1.0 + ggml_expf(-x)) * u;
+        *g = x / (1.0 + expf_of(flavour, -x)) * u;
     }
 }
 
-/// In-place softmax of `x` (already scaled and masked), with ggml's exponential and summation
-/// order (blocks of 16 in f32, block sums in f64), multiplied by the inverse of the sum.
-pub fn softmax(x: &mut [f32]) {
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_fma(x: &mut [f32], flavour: Flavour) {
+    softmax_impl(x, flavour)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32], flavour: Flavour) {
+    swiglu_impl(gate, up, flavour)
+}
+
+/// In-place softmax of `x` (already scaled and masked), with the exponential and summation
+/// order of the llama.cpp build `flavour` (block sums in f32, added in f64), multiplied by the
+/// inverse of the sum.
+pub fn softmax(x: &mut [f32], flavour: Flavour) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-        return unsafe { crate::x86_ops::softmax(x) };
+        return unsafe {
+            match flavour {
+                Flavour::Avx512 => crate::x86_ops::softmax(x),
+                Flavour::Avx2 => softmax_fma(x, flavour),
+            }
+        };
     }
-    softmax_ref(x)
+    softmax_ref(x, flavour)
 }
 
 /// The scalar definition of [`softmax`] (what the SIMD version must reproduce).
-pub fn softmax_ref(x: &mut [f32]) {
-    softmax_impl(x)
+pub fn softmax_ref(x: &mut [f32], flavour: Flavour) {
+    softmax_impl(x, flavour)
 }
 
-/// `gate = silu(gate) * up`, the SwiGLU activation, with ggml's exponential.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// `gate = silu(gate) * up`, the SwiGLU activation, with the exponential of `flavour`.
+pub fn swiglu(gate: &mut [f32], up: &[f32], flavour: Flavour) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-        return unsafe { crate::x86_ops::swiglu(gate, up) };
+        return unsafe {
+            match flavour {
+                Flavour::Avx512 => crate::x86_ops::swiglu(gate, up),
+                Flavour::Avx2 => swiglu_fma(gate, up, flavour),
+            }
+        };
     }
-    swiglu_ref(gate, up)
+    swiglu_ref(gate, up, flavour)
 }
 
 /// The scalar definition of [`swiglu`].
-pub fn swiglu_ref(gate: &mut [f32], up: &[f32]) {
-    swiglu_impl(gate, up)
+pub fn swiglu_ref(gate: &mut [f32], up: &[f32], flavour: Flavour) {
+    swiglu_impl(gate, up, flavour)
 }
 
 /// Rounds every value to f16 precision (where ggml stores or converts to f16).

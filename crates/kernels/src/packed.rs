@@ -26,7 +26,10 @@ pub const GROUP: usize = 4;
 
 /// Whether `ty` has a packed layout.
 pub fn packable(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
 }
 
 /// Bytes of one block of one group (four rows) of `ty`.
@@ -34,6 +37,7 @@ pub fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 8 + 8 + 64,
         GgmlType::Q4_0 => 8 + 64,
+        GgmlType::Q5_0 => 8 + 16 + 64,
         GgmlType::Q8_0 => 8 + 128,
         _ => 0,
     }
@@ -41,7 +45,20 @@ pub fn group_block_bytes(ty: GgmlType) -> usize {
 
 /// Offset of the quants inside a group block.
 pub(crate) fn quants_offset(ty: GgmlType) -> usize {
-    if ty == GgmlType::Q4_1 { 16 } else { 8 }
+    match ty {
+        GgmlType::Q4_1 => 16,
+        GgmlType::Q5_0 => 24,
+        _ => 8,
+    }
+}
+
+/// Q5_0's fifth bits of rows `2p` and `2p + 1` as the pair kernel wants them: the low word holds
+/// bits 0..16 of both rows (the elements in low nibbles), the high word bits 16..32.
+fn q5_pair_bits(qh0: u32, qh1: u32) -> (u32, u32) {
+    (
+        (qh0 & 0xFFFF) | (qh1 << 16),
+        (qh0 >> 16) | (qh1 & 0xFFFF_0000),
+    )
 }
 
 /// Repacks `rows` rows of `row_bytes` bytes each (format `ty`, `nb` blocks per row) into groups.
@@ -71,9 +88,27 @@ pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
                     GgmlType::Q4_0 => {
                         dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[2..18]);
                     }
+                    GgmlType::Q5_0 => {
+                        dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[6..22]);
+                    }
                     _ => {
                         dst[qoff + 32 * r..qoff + 32 * (r + 1)].copy_from_slice(&src[2..34]);
                     }
+                }
+            }
+            if ty == GgmlType::Q5_0 {
+                let qh = |r: usize| -> u32 {
+                    let row = g * GROUP + r;
+                    if row >= rows {
+                        return 0;
+                    }
+                    let at = row * row_bytes + b * bb + 2;
+                    u32::from_le_bytes([plain[at], plain[at + 1], plain[at + 2], plain[at + 3]])
+                };
+                for p in 0..2 {
+                    let (lo, hi) = q5_pair_bits(qh(2 * p), qh(2 * p + 1));
+                    dst[8 + 8 * p..12 + 8 * p].copy_from_slice(&lo.to_le_bytes());
+                    dst[12 + 8 * p..16 + 8 * p].copy_from_slice(&hi.to_le_bytes());
                 }
             }
         }
@@ -97,6 +132,20 @@ pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u
                 dst[4..20].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
             }
             GgmlType::Q4_0 => dst[2..18].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]),
+            GgmlType::Q5_0 => {
+                let (p, second) = (i / 2, i % 2 == 1);
+                let word = |at: usize| {
+                    u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]])
+                };
+                let (lo, hi) = (word(8 + 8 * p), word(12 + 8 * p));
+                let qh = if second {
+                    (lo >> 16) | (hi & 0xFFFF_0000)
+                } else {
+                    (lo & 0xFFFF) | (hi << 16)
+                };
+                dst[2..6].copy_from_slice(&qh.to_le_bytes());
+                dst[6..22].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
+            }
             _ => dst[2..34].copy_from_slice(&src[qoff + 32 * i..qoff + 32 * (i + 1)]),
         }
     }
@@ -108,7 +157,12 @@ mod tests {
 
     #[test]
     fn pack_then_unpack_restores_every_row() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ] {
             let (rows, nb) = (7, 3);
             let rb = nb * ty.block_bytes();
             let plain: Vec<u8> = (0..rows * rb).map(|i| (i * 31 % 251) as u8).collect();

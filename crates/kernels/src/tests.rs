@@ -68,7 +68,13 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
         let a = &acts.buf_for_test()[t * act_bytes..(t + 1) * act_bytes];
         for r in 0..rows {
             // 1. SIMD (if any) equals the scalar reference bit for bit.
-            let s = dot_scalar(ty, w.row(r).unwrap(), a, cols);
+            let s = if ty == GgmlType::Q6K && n >= 8 {
+                kquants::dot_q6_k_tiled(w.row(r).unwrap(), a, cols)
+            } else if ty == GgmlType::Q4K && rows.is_multiple_of(8) {
+                kquants::dot_q4_k_repacked(w.row(r).unwrap(), a, cols, t < n / 4 * 4)
+            } else {
+                dot_scalar(ty, w.row(r).unwrap(), a, cols)
+            };
             assert_eq!(plain_out[t * rows + r].to_bits(), s.to_bits());
             let got = out[t * rows + r];
             assert_eq!(
@@ -93,7 +99,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
 #[test]
 fn matmul_matches_scalar_and_f32_reference() {
     for (i, ty) in TYPES.into_iter().enumerate() {
-        for &(rows, cols, n, threads) in &[
+        let shapes: [(usize, usize, usize, usize); 11] = [
             (1, 32, 1, 1),
             (7, 64, 3, 2),
             (37, 256, 9, 2),
@@ -101,9 +107,13 @@ fn matmul_matches_scalar_and_f32_reference() {
             (6, 96, 1, 1),
             (130, 128, 70, 2),
             (9, 512, 3, 2),
+            (16, 512, 2, 2),
+            (16, 512, 6, 2),
+            (16, 512, 11, 2),
             (5, 1024, 1, 1),
-        ] {
-            if !(cols as usize).is_multiple_of(ty.block_size()) {
+        ];
+        for (rows, cols, n, threads) in shapes {
+            if !cols.is_multiple_of(ty.block_size()) {
                 continue;
             }
             check(
@@ -197,17 +207,19 @@ fn simd_ops_match_their_scalar_definitions() {
     let mut rng = Rng(5);
     for n in [1usize, 7, 16, 33, 100, 257] {
         let base = rng.vec(n, 30.0);
-        let mut a = base.clone();
-        let mut b = base.clone();
-        ops::softmax(&mut a);
-        ops::softmax_ref(&mut b);
-        assert_eq!(bits(&a), bits(&b), "softmax n={n}");
+        for fl in [attn::Flavour::Avx512, attn::Flavour::Avx2] {
+            let mut a = base.clone();
+            let mut b = base.clone();
+            ops::softmax(&mut a, fl);
+            ops::softmax_ref(&mut b, fl);
+            assert_eq!(bits(&a), bits(&b), "softmax n={n} {fl:?}");
+        }
 
         let up = rng.vec(n, 3.0);
         let mut a = base.clone();
         let mut b = base.clone();
-        ops::swiglu(&mut a, &up);
-        ops::swiglu_ref(&mut b, &up);
+        ops::swiglu(&mut a, &up, attn::Flavour::Avx512);
+        ops::swiglu_ref(&mut b, &up, attn::Flavour::Avx512);
         assert_eq!(bits(&a), bits(&b), "swiglu n={n}");
 
         let mut a = base.clone();
@@ -226,9 +238,22 @@ fn simd_ops_match_their_scalar_definitions() {
     let up = vec![1.0f32; xs.len()];
     let mut a: Vec<f32> = xs.iter().map(|v| -v).collect();
     let mut b = a.clone();
-    ops::swiglu(&mut a, &up);
-    ops::swiglu_ref(&mut b, &up);
+    ops::swiglu(&mut a, &up, attn::Flavour::Avx512);
+    ops::swiglu_ref(&mut b, &up, attn::Flavour::Avx512);
     assert_eq!(bits(&a), bits(&b), "swiglu edges");
+    // The AVX2 build's exponential is within an ulp or two of libm's, edges included.
+    for &x in &xs {
+        let (ours, libm) = (ops::ggml_expf_avx2(-x), (-x).exp());
+        if ours == libm {
+            continue;
+        }
+        let rel = ((ours - libm) / libm.max(f32::MIN_POSITIVE)).abs();
+        assert!(
+            rel < 1e-6 || (libm < 1e-37 && (ours - libm).abs() < 1e-38),
+            "exp({}) {ours} vs {libm}",
+            -x
+        );
+    }
 }
 
 #[test]
@@ -240,7 +265,12 @@ fn simd_attention_orders_match_their_scalar_definitions() {
     for hd in [64usize, 128, 80] {
         let q = rng.vec(hd, 2.0);
         let keys: Vec<Vec<f32>> = (0..150).map(|_| rng.vec(hd, 2.0)).collect();
-        for order in [DotOrder::Single, DotOrder::Batch] {
+        for order in [
+            DotOrder::Single,
+            DotOrder::Single8,
+            DotOrder::Batch,
+            DotOrder::Batch8,
+        ] {
             for k in &keys[..3] {
                 assert_eq!(
                     dot_f16_order(order, &q, k).to_bits(),
@@ -273,7 +303,12 @@ fn contiguous_attention_kernels_match_the_per_row_reference() {
             let q = rng.vec(hd, 2.0);
             let keys = rng.vec(len * hd, 2.0);
             let w = rng.vec(len, 1.0);
-            for order in [DotOrder::Single, DotOrder::Batch] {
+            for order in [
+                DotOrder::Single,
+                DotOrder::Single8,
+                DotOrder::Batch,
+                DotOrder::Batch8,
+            ] {
                 let mut got = vec![0.0; len];
                 scores(order, &q, &keys, 0.125, &mut got);
                 let want: Vec<f32> = (0..len)

@@ -35,6 +35,11 @@ impl ActRow {
     };
 }
 
+/// Formats of [`q4_tile`].
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+
 /// Lane indices that spread scales `[d0, d1]` (pair 0) or `[d2, d3]` (pair 1) over the two
 /// halves of a register.
 #[inline(always)]
@@ -81,23 +86,43 @@ unsafe fn cvt4_f16(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
 }
 
-/// Q4_0 / Q4_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
+/// Q4_0 / Q4_1 / Q5_0 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
 /// activation rows. `out[c][r]` receives row `r` of the group (only the computed rows are set).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `g` must address `nb` packed group blocks of the format
-/// (`MIN`: Q4_1, else Q4_0) and every `a[c]` `nb` blocks of its activation rows with the side
+/// (`FMT`) and every `a[c]` `nb` blocks of its activation rows with the side
 /// arrays that format needs.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
+pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
     g: *const u8,
     p0: usize,
     nb: usize,
     a: &[ActRow; C],
     out: &mut [[f32; 4]; C],
 ) {
-    let gbb = if MIN { 80 } else { 72 };
-    let qoff = if MIN { 16 } else { 8 };
+    const { assert!(FMT <= Q5_0) };
+    let min = FMT == Q4_1;
+    let five = FMT == Q5_0;
+    let (gbb, qoff) = match FMT {
+        Q4_1 => (80, 16),
+        Q5_0 => (88, 24),
+        _ => (72, 8),
+    };
+    let bit_shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bit_sel = _mm256_set1_epi64x(0x7FBF_DFEF_F7FB_FDFE);
+    let fifth = _mm256_set1_epi8(0x10);
+    // Bytes 0x10 where bit j of `bits` is set (ggml's `bytes_from_bits_32`, masked).
+    let high_bits = |bits: u32| {
+        let b = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), bit_shuf);
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(b, bit_sel), _mm256_set1_epi64x(-1));
+        _mm256_and_si256(set, fifth)
+    };
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let idx: [__m256i; NP] = std::array::from_fn(|i| pair_index(p0 + i));
@@ -108,7 +133,7 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
         let blk = g.add(b * gbb);
         prefetch(blk);
         let d4 = _mm256_castps128_ps256(cvt4_f16(blk));
-        let m4 = if MIN {
+        let m4 = if min {
             cvt4_f16(blk.add(8))
         } else {
             _mm_setzero_ps()
@@ -120,6 +145,11 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
             let v = _mm256_loadu_si256(blk.add(qoff + 32 * (p0 + i)) as *const __m256i);
             nib_lo[i] = _mm256_and_si256(v, mask);
             nib_hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            if five {
+                let bits = blk.add(8 + 8 * (p0 + i)) as *const u32;
+                nib_lo[i] = _mm256_or_si256(nib_lo[i], high_bits(bits.read_unaligned()));
+                nib_hi[i] = _mm256_or_si256(nib_hi[i], high_bits(bits.add(1).read_unaligned()));
+            }
             dpair[i] = _mm256_permutevar8x32_ps(d4, idx[i]);
         }
         for c in 0..C {
@@ -127,23 +157,27 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const MIN: bool>(
             let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
             let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq.add(16) as *const __m128i));
             let dy = _mm256_set1_ps(*a[c].d.add(b));
-            if MIN {
+            if min {
                 summs[c] = _mm_fmadd_ps(m4, _mm_set1_ps(*a[c].s.add(b)), summs[c]);
             }
-            let (ys_lo, ys_hi) = if MIN {
+            let (ys_lo, ys_hi) = if min {
                 (_mm256_setzero_si256(), _mm256_setzero_si256())
             } else {
                 let ys = a[c].ys.add(8 * b);
-                (
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys as *const __m128i)),
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys.add(4) as *const __m128i)),
-                )
+                let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(ys as *const __m128i));
+                let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(ys.add(4) as *const __m128i));
+                if five {
+                    // Q5_0 codes are value - 16: twice the stored 8 * sum(y).
+                    (_mm256_slli_epi32(lo, 1), _mm256_slli_epi32(hi, 1))
+                } else {
+                    (lo, hi)
+                }
             };
             for i in 0..NP {
                 let mut il = _mm256_madd_epi16(_mm256_maddubs_epi16(nib_lo[i], ylo), ones);
                 let mut ih = _mm256_madd_epi16(_mm256_maddubs_epi16(nib_hi[i], yhi), ones);
-                if !MIN {
-                    // Q4_0 codes are nibble - 8: subtract 8 * sum(y) per lane.
+                if !min {
+                    // Q4_0 codes are nibble - 8: subtract 8 * sum(y) per lane (16 for Q5_0).
                     il = _mm256_sub_epi32(il, ys_lo);
                     ih = _mm256_sub_epi32(ih, ys_hi);
                 }
@@ -223,16 +257,21 @@ pub(crate) unsafe fn group<const C: usize>(
     use strata_gguf::GgmlType as T;
     match (ty, C) {
         // One activation row: both pairs at once share the scale and activation loads.
-        (T::Q4_1, 1) => q4_tile::<C, 2, true>(g, 0, nb, a, out),
-        (T::Q4_0, 1) => q4_tile::<C, 2, false>(g, 0, nb, a, out),
+        (T::Q4_1, 1) => q4_tile::<C, 2, Q4_1>(g, 0, nb, a, out),
+        (T::Q4_0, 1) => q4_tile::<C, 2, Q4_0>(g, 0, nb, a, out),
+        (T::Q5_0, 1) => q4_tile::<C, 2, Q5_0>(g, 0, nb, a, out),
         // Several: one pair at a time keeps the accumulators in registers.
         (T::Q4_1, _) => {
-            q4_tile::<C, 1, true>(g, 0, nb, a, out);
-            q4_tile::<C, 1, true>(g, 1, nb, a, out);
+            q4_tile::<C, 1, Q4_1>(g, 0, nb, a, out);
+            q4_tile::<C, 1, Q4_1>(g, 1, nb, a, out);
         }
         (T::Q4_0, _) => {
-            q4_tile::<C, 1, false>(g, 0, nb, a, out);
-            q4_tile::<C, 1, false>(g, 1, nb, a, out);
+            q4_tile::<C, 1, Q4_0>(g, 0, nb, a, out);
+            q4_tile::<C, 1, Q4_0>(g, 1, nb, a, out);
+        }
+        (T::Q5_0, _) => {
+            q4_tile::<C, 1, Q5_0>(g, 0, nb, a, out);
+            q4_tile::<C, 1, Q5_0>(g, 1, nb, a, out);
         }
         _ => q8_tile::<C>(g, nb, a, out),
     }

@@ -180,6 +180,30 @@ pub(crate) unsafe fn dot_single(q: &[f32], k: &[f32]) -> f32 {
     sum as f32
 }
 
+/// `q · k` in an AVX2 build's `ggml_vec_dot_f16` order (four 8-lane accumulators over
+/// 32-element steps; `q.len()` a multiple of 32).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_single8(q: &[f32], k: &[f32]) -> f32 {
+    let n = q.len().min(k.len()) / 32 * 32;
+    let mut s = [_mm256_setzero_ps(); 4];
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    let mut i = 0;
+    while i < n {
+        for (j, acc) in s.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(qp.add(i + 8 * j)),
+                _mm256_loadu_ps(kp.add(i + 8 * j)),
+                *acc,
+            );
+        }
+        i += 32;
+    }
+    let x = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
 /// `q · k` in tinyBLAS order (one 16-lane accumulator).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_batch(q: &[f32], k: &[f32]) -> f32 {

@@ -1,25 +1,27 @@
-//! Greedy output and logits against llama.cpp on the real default model.
+//! Greedy output and logits against llama.cpp on the real models: SmolLM2 (Llama, Q4_1 + Q8_0)
+//! and Gemma 3 270M (Q5_0, Q8_0, Q4_K, Q6_K).
 //!
-//! The reference comes from `scripts/make-reference.py` (llama-cpp-python 0.3.36, one thread,
-//! f16 KV cache). The model is fetched through strata's own store on first use.
+//! The references come from `scripts/make-reference.py` (llama-cpp-python 0.3.36, one thread,
+//! f16 KV cache). The models are fetched through strata's own store on first use.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 
 use serde_json::Value;
 use strata_engine::{GenerateRequest, Generator, SamplingParams};
+use strata_kernels::attn::Flavour;
 
-fn model_path() -> PathBuf {
+fn model_path(id: &str) -> PathBuf {
     strata_store::Store::from_env()
         .expect("model store")
-        .ensure("smollm2-135m-instruct")
-        .expect("fetching the default model")
+        .ensure(id)
+        .unwrap_or_else(|e| panic!("fetching {id}: {e}"))
 }
 
-fn fixture() -> Value {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/reference/smollm2-135m-instruct.json"
+fn fixture(id: &str) -> Value {
+    let p = format!(
+        "{}/../../fixtures/reference/{id}.json",
+        env!("CARGO_MANIFEST_DIR")
     );
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
@@ -33,9 +35,24 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 #[test]
-fn greedy_tokens_and_logits_match_llama_cpp() {
-    let fx = fixture();
-    let mut g = Generator::load(&model_path(), 2, Some(1024)).unwrap();
+fn smollm2_greedy_tokens_and_logits_match_llama_cpp() {
+    check_against_llama_cpp("smollm2-135m-instruct", 1e-3);
+}
+
+#[test]
+fn gemma3_greedy_tokens_and_logits_match_llama_cpp() {
+    check_against_llama_cpp("gemma3-270m", 1e-3);
+}
+
+fn check_against_llama_cpp(id: &str, logit_tolerance: f32) {
+    let fx = fixture(id);
+    let add_bos = fx["add_bos"].as_bool().unwrap_or(false);
+    let mut g = Generator::load(&model_path(id), 2, Some(1024)).unwrap();
+    // Reproduce the llama.cpp build that made the reference (AVX-512 or AVX2 sums).
+    g.set_flavour(match fx["simd"].as_str() {
+        Some("avx2") => Flavour::Avx2,
+        _ => Flavour::Avx512,
+    });
     let mut failures = Vec::new();
     let mut worst_logit_err = 0.0f32;
     for case in fx["cases"].as_array().unwrap() {
@@ -44,11 +61,12 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
         let text = case["text"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
         // Our tokenizer must agree with llama.cpp's on the prompt.
-        assert_eq!(
-            g.tokenizer().encode(text, chat).unwrap(),
-            prompt,
-            "{name}: prompt tokens"
-        );
+        let ours = if add_bos {
+            g.tokenizer().encode_prompt(text, chat).unwrap()
+        } else {
+            g.tokenizer().encode(text, chat).unwrap()
+        };
+        assert_eq!(ours, prompt, "{name}: prompt tokens");
         let want = ids(&case["generated_ids"]);
 
         let req = GenerateRequest {
@@ -90,7 +108,7 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
                     let v = pair[1].as_f64().unwrap() as f32;
                     let err = (logits[id] - v).abs();
                     worst_logit_err = worst_logit_err.max(err);
-                    if err > 1e-3 {
+                    if err > logit_tolerance {
                         failures.push(format!(
                             "{name}: step {step} token {id}: logit {} vs llama.cpp {v}",
                             logits[id]
@@ -103,7 +121,7 @@ fn greedy_tokens_and_logits_match_llama_cpp() {
             }
         }
     }
-    eprintln!("worst top-20 logit difference: {worst_logit_err}");
+    eprintln!("{id}: worst top-20 logit difference: {worst_logit_err}");
     assert!(
         failures.is_empty(),
         "{} mismatches:\n{}",
