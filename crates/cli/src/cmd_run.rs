@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use strata_engine::{GenerateRequest, GenerationStats, Generator, SamplingParams};
+use strata_kernels::attn::Flavour;
 use strata_store::{Store, TerminalProgress};
 use strata_tokenizer::ChatMessage;
 
@@ -54,6 +55,31 @@ pub(crate) struct ModelOpts {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Which llama.cpp build to reproduce bit for bit: `native` (the build llama.cpp makes on
+    /// this CPU), `avx512` or `avx2` (their attention sums and exponentials differ).
+    #[arg(long, value_enum, default_value_t = Numerics::Native)]
+    numerics: Numerics,
+}
+
+/// `--numerics`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Numerics {
+    /// As llama.cpp builds itself for this CPU.
+    Native,
+    /// An AVX-512 build.
+    Avx512,
+    /// An AVX2 build without AVX-512.
+    Avx2,
+}
+
+impl Numerics {
+    pub(crate) fn flavour(self) -> Flavour {
+        match self {
+            Numerics::Native => Flavour::native(),
+            Numerics::Avx512 => Flavour::Avx512,
+            Numerics::Avx2 => Flavour::Avx2,
+        }
+    }
 }
 
 /// `strata run`.
@@ -102,8 +128,10 @@ impl ModelOpts {
             Some(t) => t,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        Generator::load(&path, threads, self.ctx_size)
-            .with_context(|| format!("loading {}", path.display()))
+        let mut g = Generator::load(&path, threads, self.ctx_size)
+            .with_context(|| format!("loading {}", path.display()))?;
+        g.set_flavour(self.numerics.flavour());
+        Ok(g)
     }
 }
 

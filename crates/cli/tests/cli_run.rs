@@ -27,8 +27,11 @@ fn fixture_case(i: usize) -> serde_json::Value {
 #[test]
 fn greedy_chat_run_prints_llama_cpp_text_and_stats() {
     let case = fixture_case(0);
+    // The reference came from an AVX-512 build of llama.cpp.
     let out = strata(&[
         "run",
+        "--numerics",
+        "avx512",
         "--threads",
         "2",
         "--max-tokens",
@@ -64,6 +67,8 @@ fn greedy_raw_run_matches_llama_cpp() {
     let out = strata(&[
         "run",
         "--raw",
+        "--numerics",
+        "avx512",
         "--threads",
         "1",
         "-n",
