@@ -266,7 +266,7 @@ pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
                 DotOrder::Single8 if q.len().is_multiple_of(32) => {
                     crate::x86_ops::dot_single8(q, k)
                 }
-                _ => dot_impl(order, q, k),
+                _ => dot_fma(order, q, k),
             }
         };
     }
@@ -279,6 +279,18 @@ pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         let width = order.slots();
+        if order == DotOrder::Single8 && q.len().is_multiple_of(32) {
+            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+            return unsafe {
+                crate::x86_ops::scores_each(crate::x86_ops::dot_single8, q, keys, scale, out)
+            };
+        }
+        if order == DotOrder::Batch8 && q.len().is_multiple_of(8) {
+            // SAFETY: as above.
+            return unsafe {
+                crate::x86_ops::scores_each(crate::x86_ops::dot_batch8, q, keys, scale, out)
+            };
+        }
         let simd = matches!(order, DotOrder::Single | DotOrder::Batch);
         if simd && q.len().is_multiple_of(width) {
             // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
@@ -289,7 +301,7 @@ pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f
     }
     let hd = q.len();
     for (p, o) in out.iter_mut().enumerate() {
-        *o = dot_impl(order, q, &keys[p * hd..(p + 1) * hd]) * scale;
+        *o = dot_f16_order(order, q, &keys[p * hd..(p + 1) * hd]) * scale;
     }
 }
 
@@ -302,6 +314,13 @@ pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32],
         return unsafe { crate::x86_ops::weighted_sum_batch(w, values, out) };
     }
     weighted_sum_order(order, w, |p| &values[p * hd..(p + 1) * hd], acc, out)
+}
+
+/// [`dot_impl`] compiled with FMA available, so `mul_add` is one instruction, not a call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_fma(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+    dot_impl(order, q, k)
 }
 
 /// The scalar definition of [`dot_f16_order`].

@@ -72,6 +72,22 @@ pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// Rotates NEOX-style halves `(x[i], x[i + n/2])` (used by some architectures, e.g. Gemma),
 /// with the same fused multiply-adds as [`rope_apply`].
 pub fn rope_apply_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA are available.
+        return unsafe { rope_neox_fma(x, cos, sin) };
+    }
+    rope_neox_impl(x, cos, sin)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rope_neox_fma(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    rope_neox_impl(x, cos, sin)
+}
+
+#[inline(always)]
+fn rope_neox_impl(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = cos.len();
     for i in 0..half {
         let (x0, x1) = (x[i], x[i + half]);

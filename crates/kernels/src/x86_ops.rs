@@ -204,6 +204,42 @@ pub(crate) unsafe fn dot_single8(q: &[f32], k: &[f32]) -> f32 {
     _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
 }
 
+/// `q · k` in an AVX2 build's tinyBLAS order (one 8-lane accumulator, `hsum` of a `__m256`;
+/// `q.len()` a multiple of 8).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_batch8(q: &[f32], k: &[f32]) -> f32 {
+    let n = q.len().min(k.len()) / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        acc = _mm256_fmadd_ps(
+            _mm256_loadu_ps(q.as_ptr().add(i)),
+            _mm256_loadu_ps(k.as_ptr().add(i)),
+            acc,
+        );
+        i += 8;
+    }
+    let r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// Scores of one query against keys stored back to back, for the orders without a batched
+/// kernel here (one key at a time).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scores_each(
+    dot: unsafe fn(&[f32], &[f32]) -> f32,
+    q: &[f32],
+    keys: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    for (p, o) in out.iter_mut().enumerate() {
+        *o = dot(q, &keys[p * hd..(p + 1) * hd]) * scale;
+    }
+}
+
 /// `q · k` in tinyBLAS order (one 16-lane accumulator).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_batch(q: &[f32], k: &[f32]) -> f32 {
