@@ -287,9 +287,7 @@ pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f
         }
         if order == DotOrder::Batch8 && q.len().is_multiple_of(8) {
             // SAFETY: as above.
-            return unsafe {
-                crate::x86_ops::scores_each(crate::x86_ops::dot_batch8, q, keys, scale, out)
-            };
+            return unsafe { crate::x86_ops::scores_batch8(q, keys, scale, out) };
         }
         let simd = matches!(order, DotOrder::Single | DotOrder::Batch);
         if simd && q.len().is_multiple_of(width) {
@@ -312,6 +310,11 @@ pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32],
     if crate::isa().avx2 && order == DotOrder::Batch {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
         return unsafe { crate::x86_ops::weighted_sum_batch(w, values, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 && order == DotOrder::Batch8 {
+        // SAFETY: as above.
+        return unsafe { crate::x86_ops::weighted_sum_batch8(w, values, out) };
     }
     weighted_sum_order(order, w, |p| &values[p * hd..(p + 1) * hd], acc, out)
 }

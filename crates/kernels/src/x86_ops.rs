@@ -224,6 +224,75 @@ pub(crate) unsafe fn dot_batch8(q: &[f32], k: &[f32]) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
+/// Scores in an AVX2 build's tinyBLAS order (see [`dot_batch8`]), four keys per iteration.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scores_batch8(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let len = out.len().min(keys.len() / hd.max(1));
+    let finish = |acc: __m256| {
+        let r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    };
+    let mut p = 0;
+    while p + 4 <= len {
+        let kp: [*const f32; 4] = std::array::from_fn(|i| keys.as_ptr().add((p + i) * hd));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= hd {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(i));
+            for j in 0..4 {
+                acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[j].add(i)), acc[j]);
+            }
+            i += 8;
+        }
+        for j in 0..4 {
+            out[p + j] = finish(acc[j]) * scale;
+        }
+        p += 4;
+    }
+    while p < len {
+        out[p] = dot_batch8(q, &keys[p * hd..(p + 1) * hd]) * scale;
+        p += 1;
+    }
+}
+
+/// The weighted sum in an AVX2 build's tinyBLAS order: eight slot accumulators (position `p`
+/// in slot `p % 8`) per 8-wide column chunk, in registers, reduced in `hsum` order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn weighted_sum_batch8(w: &[f32], values: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    let len = w.len().min(values.len() / hd.max(1));
+    let vp = values.as_ptr();
+    let mut c = 0;
+    while c + 8 <= hd {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut p0 = 0;
+        while p0 < len {
+            for (s, a) in acc.iter_mut().enumerate() {
+                let p = p0 + s;
+                if p < len {
+                    let v = _mm256_loadu_ps(vp.add(p * hd + c));
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(p)), v, *a);
+                }
+            }
+            p0 += 8;
+        }
+        let s4: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(acc[i + 4], acc[i]));
+        let r = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+        _mm256_storeu_ps(out.as_mut_ptr().add(c), r);
+        c += 8;
+    }
+    for d in c..hd {
+        let mut slots = [0.0f32; 8];
+        for p in 0..len {
+            slots[p % 8] = w[p].mul_add(values[p * hd + d], slots[p % 8]);
+        }
+        let s4: [f32; 4] = std::array::from_fn(|i| slots[i + 4] + slots[i]);
+        out[d] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    }
+}
+
 /// Scores of one query against keys stored back to back, for the orders without a batched
 /// kernel here (one key at a time).
 #[target_feature(enable = "avx2,fma,f16c")]
