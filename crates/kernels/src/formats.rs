@@ -155,8 +155,11 @@ pub(crate) struct Q8Sides<'a> {
     pub(crate) d: &'a mut [f32],
     /// Q8_1 `d * sum(q)` (the stored f16 value, as f32); untouched for Q8_0.
     pub(crate) s: &'a mut [f32],
-    /// Eight times the sum of each group of four quants, eight per block, if wanted.
+    /// `ys_scale` times the sum of each group of four quants, eight per block, if wanted (the
+    /// offset of the weight codes: 8 for Q4_0, 16 for Q5_0).
     pub(crate) ys: Option<&'a mut [i32]>,
+    /// See `ys`.
+    pub(crate) ys_scale: i32,
 }
 
 /// Quantises one activation row to Q8_0 (`q81 == false`) or Q8_1 blocks and fills the side
@@ -188,7 +191,7 @@ pub(crate) fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8], sides: Q8Sid
         if let Some(ys) = ys.as_deref_mut() {
             for l in 0..8 {
                 let q = &blk[qoff + 4 * l..qoff + 4 * l + 4];
-                ys[8 * b + l] = 8 * q.iter().map(|&v| i32::from(v as i8)).sum::<i32>();
+                ys[8 * b + l] = sides.ys_scale * q.iter().map(|&v| i32::from(v as i8)).sum::<i32>();
             }
         }
     }

@@ -220,6 +220,7 @@ impl QuantActs {
                         } else {
                             None
                         },
+                        ys_scale: if weight_ty == GgmlType::Q5_0 { 16 } else { 8 },
                     };
                     crate::formats::quantize_row_q8(act == GgmlType::Q8_1, xr, out, sides);
                 }
@@ -512,8 +513,8 @@ fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
     assert_eq!(acts.cols, w.cols, "activation width");
     assert!(out.len() >= acts.n * w.rows, "output too small");
     assert!(
-        !needs_ys(w.ty) || !w.is_packed() || acts.weight_ty.is_some_and(needs_ys),
-        "packed Q4_0 / Q5_0 weights need activations quantised for Q4_0 or Q5_0"
+        !needs_ys(w.ty) || !w.is_packed() || acts.weight_ty == Some(w.ty),
+        "packed Q4_0 / Q5_0 weights need activations quantised for their own format"
     );
 }
 

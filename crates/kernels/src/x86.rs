@@ -21,7 +21,8 @@ pub(crate) struct ActRow {
     pub(crate) d: *const f32,
     /// Q8_1 `d * sum(q)` per block as f32 (Q4_1 weights only).
     pub(crate) s: *const f32,
-    /// Eight times the sum of each group of four quants, eight per block (Q4_0 weights only).
+    /// The sum of each group of four quants times the weight codes' offset (8 for Q4_0, 16 for
+    /// Q5_0), eight per block; Q4_0 and Q5_0 weights only.
     pub(crate) ys: *const i32,
 }
 
@@ -164,14 +165,11 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
                 (_mm256_setzero_si256(), _mm256_setzero_si256())
             } else {
                 let ys = a[c].ys.add(8 * b);
-                let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(ys as *const __m128i));
-                let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(ys.add(4) as *const __m128i));
-                if five {
-                    // Q5_0 codes are value - 16: twice the stored 8 * sum(y).
-                    (_mm256_slli_epi32(lo, 1), _mm256_slli_epi32(hi, 1))
-                } else {
-                    (lo, hi)
-                }
+                // Stored as 8 * sum(y) for Q4_0, 16 * sum(y) for Q5_0 (the codes' offset).
+                (
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys as *const __m128i)),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(ys.add(4) as *const __m128i)),
+                )
             };
             for i in 0..NP {
                 let mut il = _mm256_madd_epi16(_mm256_maddubs_epi16(nib_lo[i], ylo), ones);

@@ -394,9 +394,9 @@ pub(crate) unsafe fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8], sides
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), perm);
         _mm256_storeu_si256(blk.as_mut_ptr().add(qoff) as *mut __m256i, bytes);
         if let Some(ys) = ys.as_deref_mut() {
-            // Sums of each group of four codes, times eight (for Q4_0's `nibble - 8`).
+            // Sums of each group of four codes, times the weight codes' offset.
             let p16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes);
-            let s32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(8));
+            let s32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(sides.ys_scale as i16));
             _mm256_storeu_si256(ys.as_mut_ptr().add(8 * b) as *mut __m256i, s32);
         }
     }
