@@ -263,18 +263,6 @@ fn swiglu_impl(gate: &mut [f32], up: &[f32], flavour: Flavour) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_fma(x: &mut [f32], flavour: Flavour) {
-    softmax_impl(x, flavour)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32], flavour: Flavour) {
-    swiglu_impl(gate, up, flavour)
-}
-
 /// In-place softmax of `x` (already scaled and masked), with the exponential and summation
 /// order of the llama.cpp build `flavour` (block sums in f32, added in f64), multiplied by the
 /// inverse of the sum.
@@ -285,7 +273,7 @@ pub fn softmax(x: &mut [f32], flavour: Flavour) {
         return unsafe {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::softmax(x),
-                Flavour::Avx2 => softmax_fma(x, flavour),
+                Flavour::Avx2 => crate::x86_ops::softmax_avx2(x),
             }
         };
     }
@@ -305,7 +293,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], flavour: Flavour) {
         return unsafe {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::swiglu(gate, up),
-                Flavour::Avx2 => swiglu_fma(gate, up, flavour),
+                Flavour::Avx2 => crate::x86_ops::swiglu_avx2(gate, up),
             }
         };
     }

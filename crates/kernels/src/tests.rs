@@ -216,11 +216,13 @@ fn simd_ops_match_their_scalar_definitions() {
         }
 
         let up = rng.vec(n, 3.0);
-        let mut a = base.clone();
-        let mut b = base.clone();
-        ops::swiglu(&mut a, &up, attn::Flavour::Avx512);
-        ops::swiglu_ref(&mut b, &up, attn::Flavour::Avx512);
-        assert_eq!(bits(&a), bits(&b), "swiglu n={n}");
+        for fl in [attn::Flavour::Avx512, attn::Flavour::Avx2] {
+            let mut a = base.clone();
+            let mut b = base.clone();
+            ops::swiglu(&mut a, &up, fl);
+            ops::swiglu_ref(&mut b, &up, fl);
+            assert_eq!(bits(&a), bits(&b), "swiglu n={n} {fl:?}");
+        }
 
         let mut a = base.clone();
         ops::round_f16_slice(&mut a);
@@ -241,6 +243,11 @@ fn simd_ops_match_their_scalar_definitions() {
     ops::swiglu(&mut a, &up, attn::Flavour::Avx512);
     ops::swiglu_ref(&mut b, &up, attn::Flavour::Avx512);
     assert_eq!(bits(&a), bits(&b), "swiglu edges");
+    let mut a: Vec<f32> = xs.iter().map(|v| -v).collect();
+    let mut b = a.clone();
+    ops::swiglu(&mut a, &up, attn::Flavour::Avx2);
+    ops::swiglu_ref(&mut b, &up, attn::Flavour::Avx2);
+    assert_eq!(bits(&a), bits(&b), "swiglu edges (AVX2 build)");
     // The AVX2 build's exponential is within an ulp or two of libm's, edges included.
     for &x in &xs {
         let (ours, libm) = (ops::ggml_expf_avx2(-x), (-x).exp());

@@ -88,6 +88,112 @@ unsafe fn expf8(x: __m256) -> __m256 {
     _mm256_blendv_ps(res, edge, big)
 }
 
+/// Eight lanes of [`crate::ops::ggml_expf_avx2`] (ggml's `ggml_v_expf` for `__m256`).
+#[inline(always)]
+unsafe fn expf8_avx2(x: __m256) -> __m256 {
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let r = _mm256_set1_ps(12_582_912.0);
+    let z = _mm256_fmadd_ps(x, c(0x3FB8_AA3B), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, c(0x35BF_BE8E), _mm256_fnmadd_ps(n, c(0x3F31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
+    ));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3C07_2010), b, c(0x3D2B_9F17)),
+            u,
+            _mm256_fmadd_ps(c(0x3E2A_AF33), b, c(0x3EFF_FEDB)),
+        ),
+        u,
+        _mm256_mul_ps(c(0x3F7F_FFF6), b),
+    );
+    if _mm256_movemask_ps(big) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7F00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let huge = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    _mm256_or_ps(
+        _mm256_and_ps(huge, _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            huge,
+            _mm256_or_ps(
+                _mm256_and_ps(big, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                _mm256_andnot_ps(big, _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
+/// [`crate::ops::softmax`] as an AVX2 build computes it: blocks of eight exponentials summed in
+/// `hsum` order, block sums in f64.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let vmax = _mm256_set1_ps(max);
+    let mut sum = 0.0f64;
+    let hsum = |v: __m256| {
+        let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    };
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let v = expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
+        _mm256_storeu_ps(c.as_mut_ptr(), v);
+        sum += f64::from(hsum(v));
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let mut pad = [f32::NEG_INFINITY; 8];
+        pad[..rest.len()].copy_from_slice(rest);
+        let v = expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(pad.as_ptr()), vmax));
+        _mm256_storeu_ps(pad.as_mut_ptr(), v);
+        rest.copy_from_slice(&pad[..rest.len()]);
+        sum += f64::from(hsum(v));
+    }
+    let inv = _mm256_set1_ps((1.0 / sum) as f32);
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let v = _mm256_loadu_ps(c.as_ptr());
+        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_mul_ps(v, inv));
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in chunks.into_remainder() {
+        *v *= inv;
+    }
+}
+
+/// [`crate::ops::swiglu`] with the AVX2 build's exponential.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let e = expf8_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+        i += 8;
+    }
+    for j in i..n {
+        let x = gate[j];
+        gate[j] = x / (1.0 + crate::ops::ggml_expf_avx2(-x)) * up[j];
+    }
+}
+
 /// [`crate::ops::softmax`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn softmax(x: &mut [f32]) {
@@ -268,15 +374,19 @@ pub(crate) unsafe fn weighted_sum_batch8(w: &[f32], values: &[f32], out: &mut [f
     while c + 8 <= hd {
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut p0 = 0;
-        while p0 < len {
+        // Whole groups of eight positions without a bounds test, then the last partial group.
+        while p0 + 8 <= len {
             for (s, a) in acc.iter_mut().enumerate() {
                 let p = p0 + s;
-                if p < len {
-                    let v = _mm256_loadu_ps(vp.add(p * hd + c));
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(p)), v, *a);
-                }
+                let v = _mm256_loadu_ps(vp.add(p * hd + c));
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(p)), v, *a);
             }
             p0 += 8;
+        }
+        for (s, a) in acc.iter_mut().enumerate().take(len - p0) {
+            let p = p0 + s;
+            let v = _mm256_loadu_ps(vp.add(p * hd + c));
+            *a = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(p)), v, *a);
         }
         let s4: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(acc[i + 4], acc[i]));
         let r = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
