@@ -367,7 +367,8 @@ impl Model {
 
         // Scores, softmax and the weighted sum of values, one (query head, token) at a time.
         let n_threads = pool.n_threads();
-        let score_stride = pos0 + n;
+        // Sized for the whole context at once, so a growing sequence never reallocates.
+        let score_stride = cache.capacity();
         grow(&mut s.scores, n_threads * score_stride);
         grow(&mut s.accs, n_threads * 64 * hd);
         let score_base = SyncPtr(s.scores.as_mut_ptr());

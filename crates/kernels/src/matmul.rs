@@ -351,6 +351,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
 }
 
 /// One matrix of a packed product: the weights and where its output goes.
+#[derive(Clone, Copy)]
 struct PackedJob<'a> {
     w: &'a QMatrix,
     packed: &'a [u8],
@@ -407,6 +408,26 @@ fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     let _ = ty;
     |_, w, a, n| crate::kquants::dot_q6_k_tiled(w, a, n)
 }
+
+impl PackedJob<'static> {
+    /// A placeholder for unused slots of a fixed array (never run).
+    const EMPTY: PackedJob<'static> = PackedJob {
+        w: &EMPTY_MATRIX,
+        packed: &[],
+        out: OutPtr(std::ptr::null_mut()),
+        chunk: 0,
+        g_chunks: 0,
+        first_unit: 0,
+    };
+}
+
+static EMPTY_MATRIX: QMatrix = QMatrix {
+    ty: GgmlType::F32,
+    rows: 0,
+    cols: 0,
+    row_bytes: 0,
+    data: Storage::Packed(Vec::new()),
+};
 
 /// The packed path: threads claim (token block, group chunk) units, token blocks outermost so
 /// a block's activations stay in cache while all threads sweep the weights. Several matrices
@@ -480,29 +501,33 @@ pub fn matmul_multi(pool: &ThreadPool, acts: &QuantActs, parts: &mut [(&QMatrix,
     let all_packed = parts
         .iter()
         .all(|(w, _)| w.is_packed() && w.ty == parts[0].0.ty);
-    if !all_packed || acts.ty != Some(act_type(parts[0].0.ty)) {
+    if !all_packed || parts.len() > MAX_FUSED || acts.ty != Some(act_type(parts[0].0.ty)) {
         for (w, out) in parts.iter_mut() {
             matmul(pool, w, acts, out);
         }
         return;
     }
-    let mut jobs: Vec<PackedJob<'_>> = Vec::with_capacity(parts.len());
-    for (w, out) in parts.iter_mut() {
+    // A fixed array, not a Vec: this runs several times per layer per token.
+    let mut jobs: [PackedJob<'_>; MAX_FUSED] = [PackedJob::EMPTY; MAX_FUSED];
+    for (slot, (w, out)) in jobs.iter_mut().zip(parts.iter_mut()) {
         check_shapes(w, acts, out);
         let Storage::Packed(packed) = &w.data else {
             unreachable!("checked above");
         };
-        jobs.push(PackedJob {
+        *slot = PackedJob {
             w,
             packed,
             out: OutPtr(out.as_mut_ptr()),
             chunk: 0,
             g_chunks: 0,
             first_unit: 0,
-        });
+        };
     }
-    matmul_packed(pool, &mut jobs, acts);
+    matmul_packed(pool, &mut jobs[..parts.len()], acts);
 }
+
+/// Most products [`matmul_multi`] fuses into one parallel region.
+const MAX_FUSED: usize = 4;
 
 fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
     assert_eq!(
