@@ -1,10 +1,12 @@
-//! The inference engine: a Llama-family forward pass over a shard of a model, its KV cache,
-//! sampling, and the generation loop that ties them to a tokenizer.
+//! The inference engine: the forward pass of Llama-family and Gemma 3 decoders over a shard of a
+//! model, its KV cache, sampling, and the generation loop that ties them to a tokenizer.
 //!
 //! Main types: [`Model`] (a loaded [`ShardSpec`] of a GGUF model), [`KvCache`], [`Scratch`],
 //! [`Sampler`], and [`Generator`] (prompt in, streamed tokens and timing out). The model code is
 //! written for shards from the start: a worker may own any layer range and any slice of heads,
 //! FFN columns and vocabulary rows, and combines partial results through a [`Collective`].
+//! Arithmetic follows llama.cpp's bit for bit, in the flavour of the llama.cpp build chosen with
+//! [`Model::set_flavour`] (its AVX-512 and AVX2 builds round differently).
 //!
 //! The engine depends on the GGUF reader, the tokenizer and the kernels; it knows nothing of
 //! networks, clusters or HTTP.

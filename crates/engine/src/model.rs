@@ -1,10 +1,11 @@
-//! One forward step of a Llama-family decoder over a shard.
+//! One forward step of a Llama-family or Gemma 3 decoder over a shard.
 //!
 //! The step takes a batch of tokens (the whole prompt during prefill, one token during decode) at
 //! consecutive positions, appends their keys and values to the cache, and leaves either the hidden
 //! states (a pipeline stage that is not last) or the last token's logits over the shard's
 //! vocabulary rows. Partial sums of tensor-parallel ranks meet in [`Collective::all_reduce_sum`]
-//! after the attention output and FFN down projections, the only two places a layer needs them.
+//! after the attention output and FFN down projections, the only two places a layer needs them
+//! (Gemma's post-attention and post-FFN norms come after the reduction).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
