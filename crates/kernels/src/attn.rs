@@ -202,55 +202,42 @@ fn add_rows(acc: &mut [f32], hd: usize, dst: usize, a: usize, b: usize) {
 /// [`reduce16`] (batch) or [`reduce4x16`] (single) over the slots.
 fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
     let hd = out.len();
-    if order == DotOrder::Batch8 {
-        // hsum of eight slots: high half + low half, then pairs.
-        for i in 0..4 {
-            add_rows(acc, hd, i, i + 4, i);
+    // Lanes of one vector register in the build's width: 16 (AVX-512) or 8 (AVX2).
+    let width = match order {
+        DotOrder::Single | DotOrder::Batch => 16,
+        DotOrder::Single8 | DotOrder::Batch8 => 8,
+    };
+    if matches!(order, DotOrder::Single | DotOrder::Single8) {
+        // `ggml_vec_dot_f16`'s four accumulators: slot `width * j + l` is accumulator j, lane
+        // l; (s0 + s2) + (s1 + s3) into rows 0..width.
+        let w = width;
+        for l in 0..w {
+            add_rows(acc, hd, 2 * w + l, l, 2 * w + l);
+            add_rows(acc, hd, 3 * w + l, w + l, 3 * w + l);
+            add_rows(acc, hd, l, 2 * w + l, 3 * w + l);
         }
-        add_rows(acc, hd, 0, 0, 2);
-        add_rows(acc, hd, 1, 1, 3);
-        for (d, o) in out.iter_mut().enumerate() {
-            *o = acc[d] + acc[hd + d];
-        }
-        return;
     }
-    if order == DotOrder::Single8 {
-        // Slot 8 * j + l is accumulator j, lane l: (s0 + s2) + (s1 + s3) into rows 0..8, then
-        // the two halves, then two horizontal adds.
-        for l in 0..8 {
-            add_rows(acc, hd, 16 + l, l, 16 + l);
-            add_rows(acc, hd, 24 + l, 8 + l, 24 + l);
-            add_rows(acc, hd, l, 16 + l, 24 + l);
+    // Halve the lanes down to four (high half plus low half each time).
+    let mut w = width;
+    while w > 4 {
+        w /= 2;
+        for i in 0..w {
+            add_rows(acc, hd, i, i + w, i);
         }
-        for i in 0..4 {
-            add_rows(acc, hd, i, i, i + 4);
-        }
+    }
+    // The last four lanes: `_mm_hadd_ps` twice in the AVX2 `ggml_vec_dot_f16` reduction,
+    // `movehl` then `movehdup` everywhere else.
+    let (a, b) = if order == DotOrder::Single8 {
         add_rows(acc, hd, 0, 0, 1);
         add_rows(acc, hd, 2, 2, 3);
-        for (d, o) in out.iter_mut().enumerate() {
-            *o = acc[d] + acc[2 * hd + d];
-        }
-        return;
-    }
-    if order == DotOrder::Single {
-        // Slot 16 * j + l is accumulator j, lane l: (s0 + s2) + (s1 + s3) into rows 0..16.
-        for l in 0..16 {
-            add_rows(acc, hd, 32 + l, l, 32 + l);
-            add_rows(acc, hd, 48 + l, 16 + l, 48 + l);
-            add_rows(acc, hd, l, 32 + l, 48 + l);
-        }
-    }
-    // reduce16 over rows 0..16: halves, quarters, then pairs.
-    for i in 0..8 {
-        add_rows(acc, hd, i, i + 8, i);
-    }
-    for i in 0..4 {
-        add_rows(acc, hd, i, i + 4, i);
-    }
-    add_rows(acc, hd, 0, 0, 2);
-    add_rows(acc, hd, 1, 1, 3);
+        (0, 2)
+    } else {
+        add_rows(acc, hd, 0, 0, 2);
+        add_rows(acc, hd, 1, 1, 3);
+        (0, 1)
+    };
     for (d, o) in out.iter_mut().enumerate() {
-        *o = acc[d] + acc[hd + d];
+        *o = acc[a * hd + d] + acc[b * hd + d];
     }
 }
 

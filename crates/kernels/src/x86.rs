@@ -26,16 +26,6 @@ pub(crate) struct ActRow {
     pub(crate) ys: *const i32,
 }
 
-impl ActRow {
-    const NULL: ActRow = ActRow {
-        q: std::ptr::null(),
-        stride: 0,
-        d: std::ptr::null(),
-        s: std::ptr::null(),
-        ys: std::ptr::null(),
-    };
-}
-
 /// Formats of [`q4_tile`].
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -55,21 +45,35 @@ unsafe fn pair_index(p: usize) -> __m256i {
 unsafe fn pair_sums(lo: __m256, hi: __m256) -> (f32, f32) {
     // hsum_float_8 starts with high half + low half: for each row that is `hi + lo` lane-wise.
     let s = _mm256_add_ps(hi, lo);
-    let finish = |r: __m128| {
-        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-    };
     (
-        finish(_mm256_castps256_ps128(s)),
-        finish(_mm256_extractf128_ps(s, 1)),
+        hsum4(_mm256_castps256_ps128(s)),
+        hsum4(_mm256_extractf128_ps(s, 1)),
     )
 }
 
+/// The last two steps of `hsum_float_8`: `(r0 + r2) + (r1 + r3)`.
 #[inline(always)]
-unsafe fn hsum8(x: __m256) -> f32 {
-    let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+pub(crate) unsafe fn hsum4(r: __m128) -> f32 {
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// ggml's `hsum_float_8` (and tinyBLAS's `hsum` of a `__m256`): high half plus low half, then
+/// [`hsum4`].
+#[inline(always)]
+pub(crate) unsafe fn hsum8(x: __m256) -> f32 {
+    hsum4(_mm_add_ps(
+        _mm256_extractf128_ps(x, 1),
+        _mm256_castps256_ps128(x),
+    ))
+}
+
+/// The sum of eight 32-bit integer lanes (exact, so the order is free).
+#[inline(always)]
+pub(crate) unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s4 = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)))
 }
 
 /// How far ahead of the block being read the kernels ask for weights: a decode step streams
@@ -334,11 +338,5 @@ pub(crate) unsafe fn matmul_groups(
             store(t, g, &o[0]);
             t += 1;
         }
-    }
-}
-
-impl Default for ActRow {
-    fn default() -> Self {
-        ActRow::NULL
     }
 }

@@ -6,13 +6,7 @@
 use std::arch::x86_64::*;
 
 use crate::kquants::{Q4_K_BYTES, Q6_K_BYTES, Q8_K_BYTES, QK_K, q4k_scales_mins};
-
-#[inline(always)]
-unsafe fn hsum8(x: __m256) -> f32 {
-    let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-}
+use crate::x86::{hsum_epi32, hsum4, hsum8};
 
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
@@ -67,9 +61,7 @@ pub(crate) unsafe fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    let am = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    let am = _mm_add_ss(am, _mm_movehdup_ps(am));
-    hsum8(acc) + _mm_cvtss_f32(am)
+    hsum8(acc) + hsum4(acc_m)
 }
 
 /// Q6_K row `w` · Q8_K row `a`, `n` elements.
@@ -138,12 +130,7 @@ unsafe fn dot_q6_k_impl<const TILED: bool>(w: &[u8], a: &[u8], n: usize) -> f32 
         }
         let sumi = _mm256_sub_epi32(sumi, sub);
         if TILED {
-            let s4 = _mm_add_epi32(
-                _mm256_extracti128_si256(sumi, 1),
-                _mm256_castsi256_si128(sumi),
-            );
-            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            let total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+            let total = hsum_epi32(sumi);
             acc_t = (dw * total as f32).mul_add(yd, acc_t);
         } else {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -161,11 +148,6 @@ unsafe fn dot_q6_k_impl<const TILED: bool>(w: &[u8], a: &[u8], n: usize) -> f32 
 pub(crate) unsafe fn dot_q4_k_repacked<const PER_CHUNK: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
-    let hsum_i32 = |v: __m256i| {
-        let s4 = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
-        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-        _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)))
-    };
     for i in 0..n / QK_K {
         let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
@@ -200,7 +182,7 @@ pub(crate) unsafe fn dot_q4_k_repacked<const PER_CHUNK: bool>(w: &[u8], a: &[u8]
             let chunk_min = m[2 * j] * (bs(4 * j) + bs(4 * j + 1))
                 + m[2 * j + 1] * (bs(4 * j + 2) + bs(4 * j + 3));
             if PER_CHUNK {
-                acc = (hsum_i32(chunk) as f32).mul_add(dd, acc);
+                acc = (hsum_epi32(chunk) as f32).mul_add(dd, acc);
                 acc_m = (chunk_min as f32).mul_add(dm, acc_m);
             } else {
                 sumi = _mm256_add_epi32(sumi, chunk);
@@ -208,7 +190,7 @@ pub(crate) unsafe fn dot_q4_k_repacked<const PER_CHUNK: bool>(w: &[u8], a: &[u8]
             }
         }
         if !PER_CHUNK {
-            acc = (hsum_i32(sumi) as f32).mul_add(dd, acc);
+            acc = (hsum_epi32(sumi) as f32).mul_add(dd, acc);
             acc_m = (mins as f32).mul_add(dm, acc_m);
         }
     }

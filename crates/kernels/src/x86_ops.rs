@@ -9,15 +9,14 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use crate::formats::{Q8Sides, QK};
+use crate::x86::{hsum_epi32, hsum8};
 
 /// The sum of sixteen lanes in `_mm512_reduce_add_ps` order: halves, quarters, then pairs.
 #[inline(always)]
 unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
     let s8 = _mm256_add_ps(hi, lo);
-    let s4 = _mm_add_ps(_mm256_extractf128_ps(s8, 1), _mm256_castps256_ps128(s8));
-    // (s4[0] + s4[2]) + (s4[1] + s4[3])
-    let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
+    // Quarters, then (s4[0] + s4[2]) + (s4[1] + s4[3]).
+    hsum8(s8)
 }
 
 #[inline(always)]
@@ -142,16 +141,11 @@ pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let vmax = _mm256_set1_ps(max);
     let mut sum = 0.0f64;
-    let hsum = |v: __m256| {
-        let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-    };
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {
         let v = expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
         _mm256_storeu_ps(c.as_mut_ptr(), v);
-        sum += f64::from(hsum(v));
+        sum += f64::from(hsum8(v));
     }
     let rest = chunks.into_remainder();
     if !rest.is_empty() {
@@ -160,7 +154,7 @@ pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
         let v = expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(pad.as_ptr()), vmax));
         _mm256_storeu_ps(pad.as_mut_ptr(), v);
         rest.copy_from_slice(&pad[..rest.len()]);
-        sum += f64::from(hsum(v));
+        sum += f64::from(hsum8(v));
     }
     let inv = _mm256_set1_ps((1.0 / sum) as f32);
     let mut chunks = x.chunks_exact_mut(8);
@@ -257,25 +251,34 @@ pub(crate) unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `K` fused multiply-add accumulators over `q` and `k` in steps of `8 * K` elements (the
+/// first `n`, a multiple of the step): accumulator `j` lane `l` collects elements
+/// `8 * j + l` of every step, the layout of ggml's `GGML_F32_ARR` / `GGML_F16_ARR` loops.
+#[inline(always)]
+unsafe fn fma_lanes<const K: usize>(q: &[f32], k: &[f32], n: usize) -> [__m256; K] {
+    let mut acc = [_mm256_setzero_ps(); K];
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    let mut i = 0;
+    while i < n {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(
+                _mm256_loadu_ps(qp.add(i + 8 * j)),
+                _mm256_loadu_ps(kp.add(i + 8 * j)),
+                *a,
+            );
+        }
+        i += 8 * K;
+    }
+    acc
+}
+
 /// `q · k` in `ggml_vec_dot_f16` order (four 16-lane accumulators over 64-element steps; a
 /// tail beyond the last full step is added in f64).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_single(q: &[f32], k: &[f32]) -> f32 {
     let n = q.len().min(k.len());
     let full = n / 64 * 64;
-    let mut s = [_mm256_setzero_ps(); 8];
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut i = 0;
-    while i < full {
-        for (j, acc) in s.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(
-                _mm256_loadu_ps(qp.add(i + 8 * j)),
-                _mm256_loadu_ps(kp.add(i + 8 * j)),
-                *acc,
-            );
-        }
-        i += 64;
-    }
+    let s = fma_lanes::<8>(q, k, full);
     // Accumulator j lane l is s[2j + l / 8] lane l % 8: (s0 + s2) + (s1 + s3), then reduce16.
     let lo = _mm256_add_ps(_mm256_add_ps(s[0], s[4]), _mm256_add_ps(s[2], s[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7]));
@@ -290,20 +293,7 @@ pub(crate) unsafe fn dot_single(q: &[f32], k: &[f32]) -> f32 {
 /// 32-element steps; `q.len()` a multiple of 32).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_single8(q: &[f32], k: &[f32]) -> f32 {
-    let n = q.len().min(k.len()) / 32 * 32;
-    let mut s = [_mm256_setzero_ps(); 4];
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut i = 0;
-    while i < n {
-        for (j, acc) in s.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(
-                _mm256_loadu_ps(qp.add(i + 8 * j)),
-                _mm256_loadu_ps(kp.add(i + 8 * j)),
-                *acc,
-            );
-        }
-        i += 32;
-    }
+    let s = fma_lanes::<4>(q, k, q.len().min(k.len()) / 32 * 32);
     let x = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
     let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     let t1 = _mm_hadd_ps(t0, t0);
@@ -314,20 +304,8 @@ pub(crate) unsafe fn dot_single8(q: &[f32], k: &[f32]) -> f32 {
 /// `q.len()` a multiple of 8).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_batch8(q: &[f32], k: &[f32]) -> f32 {
-    let n = q.len().min(k.len()) / 8 * 8;
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        acc = _mm256_fmadd_ps(
-            _mm256_loadu_ps(q.as_ptr().add(i)),
-            _mm256_loadu_ps(k.as_ptr().add(i)),
-            acc,
-        );
-        i += 8;
-    }
-    let r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
-    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    let [acc] = fma_lanes::<1>(q, k, q.len().min(k.len()) / 8 * 8);
+    hsum8(acc)
 }
 
 /// Scores in an AVX2 build's tinyBLAS order (see [`dot_batch8`]), four keys per iteration.
@@ -335,11 +313,6 @@ pub(crate) unsafe fn dot_batch8(q: &[f32], k: &[f32]) -> f32 {
 pub(crate) unsafe fn scores_batch8(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     let len = out.len().min(keys.len() / hd.max(1));
-    let finish = |acc: __m256| {
-        let r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
-        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-    };
     let mut p = 0;
     while p + 4 <= len {
         let kp: [*const f32; 4] = std::array::from_fn(|i| keys.as_ptr().add((p + i) * hd));
@@ -353,7 +326,7 @@ pub(crate) unsafe fn scores_batch8(q: &[f32], keys: &[f32], scale: f32, out: &mu
             i += 8;
         }
         for j in 0..4 {
-            out[p + j] = finish(acc[j]) * scale;
+            out[p + j] = hsum8(acc[j]) * scale;
         }
         p += 4;
     }
@@ -422,19 +395,7 @@ pub(crate) unsafe fn scores_each(
 /// `q · k` in tinyBLAS order (one 16-lane accumulator).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_batch(q: &[f32], k: &[f32]) -> f32 {
-    let n = q.len().min(k.len()) / 16 * 16;
-    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut i = 0;
-    while i < n {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(kp.add(i)), lo);
-        hi = _mm256_fmadd_ps(
-            _mm256_loadu_ps(qp.add(i + 8)),
-            _mm256_loadu_ps(kp.add(i + 8)),
-            hi,
-        );
-        i += 16;
-    }
+    let [lo, hi] = fma_lanes::<2>(q, k, q.len().min(k.len()) / 16 * 16);
     reduce16(lo, hi)
 }
 
@@ -492,9 +453,7 @@ pub(crate) unsafe fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8], sides
         sides.d[b] = dh.to_f32();
         if q81 {
             let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            let s4 = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
-            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+            let sum = hsum_epi32(s);
             let sh = f16::from_f32(d * sum as f32);
             blk[2..4].copy_from_slice(&sh.to_bits().to_le_bytes());
             sides.s[b] = sh.to_f32();
