@@ -173,11 +173,6 @@ impl Generator {
         Ok(start.elapsed())
     }
 
-    /// Threads of the compute pool.
-    pub fn threads(&self) -> usize {
-        self.pool.n_threads()
-    }
-
     /// Measures the memory read bandwidth this generator's threads reach (bytes per second).
     pub fn memory_bandwidth(&self) -> f64 {
         strata_kernels::membw::read_bandwidth(&self.pool, 512 << 20, 3)

@@ -84,11 +84,10 @@ impl KvCache {
     pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
         let i = self.at(layer, head, pos);
         let hd = self.head_dim;
-        for (d, s) in self.k[i..i + hd].iter_mut().zip(k) {
-            *d = strata_kernels::formats::round_f16(*s);
-        }
-        for (d, s) in self.v[i..i + hd].iter_mut().zip(v) {
-            *d = strata_kernels::formats::round_f16(*s);
+        for (cache, src) in [(&mut self.k, k), (&mut self.v, v)] {
+            let dst = &mut cache[i..i + hd];
+            dst.copy_from_slice(&src[..hd]);
+            strata_kernels::ops::round_f16_slice(dst);
         }
     }
 

@@ -150,14 +150,6 @@ impl QMatrix {
             Storage::Packed(_) => None,
         }
     }
-
-    /// Bytes held in memory by the process for this matrix (0 for a mapped plain matrix).
-    pub fn owned_bytes(&self) -> usize {
-        match &self.data {
-            Storage::Plain(WeightBytes::Owned(v)) | Storage::Packed(v) => v.len(),
-            Storage::Plain(WeightBytes::Mapped { .. }) => 0,
-        }
-    }
 }
 
 /// Activations converted for a product with a given weight format; reused across calls so the
