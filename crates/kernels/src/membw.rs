@@ -8,31 +8,18 @@ use std::time::Instant;
 
 use crate::ThreadPool;
 
-/// A raw pointer to the probe buffer that threads read disjoint halves of.
-#[derive(Clone, Copy)]
-struct ReadPtr(*const u64);
-// SAFETY: the buffer is only read while `run` executes, and outlives it.
-unsafe impl Send for ReadPtr {}
-unsafe impl Sync for ReadPtr {}
-impl ReadPtr {
-    fn get(self) -> *const u64 {
-        self.0
-    }
-}
-
 /// Best-of-`rounds` read bandwidth in bytes per second over a buffer of `bytes` bytes.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, rounds: usize) -> f64 {
     let words = (bytes / 8).max(1024);
     let buf: Vec<u64> = (0..words as u64).collect();
     let n = pool.n_threads();
     let per = words / n;
-    let base = ReadPtr(buf.as_ptr());
+    let buf = &buf;
     let mut best = 0.0f64;
     for _ in 0..rounds.max(1) {
         let start = Instant::now();
         pool.run(&|tid| {
-            // SAFETY: thread `tid` reads words tid*per .. (tid+1)*per of the live buffer.
-            let part = unsafe { std::slice::from_raw_parts(base.get().add(tid * per), per) };
+            let part = &buf[tid * per..(tid + 1) * per];
             let mut acc = [0u64; 8];
             for c in part.chunks_exact(8) {
                 for (a, &v) in acc.iter_mut().zip(c) {
