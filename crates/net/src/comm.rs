@@ -1,0 +1,345 @@
+//! A communicator: this rank's links to every other rank, and the progress engine that moves
+//! framed messages over them without blocking.
+//!
+//! Every message travels as a 16-byte header (payload length, earliest delivery time) and the
+//! payload. Callers post sends and receives, then [`Communicator::wait`] drives all links at once
+//! until everything posted is done: sends to several peers and receives from several peers
+//! overlap, and two peers exchanging large messages never deadlock on full buffers. Buffers are
+//! kept between calls, so steady-state traffic allocates nothing.
+
+use std::time::{Duration, Instant};
+
+use crate::clock::now_ns;
+use crate::link::Link;
+use crate::{Error, LinkShape, Result};
+
+const HEADER: usize = 16;
+/// The largest message a peer may announce (guards against a corrupt or hostile length).
+const MAX_MESSAGE: usize = 1 << 31;
+/// Busy-polling rounds before a waiting rank starts yielding its core.
+const SPIN_ROUNDS: u32 = 4096;
+/// How long a waiting rank yields its core before it starts sleeping between polls.
+const YIELD_FOR: Duration = Duration::from_millis(2);
+/// How often a waiting rank checks that its peers are still alive.
+const ALIVE_CHECK: Duration = Duration::from_millis(10);
+
+/// Counters of one communicator's traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommStats {
+    /// Messages sent.
+    pub messages: u64,
+    /// Payload bytes sent.
+    pub bytes: u64,
+    /// Time spent inside [`Communicator::wait`] (sending, receiving and waiting for peers).
+    pub wait: Duration,
+}
+
+struct Peer {
+    link: Box<dyn Link>,
+    /// Outgoing bytes (headers and payloads) not yet taken by the link, from `out_pos` on.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// When this link finishes sending what it was given (emulated bandwidth).
+    free_at: u64,
+    /// A receive is posted and not complete.
+    recv_pending: bool,
+    header: [u8; HEADER],
+    header_pos: usize,
+    /// The payload of the last message received.
+    payload: Vec<u8>,
+    payload_len: usize,
+    payload_pos: usize,
+    deliver_at: u64,
+}
+
+/// This rank's end of the mesh.
+pub struct Communicator {
+    rank: usize,
+    world: usize,
+    peers: Vec<Option<Peer>>,
+    shape: LinkShape,
+    stall: Duration,
+    stats: CommStats,
+    pub(crate) scratch: Vec<f32>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("transport", &self.transport())
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+impl Communicator {
+    pub(crate) fn new(
+        rank: usize,
+        world: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        shape: LinkShape,
+        stall: Duration,
+    ) -> Communicator {
+        let peers = links
+            .into_iter()
+            .map(|l| {
+                l.map(|link| Peer {
+                    link,
+                    out: Vec::new(),
+                    out_pos: 0,
+                    free_at: 0,
+                    recv_pending: false,
+                    header: [0; HEADER],
+                    header_pos: 0,
+                    payload: Vec::new(),
+                    payload_len: 0,
+                    payload_pos: 0,
+                    deliver_at: 0,
+                })
+            })
+            .collect();
+        Communicator {
+            rank,
+            world,
+            peers,
+            shape,
+            stall,
+            stats: CommStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The transport's name (`tcp` or `shm`; `local` for a world of one).
+    pub fn transport(&self) -> &'static str {
+        self.peers
+            .iter()
+            .flatten()
+            .next()
+            .map_or("local", |p| p.link.kind())
+    }
+
+    /// The emulated link shape.
+    pub fn shape(&self) -> LinkShape {
+        self.shape
+    }
+
+    /// Traffic so far.
+    pub fn stats(&self) -> CommStats {
+        self.stats
+    }
+
+    /// Zeroes the traffic counters.
+    pub fn reset_stats(&mut self) {
+        self.stats = CommStats::default();
+    }
+
+    fn peer(&mut self, rank: usize) -> Result<&mut Peer> {
+        let me = self.rank;
+        self.peers
+            .get_mut(rank)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Protocol {
+                peer: rank,
+                what: format!("rank {me} has no link to rank {rank}"),
+            })
+    }
+
+    /// Queues one message made of `parts` (concatenated) for `peer`.
+    pub fn post_send(&mut self, peer: usize, parts: &[&[u8]]) -> Result<()> {
+        let shape = self.shape;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let p = self.peer(peer)?;
+        let deliver_at = if shape.is_ideal() {
+            0
+        } else {
+            let now = now_ns();
+            p.free_at = p.free_at.max(now) + shape.wire_ns(len);
+            p.free_at + shape.latency.as_nanos() as u64
+        };
+        if p.out_pos == p.out.len() {
+            p.out.clear();
+            p.out_pos = 0;
+        }
+        p.out.extend_from_slice(&(len as u64).to_le_bytes());
+        p.out.extend_from_slice(&deliver_at.to_le_bytes());
+        for part in parts {
+            p.out.extend_from_slice(part);
+        }
+        self.stats.messages += 1;
+        self.stats.bytes += len as u64;
+        Ok(())
+    }
+
+    /// Expects one message from `peer`; after [`Communicator::wait`], [`Communicator::payload`]
+    /// holds it.
+    pub fn post_recv(&mut self, peer: usize) -> Result<()> {
+        let p = self.peer(peer)?;
+        if p.recv_pending {
+            return Err(Error::Protocol {
+                peer,
+                what: "two receives posted at once".into(),
+            });
+        }
+        p.recv_pending = true;
+        p.header_pos = 0;
+        p.payload_pos = 0;
+        p.payload_len = 0;
+        Ok(())
+    }
+
+    /// The payload of the last message received from `peer`.
+    pub fn payload(&self, peer: usize) -> &[u8] {
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .map_or(&[], |p| &p.payload[..p.payload_len])
+    }
+
+    /// Sends one message to `peer` and waits until the link has taken it.
+    pub fn send(&mut self, peer: usize, data: &[u8]) -> Result<()> {
+        self.post_send(peer, &[data])?;
+        self.wait()
+    }
+
+    /// Receives one message from `peer`.
+    pub fn recv(&mut self, peer: usize) -> Result<&[u8]> {
+        self.post_recv(peer)?;
+        self.wait()?;
+        Ok(self.payload(peer))
+    }
+
+    /// Drives every link until all posted sends are handed over and all posted receives have
+    /// arrived (and, on an emulated link, reached their delivery time).
+    pub fn wait(&mut self) -> Result<()> {
+        let start = Instant::now();
+        let result = self.progress(start);
+        self.stats.wait += start.elapsed();
+        result
+    }
+
+    fn progress(&mut self, start: Instant) -> Result<()> {
+        let mut idle_rounds = 0u32;
+        let mut last_progress = start;
+        let mut last_check = start;
+        let mut suspect: Option<()> = None;
+        loop {
+            let mut pending = None;
+            let mut moved = false;
+            let mut now = 0;
+            for (rank, slot) in self.peers.iter_mut().enumerate() {
+                let Some(p) = slot else { continue };
+                if p.out_pos < p.out.len() {
+                    let n = p.link.write_some(&p.out[p.out_pos..])?;
+                    p.out_pos += n;
+                    moved |= n > 0;
+                    if p.out_pos < p.out.len() {
+                        pending = Some(rank);
+                    }
+                }
+                if !p.recv_pending {
+                    continue;
+                }
+                if p.header_pos < HEADER {
+                    let n = p.link.read_some(&mut p.header[p.header_pos..])?;
+                    p.header_pos += n;
+                    moved |= n > 0;
+                    if p.header_pos < HEADER {
+                        pending = Some(rank);
+                        continue;
+                    }
+                    let (len, at) = p.header.split_at(8);
+                    let len = u64::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
+                    if len > MAX_MESSAGE {
+                        return Err(Error::Protocol {
+                            peer: rank,
+                            what: format!("announced a message of {len} bytes"),
+                        });
+                    }
+                    p.deliver_at = u64::from_le_bytes(at.try_into().unwrap_or_default());
+                    p.payload_len = len;
+                    if p.payload.len() < len {
+                        p.payload.resize(len, 0);
+                    }
+                }
+                if p.payload_pos < p.payload_len {
+                    let n = p
+                        .link
+                        .read_some(&mut p.payload[p.payload_pos..p.payload_len])?;
+                    p.payload_pos += n;
+                    moved |= n > 0;
+                    if p.payload_pos < p.payload_len {
+                        pending = Some(rank);
+                        continue;
+                    }
+                }
+                if p.deliver_at != 0 {
+                    if now == 0 {
+                        now = now_ns();
+                    }
+                    if now < p.deliver_at {
+                        // In flight on the emulated wire: not a stall.
+                        moved = true;
+                        pending = Some(rank);
+                        continue;
+                    }
+                }
+                p.recv_pending = false;
+            }
+            let Some(waiting_on) = pending else {
+                return Ok(());
+            };
+            if moved {
+                idle_rounds = 0;
+                suspect = None;
+                last_progress = Instant::now();
+                continue;
+            }
+            idle_rounds += 1;
+            if idle_rounds < SPIN_ROUNDS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            let idle = now.duration_since(last_progress);
+            // Spin first (a peer on its own core answers within microseconds), then give the
+            // core away: more ranks than cores must not starve the rank being waited for.
+            if idle < YIELD_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if now.duration_since(last_check) >= ALIVE_CHECK {
+                last_check = now;
+                for p in self.peers.iter_mut().flatten() {
+                    if let Err(e) = p.link.check_alive() {
+                        // The peer may have written its last message and exited between our
+                        // read and this check: read once more before believing it is gone.
+                        if suspect.is_some() {
+                            return Err(e);
+                        }
+                        suspect = Some(());
+                        idle_rounds = 0;
+                    }
+                }
+                if idle > self.stall {
+                    return Err(Error::Timeout {
+                        peer: waiting_on,
+                        waited: idle,
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Errors of the data plane. Every variant names the peer rank involved, so a failure several
+//! hops away still reaches the user as "rank 2 ...", not as a bare I/O error.
+
+use std::time::Duration;
+
+/// What can go wrong between ranks.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A socket or mapping operation failed.
+    #[error("{what} (rank {peer}): {source}")]
+    Io {
+        /// The rank at the other end (or this rank, for local operations).
+        peer: usize,
+        /// What was being done.
+        what: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The peer closed its end: its process exited or the link broke.
+    #[error("rank {peer} closed the link (its process exited or the connection broke)")]
+    PeerClosed {
+        /// The rank.
+        peer: usize,
+    },
+    /// The peer sent nothing for longer than the stall limit.
+    #[error("rank {peer} sent nothing for {waited:?}; giving up")]
+    Timeout {
+        /// The rank.
+        peer: usize,
+        /// How long this rank waited.
+        waited: Duration,
+    },
+    /// Setting up the rank mesh failed (wrong token, version, world size, rank taken, ...).
+    #[error("handshake: {0}")]
+    Handshake(String),
+    /// A peer sent something that does not fit the protocol.
+    #[error("protocol error with rank {peer}: {what}")]
+    Protocol {
+        /// The rank.
+        peer: usize,
+        /// What was wrong.
+        what: String,
+    },
+    /// A link speed or latency could not be parsed.
+    #[error("invalid link setting {0:?}")]
+    BadLinkSetting(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn io(peer: usize, what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { peer, what, source }
+}

@@ -1,0 +1,27 @@
+//! strata's data plane: how ranks of one model instance move activations between them.
+//!
+//! A [`Communicator`] holds this rank's links to every other rank, over TCP (any hosts;
+//! TCP_NODELAY, persistent connections, length-framed messages after a versioned handshake) or
+//! shared memory (ranks on one host; the lowest-latency path, standing in for RDMA). A link
+//! emulator ([`LinkShape`]) adds latency and caps bandwidth inside the transport, so slow
+//! networks can be studied on one machine. On top sit point-to-point messages and the
+//! collectives tensor and pipeline parallelism need: all-reduce (sum), all-gather, broadcast.
+//!
+//! The mesh is built by [`coordinate`] (rank 0) and [`join`] (every other rank).
+#![warn(missing_docs)]
+
+mod bootstrap;
+mod clock;
+mod collectives;
+mod comm;
+mod error;
+mod link;
+mod shape;
+
+pub use bootstrap::{
+    MeshConfig, PROTOCOL_VERSION, SHM_RING_BYTES, Transport, coordinate, join, new_token,
+};
+pub use collectives::RING_MIN_BYTES;
+pub use comm::{CommStats, Communicator};
+pub use error::{Error, Result};
+pub use shape::{LinkShape, parse_bandwidth, parse_latency};
