@@ -59,6 +59,8 @@ pub(crate) struct ModelOpts {
     /// this CPU), `avx512` or `avx2` (their attention sums and exponentials differ).
     #[arg(long, value_enum, default_value_t = Numerics::Native)]
     numerics: Numerics,
+    #[command(flatten)]
+    shard: crate::cmd_shard::ShardOpts,
 }
 
 /// `--numerics`.
@@ -121,6 +123,28 @@ impl ModelOpts {
         Ok(p)
     }
 
+    /// Loads the model in this process, or starts a sharded instance with `--ranks N`.
+    fn load_backend(&self) -> Result<Backend> {
+        if self.shard.ranks <= 1 {
+            if self.shard.listen.is_some() {
+                bail!("--listen needs --ranks of 2 or more");
+            }
+            return Ok(Backend::Local(Box::new(self.load()?)));
+        }
+        if self.threads.is_some() {
+            bail!("with --ranks, set threads with --threads-per-rank");
+        }
+        let path = resolve_model(&self.model)?;
+        let session = crate::cmd_shard::launch(
+            &path,
+            &self.shard,
+            self.ctx_size,
+            1,
+            self.numerics.flavour(),
+        )?;
+        Ok(Backend::Sharded(Box::new(session)))
+    }
+
     fn load(&self) -> Result<Generator> {
         let path = resolve_model(&self.model)?;
         let threads = match self.threads {
@@ -143,9 +167,62 @@ pub(crate) fn resolve_model(spec: &str) -> Result<PathBuf> {
     Ok(resolved?.path)
 }
 
+/// The model a command talks to: in this process, or sharded across ranks.
+pub(crate) enum Backend {
+    /// One process.
+    Local(Box<Generator>),
+    /// Rank 0 of a sharded instance.
+    Sharded(Box<crate::cmd_shard::Session>),
+}
+
+impl Backend {
+    fn tokenizer(&self) -> &strata_tokenizer::Tokenizer {
+        match self {
+            Backend::Local(g) => g.tokenizer(),
+            Backend::Sharded(s) => s.generator.tokenizer(),
+        }
+    }
+
+    fn tokenizer_shared(&self) -> std::sync::Arc<strata_tokenizer::Tokenizer> {
+        match self {
+            Backend::Local(g) => g.tokenizer_shared(),
+            Backend::Sharded(s) => s.generator.tokenizer_shared(),
+        }
+    }
+
+    fn template(&self) -> Option<&strata_tokenizer::ChatTemplate> {
+        match self {
+            Backend::Local(g) => g.template(),
+            Backend::Sharded(s) => s.generator.template(),
+        }
+    }
+
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<GenerationStats> {
+        Ok(match self {
+            Backend::Local(g) => g.generate(req, on_token)?,
+            Backend::Sharded(s) => s.generator.generate(req, on_token)?,
+        })
+    }
+
+    /// Ends the run: shuts sharded ranks down, or (after `err`) reaps them and says how they
+    /// ended.
+    fn finish(self, err: Option<anyhow::Error>) -> Result<()> {
+        match (self, err) {
+            (Backend::Local(_), None) => Ok(()),
+            (Backend::Local(_), Some(e)) => Err(e),
+            (Backend::Sharded(s), None) => s.close(),
+            (Backend::Sharded(s), Some(e)) => Err(s.fail(e)),
+        }
+    }
+}
+
 /// Generates from `prompt` tokens, streaming text to stdout.
 fn stream(
-    g: &mut Generator,
+    g: &mut Backend,
     prompt: Vec<u32>,
     opts: &ModelOpts,
 ) -> Result<(String, GenerationStats)> {
@@ -185,7 +262,12 @@ fn stream(
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<()> {
-    let mut g = args.opts.load()?;
+    let mut g = args.opts.load_backend()?;
+    let result = run_on(&mut g, &args);
+    g.finish(result.err())
+}
+
+fn run_on(g: &mut Backend, args: &RunArgs) -> Result<()> {
     let prompt = if args.raw {
         g.tokenizer().encode_prompt(&args.prompt, false)?
     } else {
@@ -200,16 +282,42 @@ pub(crate) fn run(args: RunArgs) -> Result<()> {
         let text = tpl.render(&msgs, true)?;
         g.tokenizer().encode_prompt(&text, true)?
     };
-    let (_, stats) = stream(&mut g, prompt, &args.opts)?;
+    let stats = match stream(g, prompt, &args.opts) {
+        Ok((_, stats)) => stats,
+        Err(e) => {
+            // Whatever was streamed is not a complete answer: end the line and say so.
+            println!();
+            return Err(e.context("generation failed; the output above is incomplete"));
+        }
+    };
     println!();
     if args.stats_json {
-        eprintln!("{}", serde_json::to_string(&stats)?);
+        let mut v = serde_json::to_value(&stats)?;
+        if let (Backend::Sharded(s), Some(obj)) = (&*g, v.as_object_mut()) {
+            let plan = s.generator.rank().plan();
+            obj.insert("ranks".into(), plan.world().into());
+            obj.insert("strategy".into(), serde_json::to_value(plan.strategy)?);
+            obj.insert(
+                "transport".into(),
+                s.generator.rank().comm().transport().into(),
+            );
+            obj.insert(
+                "comm".into(),
+                serde_json::to_value(s.generator.last_comm())?,
+            );
+        }
+        eprintln!("{}", serde_json::to_string(&v)?);
     }
     Ok(())
 }
 
 pub(crate) fn chat(args: ChatArgs) -> Result<()> {
-    let mut g = args.opts.load()?;
+    let mut g = args.opts.load_backend()?;
+    let result = chat_on(&mut g, &args);
+    g.finish(result.err())
+}
+
+fn chat_on(g: &mut Backend, args: &ChatArgs) -> Result<()> {
     if g.template().is_none() {
         bail!("the model has no chat template, so it cannot chat; try `strata run --raw`");
     }
@@ -246,7 +354,7 @@ pub(crate) fn chat(args: ChatArgs) -> Result<()> {
             .transpose()?
             .unwrap_or_default();
         let prompt = g.tokenizer().encode_prompt(&text, true)?;
-        match stream(&mut g, prompt, &args.opts) {
+        match stream(g, prompt, &args.opts) {
             Ok((reply, _)) => {
                 println!();
                 msgs.push(ChatMessage::new("assistant", reply));

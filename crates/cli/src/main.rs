@@ -6,6 +6,7 @@
 mod cmd_bench;
 mod cmd_models;
 mod cmd_run;
+mod cmd_shard;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,8 @@ enum Command {
     Models(cmd_models::ModelsArgs),
     /// Measure speed (side by side with llama.cpp where it is installed).
     Bench(cmd_bench::BenchArgs),
+    /// Serve as one rank of a sharded model, joining rank 0 (`strata run --listen`).
+    Worker(cmd_shard::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd_run::chat(args),
         Command::Models(args) => cmd_models::run(args),
         Command::Bench(args) => cmd_bench::run(args),
+        Command::Worker(args) => cmd_shard::worker(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -53,6 +53,9 @@ pub enum Error {
         /// Bytes that would be needed.
         bytes: u128,
     },
+    /// A tensor-parallel exchange with other ranks failed.
+    #[error("exchange with other ranks failed: {0}")]
+    Collective(#[source] crate::CommError),
     /// Tokenizer or chat template failure.
     #[error(transparent)]
     Tokenizer(#[from] strata_tokenizer::Error),

@@ -57,6 +57,33 @@ pub struct GenerationStats {
     pub stop_reason: StopReason,
 }
 
+impl GenerationStats {
+    /// Statistics from counts and times in seconds: `ttft_s` to the first token, `prefill_s`
+    /// for the prompt, `decode_s` for the tokens after the first.
+    pub fn from_timing(
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        ttft_s: f64,
+        prefill_s: f64,
+        decode_s: f64,
+        stop_reason: StopReason,
+    ) -> GenerationStats {
+        let decoded = completion_tokens.saturating_sub(1);
+        GenerationStats {
+            prompt_tokens,
+            completion_tokens,
+            ttft_ms: ttft_s * 1e3,
+            prefill_tok_s: prompt_tokens as f64 / prefill_s.max(1e-9),
+            decode_tok_s: if decoded > 0 {
+                decoded as f64 / decode_s.max(1e-9)
+            } else {
+                0.0
+            },
+            stop_reason,
+        }
+    }
+}
+
 /// A model ready to generate: weights, tokenizer, chat template, threads and cache.
 pub struct Generator {
     model: Model,
@@ -147,7 +174,7 @@ impl Generator {
             &mut self.cache,
             &mut self.scratch,
             StageInput::Tokens(&[token]),
-            &NoComm,
+            &mut NoComm,
         )?;
         Ok(self.scratch.logits())
     }
@@ -195,7 +222,7 @@ impl Generator {
                 &mut self.cache,
                 &mut self.scratch,
                 StageInput::Tokens(chunk),
-                &NoComm,
+                &mut NoComm,
             )?;
         }
         Ok(())
@@ -248,22 +275,17 @@ impl Generator {
                 &mut self.cache,
                 &mut self.scratch,
                 StageInput::Tokens(&[tok]),
-                &NoComm,
+                &mut NoComm,
             )?;
         };
         let decode_s = decode_start.elapsed().as_secs_f64();
-        let decoded = generated.saturating_sub(1);
-        Ok(GenerationStats {
-            prompt_tokens: req.prompt.len(),
-            completion_tokens: generated,
-            ttft_ms: ttft.unwrap_or(prefill_s) * 1e3,
-            prefill_tok_s: req.prompt.len() as f64 / prefill_s.max(1e-9),
-            decode_tok_s: if decoded > 0 {
-                decoded as f64 / decode_s.max(1e-9)
-            } else {
-                0.0
-            },
-            stop_reason: stop,
-        })
+        Ok(GenerationStats::from_timing(
+            req.prompt.len(),
+            generated,
+            ttft.unwrap_or(prefill_s),
+            prefill_s,
+            decode_s,
+            stop,
+        ))
     }
 }

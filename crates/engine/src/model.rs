@@ -17,11 +17,36 @@ use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 use crate::weights::Weights;
 use crate::{Error, KvCache, ModelConfig, Result, ShardSpec};
 
-/// How tensor-parallel ranks combine partial results. The single-process engine uses
-/// [`NoComm`].
-pub trait Collective: Sync {
-    /// Replaces `x` on every rank with the element-wise sum over ranks.
-    fn all_reduce_sum(&self, x: &mut [f32]);
+/// Why an exchange between ranks failed (the data plane's error, kept opaque here).
+pub type CommError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which dimension a tensor-parallel all-gather assembles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// Attention outputs, one block of query heads per rank (`q_heads * head_dim` columns).
+    QHeads,
+    /// FFN activations, one block of FFN columns per rank.
+    Ffn,
+    /// Model-width vectors, one block of rows per rank ([`crate::Combine::Gather`]).
+    Embd,
+}
+
+/// How the tensor-parallel ranks of a stage combine their work. The single-process engine uses
+/// [`NoComm`]. Every rank of a group must make the same calls in the same order.
+pub trait Collective {
+    /// Replaces `x` on every rank with the element-wise sum over ranks, summed in the same order
+    /// on every rank (so all ranks keep identical activations).
+    fn all_reduce_sum(&mut self, x: &mut [f32]) -> std::result::Result<(), CommError>;
+
+    /// Assembles `dst` (`rows` rows of the whole `axis`) from every rank's block `src` (`rows`
+    /// rows of this rank's part of `axis`).
+    fn all_gather(
+        &mut self,
+        axis: Axis,
+        rows: usize,
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError>;
 }
 
 /// The collective of a single rank: nothing to combine.
@@ -29,7 +54,20 @@ pub trait Collective: Sync {
 pub struct NoComm;
 
 impl Collective for NoComm {
-    fn all_reduce_sum(&self, _x: &mut [f32]) {}
+    fn all_reduce_sum(&mut self, _x: &mut [f32]) -> std::result::Result<(), CommError> {
+        Ok(())
+    }
+
+    fn all_gather(
+        &mut self,
+        _axis: Axis,
+        _rows: usize,
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError> {
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
 }
 
 /// What a forward step starts from.
@@ -60,6 +98,8 @@ pub struct Scratch {
     v: Vec<f32>,
     att: Vec<f32>,
     proj: Vec<f32>,
+    /// All-gathered tensor-parallel blocks (attention outputs, FFN activations, projections).
+    gathered: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
@@ -180,7 +220,7 @@ impl Model {
         cache: &mut KvCache,
         scratch: &mut Scratch,
         input: StageInput<'_>,
-        comm: &dyn Collective,
+        comm: &mut dyn Collective,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let e = cfg.n_embd;
@@ -237,7 +277,7 @@ impl Model {
                 scratch.x.copy_within((n - 1) * e..n * e, 0);
                 rows = 1;
             }
-            self.ffn(pool, scratch, lw, rows, comm);
+            self.ffn(pool, scratch, lw, rows, comm)?;
         }
         cache.advance(n);
 
@@ -289,7 +329,7 @@ impl Model {
         pos0: usize,
         n: usize,
         trim: bool,
-        comm: &dyn Collective,
+        comm: &mut dyn Collective,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (e, hd) = (cfg.n_embd, cfg.head_dim);
@@ -444,12 +484,37 @@ impl Model {
         });
 
         let width = n_q * hd;
-        s.acts
-            .quantize(lw.wo.ggml_type(), &s.att[..n_out * width], n_out, width);
+        let combine = self.combine_mode();
+        let att_in: &[f32] = if combine.gather_heads {
+            let full = cfg.q_width();
+            grow(&mut s.gathered, n_out * full);
+            comm.all_gather(
+                crate::Axis::QHeads,
+                n_out,
+                &s.att[..n_out * width],
+                &mut s.gathered[..n_out * full],
+            )
+            .map_err(Error::Collective)?;
+            &s.gathered[..n_out * full]
+        } else {
+            &s.att[..n_out * width]
+        };
+        s.acts.quantize(
+            lw.wo.ggml_type(),
+            att_in,
+            n_out,
+            att_in.len() / n_out.max(1),
+        );
         mm(pool, &lw.wo, &s.acts, &mut s.proj);
-        // This rank's partial sum of the projection; combine before the residual add.
-        let proj = &mut s.proj[..n_out * e];
-        comm.all_reduce_sum(proj);
+        let proj = combine_output(
+            comm,
+            &combine,
+            &mut s.proj,
+            &mut s.gathered,
+            n_out,
+            lw.wo.rows(),
+            e,
+        )?;
         if let Some(w) = &lw.attn_post_norm {
             for row in proj.chunks_exact_mut(e) {
                 ops::rms_norm_in_place(row, w, cfg.rms_eps);
@@ -469,8 +534,8 @@ impl Model {
         s: &mut Scratch,
         lw: &crate::weights::LayerWeights,
         rows: usize,
-        comm: &dyn Collective,
-    ) {
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
         let e = self.cfg.n_embd;
         let ff = lw.w_gate.rows();
         grow(&mut s.xn, rows * e);
@@ -507,11 +572,33 @@ impl Model {
             }
             crate::Arch::Gemma3 => ops::geglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
         }
+        let combine = self.combine_mode();
+        let act: &[f32] = if combine.gather_ffn {
+            let full = self.cfg.n_ff;
+            grow(&mut s.gathered, rows * full);
+            comm.all_gather(
+                crate::Axis::Ffn,
+                rows,
+                &s.gate[..rows * ff],
+                &mut s.gathered[..rows * full],
+            )
+            .map_err(Error::Collective)?;
+            &s.gathered[..rows * full]
+        } else {
+            &s.gate[..rows * ff]
+        };
         s.acts
-            .quantize(lw.w_down.ggml_type(), &s.gate[..rows * ff], rows, ff);
+            .quantize(lw.w_down.ggml_type(), act, rows, act.len() / rows.max(1));
         mm(pool, &lw.w_down, &s.acts, &mut s.proj);
-        let proj = &mut s.proj[..rows * e];
-        comm.all_reduce_sum(proj);
+        let proj = combine_output(
+            comm,
+            &combine,
+            &mut s.proj,
+            &mut s.gathered,
+            rows,
+            lw.w_down.rows(),
+            e,
+        )?;
         if let Some(w) = &lw.ffn_post_norm {
             for row in proj.chunks_exact_mut(e) {
                 ops::rms_norm_in_place(row, w, self.cfg.rms_eps);
@@ -520,5 +607,62 @@ impl Model {
         for (t, row) in proj.chunks_exact(e).enumerate() {
             ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
         }
+        Ok(())
     }
+
+    /// Which exchanges this shard's layers need.
+    fn combine_mode(&self) -> CombineMode {
+        let cfg = &self.cfg;
+        match &self.spec.combine {
+            crate::Combine::Gather { embd } => CombineMode {
+                gather_heads: self.spec.kv_heads != (0..cfg.n_head_kv),
+                gather_ffn: self.spec.ffn != (0..cfg.n_ff),
+                gather_embd: *embd != (0..cfg.n_embd),
+                reduce: false,
+            },
+            crate::Combine::Reduce => CombineMode {
+                gather_heads: false,
+                gather_ffn: false,
+                gather_embd: false,
+                reduce: !self.spec.is_full_width(cfg),
+            },
+        }
+    }
+}
+
+/// The exchanges a layer of one shard makes.
+struct CombineMode {
+    gather_heads: bool,
+    gather_ffn: bool,
+    gather_embd: bool,
+    reduce: bool,
+}
+
+/// Turns this rank's output-projection result (`rows` rows in `proj`) into the full model-width
+/// rows every rank adds to its residual stream.
+fn combine_output<'a>(
+    comm: &mut dyn Collective,
+    mode: &CombineMode,
+    proj: &'a mut [f32],
+    gathered: &'a mut Vec<f32>,
+    rows: usize,
+    part: usize,
+    e: usize,
+) -> Result<&'a mut [f32]> {
+    if mode.gather_embd {
+        grow(gathered, rows * e);
+        comm.all_gather(
+            crate::Axis::Embd,
+            rows,
+            &proj[..rows * part],
+            &mut gathered[..rows * e],
+        )
+        .map_err(Error::Collective)?;
+        return Ok(&mut gathered[..rows * e]);
+    }
+    let out = &mut proj[..rows * e];
+    if mode.reduce {
+        comm.all_reduce_sum(out).map_err(Error::Collective)?;
+    }
+    Ok(out)
 }

@@ -118,21 +118,11 @@ impl Sampler {
         if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             return;
         }
-        let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
-        self.counts.clear();
-        for &t in recent {
-            *self.counts.entry(t).or_insert(0) += 1;
-        }
+        self.count_recent(history);
         for (&t, &c) in &self.counts {
-            let Some(l) = logits.get_mut(t as usize) else {
-                continue;
-            };
-            if *l > 0.0 {
-                *l /= p.repeat_penalty;
-            } else {
-                *l *= p.repeat_penalty;
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = penalise(*l, c, &self.params);
             }
-            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
 
@@ -142,10 +132,50 @@ impl Sampler {
         if self.params.is_greedy() {
             return strata_kernels::ops::argmax(logits) as u32;
         }
-        let p = self.params.clone();
-        let c = &mut self.candidates;
+        let mut c = std::mem::take(&mut self.candidates);
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let tok = self.pick(&mut c);
+        self.candidates = c;
+        tok
+    }
+
+    /// Picks the next token from candidates gathered from vocabulary shards (see
+    /// [`shard_candidates`]): the same choice [`Sampler::sample`] makes on the full logits.
+    pub fn sample_candidates(&mut self, cands: &mut Vec<(u32, f32)>, history: &[u32]) -> u32 {
+        let p = &self.params;
+        if p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            self.count_recent(history);
+            for (id, l) in cands.iter_mut() {
+                if let Some(&c) = self.counts.get(id) {
+                    *l = penalise(*l, c, &self.params);
+                }
+            }
+        }
+        if self.params.is_greedy() {
+            // The first maximum, as `argmax` on the full logits finds it.
+            return cands
+                .iter()
+                .fold(None::<(u32, f32)>, |best, &(id, l)| match best {
+                    Some((bid, bl)) if bl > l || (bl == l && bid < id) => Some((bid, bl)),
+                    _ => Some((id, l)),
+                })
+                .map_or(0, |b| b.0);
+        }
+        self.pick(cands)
+    }
+
+    fn count_recent(&mut self, history: &[u32]) {
+        let recent = &history[history.len().saturating_sub(self.params.penalty_last_n)..];
+        self.counts.clear();
+        for &t in recent {
+            *self.counts.entry(t).or_insert(0) += 1;
+        }
+    }
+
+    /// Temperature sampling with the top-k, min-p and top-p filters over candidates.
+    fn pick(&mut self, c: &mut Vec<(u32, f32)>) -> u32 {
+        let p = &self.params;
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, by_logit);
@@ -188,6 +218,77 @@ impl Sampler {
             }
         }
         c.last().map_or(0, |x| x.0)
+    }
+}
+
+fn penalise(l: f32, count: u32, p: &SamplingParams) -> f32 {
+    let l = if l > 0.0 {
+        l / p.repeat_penalty
+    } else {
+        l * p.repeat_penalty
+    };
+    l - (count as f32 * p.frequency_penalty + p.presence_penalty)
+}
+
+/// What one vocabulary shard (logits of ids `offset..offset + logits.len()`) must send so that
+/// [`Sampler::sample_candidates`] on the union of all shards' candidates picks exactly the token
+/// [`Sampler::sample`] would pick from the full logits: every token the penalties may change
+/// (those in the recent `history`), plus the best `top_k` others by (logit, lower id) — one for
+/// greedy decoding, all of them when top-k is off.
+pub fn shard_candidates(
+    params: &SamplingParams,
+    logits: &[f32],
+    offset: u32,
+    history: &[u32],
+    out: &mut Vec<(u32, f32)>,
+) {
+    out.clear();
+    let penalised = params.repeat_penalty != 1.0
+        || params.presence_penalty != 0.0
+        || params.frequency_penalty != 0.0;
+    let recent = if penalised {
+        &history[history.len().saturating_sub(params.penalty_last_n)..]
+    } else {
+        &[]
+    };
+    let end = offset as usize + logits.len();
+    let is_recent = |id: u32| recent.contains(&id);
+    for &id in recent {
+        if (offset as usize..end).contains(&(id as usize)) && !out.iter().any(|c| c.0 == id) {
+            out.push((id, logits[(id - offset) as usize]));
+        }
+    }
+    let k = if params.is_greedy() {
+        1
+    } else if params.top_k > 0 {
+        params.top_k
+    } else {
+        usize::MAX
+    };
+    let fixed = out.len();
+    if k == 1 {
+        let mut best: Option<(u32, f32)> = None;
+        for (i, &l) in logits.iter().enumerate() {
+            let id = offset + i as u32;
+            if best.is_none_or(|b| l > b.1) && !is_recent(id) {
+                best = Some((id, l));
+            }
+        }
+        out.extend(best);
+        return;
+    }
+    out.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (offset + i as u32, l))
+            .filter(|c| !is_recent(c.0)),
+    );
+    let rest = &mut out[fixed..];
+    if k < rest.len() {
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        rest.select_nth_unstable_by(k - 1, by_logit);
+        out.truncate(fixed + k);
     }
 }
 
@@ -268,6 +369,56 @@ mod tests {
         });
         // 3.0 - 1.5 and 2.9 - 1.5 both fall below token 2's 2.0.
         assert_eq!(s.sample(&mut logits(), &[1, 4]), 2);
+    }
+
+    /// Splits random logits into uneven shards and checks that sampling from the gathered
+    /// candidates picks what sampling from the full logits picks, for every kind of setting.
+    #[test]
+    fn shard_candidates_reproduce_full_sampling() {
+        use rand::Rng;
+        let mut rng = StdRng::seed_from_u64(3);
+        let settings = [
+            SamplingParams::default(),
+            SamplingParams {
+                repeat_penalty: 1.3,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 5,
+                frequency_penalty: 0.5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.9,
+                min_p: 0.05,
+                presence_penalty: -0.7,
+                ..SamplingParams::default()
+            },
+        ];
+        for params in settings {
+            for seed in 0..40u64 {
+                // Coarse values make ties common.
+                let logits: Vec<f32> = (0..200)
+                    .map(|_| rng.random_range(0..40) as f32 / 4.0)
+                    .collect();
+                let history: Vec<u32> = (0..30).map(|_| rng.random_range(0..200)).collect();
+                let p = SamplingParams {
+                    seed,
+                    ..params.clone()
+                };
+                let want = Sampler::new(p.clone()).sample(&mut logits.clone(), &history);
+                let mut all = Vec::new();
+                let mut part = Vec::new();
+                for r in [0..64usize, 64..96, 96..200] {
+                    shard_candidates(&p, &logits[r.clone()], r.start as u32, &history, &mut part);
+                    all.extend_from_slice(&part);
+                }
+                let got = Sampler::new(p.clone()).sample_candidates(&mut all, &history);
+                assert_eq!(got, want, "{p:?}");
+            }
+        }
     }
 
     #[test]

@@ -4,13 +4,21 @@
 //! key/value head groups (with their query heads), a range of FFN columns, and a range of
 //! vocabulary rows for the LM head. Slices need not be even, so 3 KV heads can split 2 + 1.
 //! The single-process engine runs the full shard.
+//!
+//! Tensor-parallel ranks combine their work in one of two ways ([`Combine`]). `Gather` keeps
+//! every output element's arithmetic exactly as in one process (each rank computes whole dot
+//! products for a slice of output rows, and slices are all-gathered), so sharded greedy output is
+//! token-for-token the single-process output; it needs four exchanges per layer. `Reduce` is
+//! the classic Megatron split (each rank computes partial sums over its slice of the inputs and
+//! the partial sums are all-reduced): two exchanges per layer, but the floating-point sums are
+//! grouped differently from one process, so outputs may drift apart after many tokens.
 
 use std::ops::Range;
 
 use crate::{Error, ModelConfig, Result};
 
 /// The part of a model a worker computes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardSpec {
     /// Decoder layers this stage runs.
     pub layers: Range<usize>,
@@ -20,6 +28,21 @@ pub struct ShardSpec {
     pub ffn: Range<usize>,
     /// Vocabulary rows of the LM head this rank owns (last stage only).
     pub vocab: Range<usize>,
+    /// How tensor-parallel partial results are combined.
+    pub combine: Combine,
+}
+
+/// How a tensor-parallel rank's attention-output and FFN-down projections are split.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Combine {
+    /// Each rank owns these rows of the model width: it computes complete outputs for them from
+    /// all-gathered inputs, and the outputs are all-gathered. Bit-identical to one process.
+    Gather {
+        /// Rows of `n_embd` this rank computes (multiples of 32 at both ends, or the full range).
+        embd: Range<usize>,
+    },
+    /// Each rank computes partial sums over its own heads and FFN columns, all-reduced.
+    Reduce,
 }
 
 impl ShardSpec {
@@ -30,6 +53,9 @@ impl ShardSpec {
             kv_heads: 0..cfg.n_head_kv,
             ffn: 0..cfg.n_ff,
             vocab: 0..cfg.n_vocab,
+            combine: Combine::Gather {
+                embd: 0..cfg.n_embd,
+            },
         }
     }
 
@@ -51,11 +77,30 @@ impl ShardSpec {
         if !ok(&self.vocab, cfg.n_vocab) {
             return Err(bad("vocabulary", &self.vocab, cfg.n_vocab));
         }
-        let aligned = |x: usize| x.is_multiple_of(32) || x == cfg.n_ff;
-        if !aligned(self.ffn.start) || !aligned(self.ffn.end) {
+        // Slices start and end on multiples of 32 rows, so each slice keeps the row grouping
+        // (and with it the kernel, and the arithmetic) of the whole matrix.
+        let aligned = |r: &Range<usize>, max: usize| {
+            let on32 = |x: usize| x.is_multiple_of(32) || x == max;
+            on32(r.start) && on32(r.end)
+        };
+        if !aligned(&self.ffn, cfg.n_ff) {
             return Err(Error::InvalidShard(format!(
                 "FFN range {:?} must start and end on a multiple of 32",
                 self.ffn
+            )));
+        }
+        if !aligned(&self.vocab, cfg.n_vocab) {
+            return Err(Error::InvalidShard(format!(
+                "vocabulary range {:?} must start and end on a multiple of 32",
+                self.vocab
+            )));
+        }
+        if let Combine::Gather { embd } = &self.combine
+            && (!ok(embd, cfg.n_embd) || !aligned(embd, cfg.n_embd))
+        {
+            return Err(Error::InvalidShard(format!(
+                "model-width range {embd:?} must be inside 0..{} on multiples of 32",
+                cfg.n_embd
             )));
         }
         Ok(())
@@ -68,7 +113,20 @@ impl ShardSpec {
 
     /// Whether this shard owns the whole width of every layer (no all-reduce needed).
     pub fn is_full_width(&self, cfg: &ModelConfig) -> bool {
-        self.kv_heads == (0..cfg.n_head_kv) && self.ffn == (0..cfg.n_ff)
+        self.kv_heads == (0..cfg.n_head_kv)
+            && self.ffn == (0..cfg.n_ff)
+            && match &self.combine {
+                Combine::Gather { embd } => *embd == (0..cfg.n_embd),
+                Combine::Reduce => true,
+            }
+    }
+
+    /// Rows of the model width this rank's output projections produce.
+    pub fn embd_rows(&self, cfg: &ModelConfig) -> Range<usize> {
+        match &self.combine {
+            Combine::Gather { embd } => embd.clone(),
+            Combine::Reduce => 0..cfg.n_embd,
+        }
     }
 
     /// Whether this stage embeds tokens (the first stage).

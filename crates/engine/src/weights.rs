@@ -11,7 +11,7 @@ use strata_gguf::{GgufFile, TensorInfo};
 use strata_kernels::formats::dequantize_row;
 use strata_kernels::{QMatrix, WeightBytes};
 
-use crate::{Error, ModelConfig, Result, ShardSpec};
+use crate::{Combine, Error, ModelConfig, Result, ShardSpec};
 
 /// Weights of one decoder layer, restricted to a shard's heads and FFN columns.
 #[derive(Debug)]
@@ -154,6 +154,14 @@ impl Weights {
         let kv_width = cfg.n_head_kv * hd;
         let q_width = cfg.q_width();
         let gemma = cfg.kind == crate::Arch::Gemma3;
+        // Output projections: row slices of whole dot products (Gather) or column slices
+        // giving partial sums (Reduce).
+        let out_proj = |name: &str, cols: usize, keep: Range<usize>| -> Result<QMatrix> {
+            match &spec.combine {
+                Combine::Gather { embd } => compute_rows(file, name, cols, e, embd.clone()),
+                Combine::Reduce => col_slice(file, name, cols, e, keep),
+            }
+        };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in spec.layers.clone() {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
@@ -173,11 +181,11 @@ impl Weights {
                 wq: compute_rows(file, &n("attn_q"), e, q_width, q_rows.clone())?,
                 wk: compute_rows(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
                 wv: compute_rows(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
-                wo: col_slice(file, &n("attn_output"), q_width, e, q_rows.clone())?,
+                wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
                 ffn_norm: vector(file, &n("ffn_norm"), e)?,
                 w_gate: compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
                 w_up: compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
-                w_down: col_slice(file, &n("ffn_down"), ff, e, spec.ffn.clone())?,
+                w_down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,
             });
         }
         let embd = if spec.is_first_stage() {

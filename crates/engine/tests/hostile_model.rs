@@ -47,7 +47,7 @@ fn load_everything(bytes: Vec<u8>, pool: &ThreadPool) -> String {
         &mut cache,
         &mut scratch,
         StageInput::Tokens(&[1, 2, 3]),
-        &NoComm,
+        &mut NoComm,
     ) {
         Ok(()) => "ran".into(),
         Err(e) => format!("forward: {e}"),

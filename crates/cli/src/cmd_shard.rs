@@ -1,0 +1,418 @@
+//! Sharded runs: `strata run --ranks N` starts N - 1 worker processes of this binary on this
+//! host and acts as rank 0; `strata worker` is a rank started by hand (on any host), which
+//! joins rank 0 at its coordinator address.
+//!
+//! Rank 0 owns its workers' lives: they die with it (PR_SET_PDEATHSIG), and whatever ends a run
+//! (success, an error, a dead peer) ends with every worker reaped, so no process is orphaned.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use strata_gguf::GgufFile;
+use strata_net::{LinkShape, MeshConfig, Transport};
+use strata_parallel::{
+    Assignment, CombineStyle, Rank, ShardedGenerator, Strategy, make_plan, numerics_name,
+};
+use strata_tokenizer::{ChatTemplate, Tokenizer};
+
+/// The environment variable that carries the session token to workers.
+pub(crate) const TOKEN_ENV: &str = "STRATA_TOKEN";
+
+/// How a run is split across ranks.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ShardOpts {
+    /// Number of ranks (processes); 1 runs in this process.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ranks: usize,
+    /// How ranks divide the model.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Tensor)]
+    pub(crate) strategy: StrategyArg,
+    /// Ranks per pipeline stage with `--strategy hybrid`.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) tp_size: usize,
+    /// How tensor-parallel ranks combine results: `gather` is bit-identical to one process,
+    /// `reduce` exchanges half as often.
+    #[arg(long, value_enum, default_value_t = CombineArg::Gather)]
+    pub(crate) tp_combine: CombineArg,
+    /// The data plane between ranks.
+    #[arg(long, value_enum, default_value_t = TransportArg::Shm)]
+    pub(crate) transport: TransportArg,
+    /// Emulated one-way link latency added to every message (e.g. 300us, 1ms).
+    #[arg(long, value_parser = parse_latency)]
+    pub(crate) link_latency: Option<Duration>,
+    /// Emulated link bandwidth cap (e.g. 10gbit, 800MB/s).
+    #[arg(long, value_parser = parse_bandwidth)]
+    pub(crate) link_bandwidth: Option<f64>,
+    /// Compute threads per rank (default: the cores divided among the ranks).
+    #[arg(long)]
+    pub(crate) threads_per_rank: Option<usize>,
+    /// Relative weight of each rank (memory or speed), comma-separated; default equal.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) rank_weights: Option<Vec<f64>>,
+    /// Rank 0 listens here and waits for workers started by hand with `strata worker`
+    /// (token in $STRATA_TOKEN); without it, workers are started on this host.
+    #[arg(long)]
+    pub(crate) listen: Option<SocketAddr>,
+}
+
+fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
+    strata_net::parse_latency(s).map_err(|e| e.to_string())
+}
+
+fn parse_bandwidth(s: &str) -> std::result::Result<f64, String> {
+    strata_net::parse_bandwidth(s).map_err(|e| e.to_string())
+}
+
+/// `--strategy`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum StrategyArg {
+    /// Every rank on every layer (fast links).
+    Tensor,
+    /// Each rank a range of layers (slow links).
+    Pipeline,
+    /// Pipeline stages of `--tp-size` tensor-parallel ranks.
+    Hybrid,
+}
+
+/// `--tp-combine`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum CombineArg {
+    /// Row-parallel projections and all-gathers (bit-identical to one process).
+    Gather,
+    /// Partial sums and all-reduces (fewer exchanges).
+    Reduce,
+}
+
+/// `--transport`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum TransportArg {
+    /// Shared memory (ranks on one host).
+    Shm,
+    /// TCP.
+    Tcp,
+}
+
+impl ShardOpts {
+    pub(crate) fn strategy(&self) -> Strategy {
+        match self.strategy {
+            StrategyArg::Tensor => Strategy::Tensor,
+            StrategyArg::Pipeline => Strategy::Pipeline,
+            StrategyArg::Hybrid => Strategy::Hybrid { tp: self.tp_size },
+        }
+    }
+
+    fn transport(&self) -> Transport {
+        match self.transport {
+            TransportArg::Shm => Transport::Shm,
+            TransportArg::Tcp => Transport::Tcp,
+        }
+    }
+
+    fn style(&self) -> CombineStyle {
+        match self.tp_combine {
+            CombineArg::Gather => CombineStyle::Gather,
+            CombineArg::Reduce => CombineStyle::Reduce,
+        }
+    }
+
+    pub(crate) fn threads(&self) -> usize {
+        self.threads_per_rank.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / self.ranks.max(1)).max(1)
+        })
+    }
+}
+
+/// The worker processes of a run, reaped on drop.
+pub(crate) struct Workers {
+    children: Vec<(usize, Child)>,
+}
+
+impl Workers {
+    /// Waits up to `grace` for every worker to exit, then kills the rest; returns a line for
+    /// each worker that did not exit cleanly.
+    pub(crate) fn reap(&mut self, grace: Duration) -> Vec<String> {
+        let deadline = Instant::now() + grace;
+        let mut report = Vec::new();
+        for (rank, child) in &mut self.children {
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break None;
+                    }
+                }
+            };
+            match status {
+                Some(s) if s.success() => {}
+                Some(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    let how = match s.signal() {
+                        Some(sig) => format!("was killed by signal {sig}"),
+                        None => format!("exited with status {}", s.code().unwrap_or(-1)),
+                    };
+                    report.push(format!("rank {rank} (pid {}) {how}", child.id()));
+                }
+                None => report.push(format!(
+                    "rank {rank} (pid {}) did not stop; killed",
+                    child.id()
+                )),
+            }
+        }
+        self.children.clear();
+        report
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.reap(Duration::from_secs(2));
+    }
+}
+
+/// A running sharded instance: rank 0 and its workers.
+pub(crate) struct Session {
+    pub(crate) generator: ShardedGenerator,
+    pub(crate) workers: Workers,
+}
+
+impl Session {
+    /// Shuts every rank down and reaps the workers.
+    pub(crate) fn close(mut self) -> Result<()> {
+        let sent = self.generator.shutdown();
+        drop(self.generator);
+        let report = self.workers.reap(Duration::from_secs(5));
+        sent.context("shutting the ranks down")?;
+        if !report.is_empty() {
+            bail!("{}", report.join("; "));
+        }
+        Ok(())
+    }
+
+    /// Turns a failure of the run into one error that also says what happened to the workers.
+    pub(crate) fn fail(self, err: anyhow::Error) -> anyhow::Error {
+        drop(self.generator);
+        let mut workers = self.workers;
+        let report = workers.reap(Duration::from_secs(2));
+        if report.is_empty() {
+            err
+        } else {
+            err.context(report.join("; "))
+        }
+    }
+}
+
+/// Starts a sharded instance of the model at `path` as rank 0.
+pub(crate) fn launch(
+    path: &std::path::Path,
+    opts: &ShardOpts,
+    n_ctx: Option<usize>,
+    max_seqs: usize,
+    numerics: strata_kernels::attn::Flavour,
+) -> Result<Session> {
+    let n = opts.ranks;
+    if n < 2 {
+        bail!("a sharded run needs at least 2 ranks");
+    }
+    let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
+    let plan = make_plan(
+        &file,
+        &cfg,
+        opts.strategy(),
+        n,
+        opts.rank_weights.as_deref(),
+        opts.style(),
+    )?;
+    let external = opts.listen.is_some();
+    let bind = opts
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let listener = TcpListener::bind(bind).with_context(|| format!("listening on {bind}"))?;
+    let coordinator = listener.local_addr()?;
+    let token = if external {
+        std::env::var(TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .with_context(|| format!("--listen needs the session token in ${TOKEN_ENV}"))?
+    } else {
+        strata_net::new_token()
+    };
+    let mut workers = Workers {
+        children: Vec::new(),
+    };
+    if !external {
+        let exe = std::env::current_exe().context("finding the strata binary")?;
+        for r in 1..n {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "worker",
+                "--coordinator",
+                &coordinator.to_string(),
+                "--rank",
+                &r.to_string(),
+                "--world",
+                &n.to_string(),
+            ])
+            .env(TOKEN_ENV, &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+            die_with_parent(&mut cmd);
+            let child = cmd.spawn().context("starting a worker process")?;
+            workers.children.push((r, child));
+        }
+    }
+    let mesh = MeshConfig {
+        rank: 0,
+        world: n,
+        coordinator,
+        listen: None,
+        token,
+        transport: opts.transport(),
+        shape: LinkShape {
+            latency: opts.link_latency.unwrap_or_default(),
+            bandwidth: opts.link_bandwidth,
+        },
+        join_timeout: Duration::from_secs(if external { 600 } else { 60 }),
+        stall_timeout: Duration::from_secs(300),
+    };
+    let comm = strata_net::coordinate(&mesh, listener).context("connecting the ranks")?;
+    let assignment = Assignment {
+        plan,
+        model_path: path.to_path_buf(),
+        model_bytes: file.bytes().len() as u64,
+        threads: opts.threads(),
+        n_ctx: n_ctx.unwrap_or(cfg.n_ctx_train.min(8192)).max(1),
+        max_seqs,
+        numerics: numerics_name(numerics).to_string(),
+    };
+    let rank = start_rank0(comm, &file, &assignment)?;
+    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+    let template = ChatTemplate::from_gguf(file.metadata())?;
+    Ok(Session {
+        generator: ShardedGenerator::new(rank, tokenizer, template)?,
+        workers,
+    })
+}
+
+/// Sends the assignment, loads rank 0's shard, and waits for every worker to report its own.
+fn start_rank0(
+    mut comm: strata_net::Communicator,
+    file: &GgufFile,
+    a: &Assignment,
+) -> Result<Rank> {
+    let json = serde_json::to_vec(a)?;
+    for r in 1..comm.world() {
+        comm.post_send(r, &[&json])?;
+    }
+    comm.wait().context("sending the shard plan")?;
+    let world = comm.world();
+    let shard = Rank::prepare(file, a, 0).context("loading rank 0's shard")?;
+    let mut rank = Rank::new(comm, shard, &a.plan)?;
+    let mut statuses = Vec::with_capacity(world);
+    for r in 1..world {
+        let msg = rank
+            .comm_mut()
+            .recv(r)
+            .with_context(|| format!("waiting for rank {r} to load its shard"))?;
+        statuses.push((r, String::from_utf8_lossy(msg).into_owned()));
+    }
+    let failed: Vec<String> = statuses
+        .into_iter()
+        .filter(|(_, s)| s != "ok")
+        .map(|(r, s)| format!("rank {r}: {s}"))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(rank)
+}
+
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
+
+/// `strata worker`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// Rank 0's address.
+    #[arg(long)]
+    coordinator: SocketAddr,
+    /// This worker's rank (1 .. world - 1).
+    #[arg(long)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    /// Where to listen for the other workers (default: the address used to reach rank 0).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The model file or catalog id on this host (default: the path rank 0 uses).
+    #[arg(long, short = 'm')]
+    model: Option<String>,
+}
+
+pub(crate) fn worker(a: WorkerArgs) -> Result<()> {
+    let token = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .with_context(|| format!("a worker needs the session token in ${TOKEN_ENV}"))?;
+    let mesh = MeshConfig {
+        rank: a.rank,
+        world: a.world,
+        coordinator: a.coordinator,
+        listen: a.listen,
+        token,
+        transport: Transport::Tcp,
+        shape: LinkShape::default(),
+        join_timeout: Duration::from_secs(600),
+        stall_timeout: Duration::from_secs(300),
+    };
+    let mut comm = strata_net::join(&mesh).context("joining rank 0")?;
+    let assignment: Assignment =
+        serde_json::from_slice(comm.recv(0)?).context("reading the shard plan from rank 0")?;
+    let loaded = (|| -> Result<strata_parallel::Shard> {
+        let path: PathBuf = match &a.model {
+            Some(m) => crate::cmd_run::resolve_model(m)?,
+            None => assignment.model_path.clone(),
+        };
+        let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        Ok(Rank::prepare(&file, &assignment, a.rank)?)
+    })();
+    let shard = match loaded {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            let _ = comm.send(0, msg.as_bytes());
+            bail!("rank {}: {msg}", a.rank);
+        }
+    };
+    let mut rank = Rank::new(comm, shard, &assignment.plan)?;
+    rank.comm_mut().send(0, b"ok")?;
+    rank.serve()
+        .with_context(|| format!("rank {} stopped", a.rank))?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The messages that drive a step through the ranks: a small binary header (what to compute),
+//! followed by hidden states between pipeline stages or by sampling candidates back to rank 0.
+
+use strata_engine::SamplingParams;
+
+use crate::{Error, Result};
+
+/// What a step asks of the ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Run tokens through the model.
+    Step = 1,
+    /// Leave the serving loop.
+    Shutdown = 2,
+}
+
+/// One step's header. Kept and reused by each rank, so decoding allocates nothing per token.
+#[derive(Clone, Debug)]
+pub(crate) struct Header {
+    pub(crate) kind: Kind,
+    /// Which sequence (KV cache slot).
+    pub(crate) seq: u32,
+    /// The position of the first token; ranks drop cached positions from here on first.
+    pub(crate) pos0: u32,
+    /// Whether the last stage sends sampling candidates back.
+    pub(crate) want: bool,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) params: SamplingParams,
+    /// Recent tokens (for the penalties the last stage must account for).
+    pub(crate) history: Vec<u32>,
+}
+
+impl Default for Header {
+    fn default() -> Self {
+        Header {
+            kind: Kind::Step,
+            seq: 0,
+            pos0: 0,
+            want: false,
+            tokens: Vec::new(),
+            params: SamplingParams::default(),
+            history: Vec::new(),
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
+        if self.0.len() < N {
+            return Err(Error::Protocol("truncated step header".into()));
+        }
+        let (a, b) = self.0.split_at(N);
+        self.0 = b;
+        a.try_into()
+            .map_err(|_| Error::Protocol("truncated step header".into()))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+    fn f32(&mut self) -> Result<f32> {
+        self.take::<4>().map(f32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+    fn ids(&mut self, out: &mut Vec<u32>) -> Result<()> {
+        let n = self.u32()? as usize;
+        if n > self.0.len() / 4 {
+            return Err(Error::Protocol("step header token count too large".into()));
+        }
+        out.clear();
+        for _ in 0..n {
+            out.push(self.u32()?);
+        }
+        Ok(())
+    }
+}
+
+impl Header {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.push(self.kind as u8);
+        out.push(u8::from(self.want));
+        for v in [self.seq, self.pos0] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let p = &self.params;
+        for v in [
+            p.temperature,
+            p.top_p,
+            p.min_p,
+            p.repeat_penalty,
+            p.presence_penalty,
+            p.frequency_penalty,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(p.top_k as u32).to_le_bytes());
+        out.extend_from_slice(&(p.penalty_last_n as u32).to_le_bytes());
+        out.extend_from_slice(&p.seed.to_le_bytes());
+        for list in [&self.tokens, &self.history] {
+            out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            for t in list.iter() {
+                out.extend_from_slice(&t.to_le_bytes());
+            }
+        }
+    }
+
+    /// Decodes into `self` (reusing its vectors); returns the bytes after the header.
+    pub(crate) fn decode<'a>(&mut self, buf: &'a [u8]) -> Result<&'a [u8]> {
+        let mut r = Reader(buf);
+        let [kind, want] = r.take::<2>()?;
+        self.kind = match kind {
+            1 => Kind::Step,
+            2 => Kind::Shutdown,
+            k => return Err(Error::Protocol(format!("unknown step kind {k}"))),
+        };
+        self.want = want != 0;
+        self.seq = r.u32()?;
+        self.pos0 = r.u32()?;
+        let p = &mut self.params;
+        p.temperature = r.f32()?;
+        p.top_p = r.f32()?;
+        p.min_p = r.f32()?;
+        p.repeat_penalty = r.f32()?;
+        p.presence_penalty = r.f32()?;
+        p.frequency_penalty = r.f32()?;
+        p.top_k = r.u32()? as usize;
+        p.penalty_last_n = r.u32()? as usize;
+        p.seed = r.u64()?;
+        r.ids(&mut self.tokens)?;
+        r.ids(&mut self.history)?;
+        Ok(r.0)
+    }
+}
+
+/// Encodes sampling candidates as (id, logit) pairs.
+pub(crate) fn encode_candidates(c: &[(u32, f32)], out: &mut Vec<u8>) {
+    out.clear();
+    for (id, l) in c {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+}
+
+/// Appends the candidates in `buf` to `out`.
+pub(crate) fn decode_candidates(buf: &[u8], out: &mut Vec<(u32, f32)>) -> Result<()> {
+    if !buf.len().is_multiple_of(8) {
+        return Err(Error::Protocol("malformed candidate list".into()));
+    }
+    for c in buf.chunks_exact(8) {
+        out.push((
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            f32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_truncation() {
+        let h = Header {
+            kind: Kind::Step,
+            seq: 3,
+            pos0: 17,
+            want: true,
+            tokens: vec![1, 2, 3],
+            params: SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                seed: 9,
+                ..SamplingParams::default()
+            },
+            history: vec![5, 6],
+        };
+        let mut buf = Vec::new();
+        h.encode(&mut buf);
+        buf.extend_from_slice(b"tail");
+        let mut back = Header::default();
+        let rest = back.decode(&buf).expect("decode");
+        assert_eq!(rest, b"tail");
+        assert_eq!(back.tokens, h.tokens);
+        assert_eq!(back.params, h.params);
+        assert_eq!((back.seq, back.pos0, back.want), (3, 17, true));
+        for cut in [0, 1, 10, 50, buf.len() - 9] {
+            assert!(back.decode(&buf[..cut]).is_err(), "{cut}");
+        }
+    }
+}

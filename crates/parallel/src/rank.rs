@@ -1,0 +1,426 @@
+//! One rank of a sharded model: its shard, its KV caches, its links, and the serving loop that
+//! runs steps in lockstep with the other ranks.
+//!
+//! A step enters at rank 0, which hands its header to the rest of stage 0. Each stage runs its
+//! layers (its tensor-parallel group exchanging partial results inside the forward pass) and
+//! passes the header and hidden states straight to the next stage. The last stage's ranks each
+//! reduce their slice of the vocabulary to a few sampling candidates and send those, not full
+//! logits, to rank 0, which samples. Rank 0 may submit the next step (of another sequence)
+//! before collecting the last one, so pipeline stages work on different sequences at once.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use strata_engine::{
+    Axis, Collective, CommError, KvCache, Model, Scratch, StageInput, shard_candidates,
+};
+use strata_gguf::GgufFile;
+use strata_kernels::ThreadPool;
+use strata_kernels::attn::Flavour;
+use strata_net::Communicator;
+
+use crate::plan::{GroupParts, Plan};
+use crate::proto::{Header, Kind, decode_candidates, encode_candidates};
+use crate::{Error, Result};
+
+/// What rank 0 tells every worker after the mesh is up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The plan (every rank's shard).
+    pub plan: Plan,
+    /// Where rank 0 found the model (a worker on another host may use its own copy).
+    pub model_path: PathBuf,
+    /// The model file's size, checked by every rank against its own copy.
+    pub model_bytes: u64,
+    /// Compute threads per rank.
+    pub threads: usize,
+    /// Context positions per sequence.
+    pub n_ctx: usize,
+    /// Sequences that may be in flight at once (KV cache slots).
+    pub max_seqs: usize,
+    /// Which llama.cpp build's arithmetic to reproduce (`avx512` or `avx2`).
+    pub numerics: String,
+}
+
+impl Assignment {
+    fn flavour(&self) -> Result<Flavour> {
+        match self.numerics.as_str() {
+            "avx512" => Ok(Flavour::Avx512),
+            "avx2" => Ok(Flavour::Avx2),
+            other => Err(Error::Protocol(format!("unknown numerics {other:?}"))),
+        }
+    }
+}
+
+/// The name of a flavour in an [`Assignment`].
+pub fn numerics_name(f: Flavour) -> &'static str {
+    match f {
+        Flavour::Avx512 => "avx512",
+        Flavour::Avx2 => "avx2",
+    }
+}
+
+/// The engine's view of a tensor-parallel group: collectives over the group's links.
+struct GroupComm<'a> {
+    comm: &'a mut Communicator,
+    group: &'a [usize],
+    parts: &'a GroupParts,
+}
+
+impl Collective for GroupComm<'_> {
+    fn all_reduce_sum(&mut self, x: &mut [f32]) -> std::result::Result<(), CommError> {
+        Ok(self.comm.all_reduce_sum(self.group, x)?)
+    }
+
+    fn all_gather(
+        &mut self,
+        axis: Axis,
+        rows: usize,
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError> {
+        let parts: &[Range<usize>] = match axis {
+            Axis::QHeads => &self.parts.q,
+            Axis::Ffn => &self.parts.ffn,
+            Axis::Embd => &self.parts.embd,
+        };
+        Ok(self
+            .comm
+            .all_gather_cols(self.group, src, dst, rows, parts)?)
+    }
+}
+
+/// A rank's loaded weights and caches, before it is connected.
+#[derive(Debug)]
+pub struct Shard {
+    model: Model,
+    caches: Vec<KvCache>,
+    threads: usize,
+}
+
+/// A loaded rank.
+pub struct Rank {
+    me: usize,
+    plan: Plan,
+    comm: Communicator,
+    model: Model,
+    pool: ThreadPool,
+    caches: Vec<KvCache>,
+    scratch: Scratch,
+    step: Header,
+    hidden: Vec<f32>,
+    bytes: Vec<u8>,
+    local: Vec<(u32, f32)>,
+    targets: Vec<usize>,
+}
+
+impl std::fmt::Debug for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rank")
+            .field("rank", &self.me)
+            .field("spec", self.model.spec())
+            .finish()
+    }
+}
+
+impl Rank {
+    /// Loads rank `me`'s shard of `file` as `a` assigns it.
+    pub fn prepare(file: &GgufFile, a: &Assignment, me: usize) -> Result<Shard> {
+        let rp = a
+            .plan
+            .ranks
+            .get(me)
+            .ok_or_else(|| Error::Protocol(format!("the plan has no rank {me}")))?;
+        let len = file.bytes().len() as u64;
+        if len != a.model_bytes {
+            return Err(Error::Protocol(format!(
+                "this rank's model file has {len} bytes, rank 0's has {}: not the same model",
+                a.model_bytes
+            )));
+        }
+        let mut model = Model::load(file, rp.spec.clone())?;
+        model.set_flavour(a.flavour()?);
+        let caches = (0..a.max_seqs.max(1))
+            .map(|_| model.new_cache(a.n_ctx))
+            .collect::<strata_engine::Result<Vec<_>>>()?;
+        Ok(Shard {
+            model,
+            caches,
+            threads: a.threads.max(1),
+        })
+    }
+
+    /// A rank from its loaded shard and its links.
+    pub fn new(comm: Communicator, shard: Shard, plan: &Plan) -> Result<Rank> {
+        let me = comm.rank();
+        if plan.world() != comm.world() {
+            return Err(Error::Protocol(format!(
+                "a plan for {} ranks in a mesh of {}",
+                plan.world(),
+                comm.world()
+            )));
+        }
+        Ok(Rank {
+            targets: Rank::next_stage_targets(plan, me),
+            me,
+            plan: plan.clone(),
+            comm,
+            model: shard.model,
+            pool: ThreadPool::new(shard.threads),
+            caches: shard.caches,
+            scratch: Scratch::default(),
+            step: Header::default(),
+            hidden: Vec::new(),
+            bytes: Vec::new(),
+            local: Vec::new(),
+        })
+    }
+
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// The shard.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The links (for traffic statistics).
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// Mutable links.
+    pub fn comm_mut(&mut self) -> &mut Communicator {
+        &mut self.comm
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn stage(&self) -> usize {
+        self.plan.ranks[self.me].stage
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.stage() + 1 == self.plan.stages.len()
+    }
+
+    /// Where this rank's steps come from.
+    fn source(&self) -> usize {
+        let s = self.stage();
+        if s == 0 {
+            return 0;
+        }
+        let pos = self.position();
+        let prev = &self.plan.stages[s - 1];
+        prev[pos % prev.len()]
+    }
+
+    fn position(&self) -> usize {
+        let g = &self.plan.stages[self.stage()];
+        g.iter().position(|&r| r == self.me).unwrap_or(0)
+    }
+
+    /// Ranks of the next stage this rank feeds.
+    fn next_stage_targets(plan: &Plan, me: usize) -> Vec<usize> {
+        let s = plan.ranks[me].stage;
+        let size = plan.stages[s].len();
+        let pos = plan.stages[s].iter().position(|&r| r == me).unwrap_or(0);
+        plan.stages.get(s + 1).map_or_else(Vec::new, |next| {
+            next.iter()
+                .enumerate()
+                .filter(|(k, _)| k % size == pos)
+                .map(|(_, &r)| r)
+                .collect()
+        })
+    }
+
+    /// Runs the step in `self.step` (with `self.hidden` as input on later stages) and passes
+    /// its result on.
+    fn run_step(&mut self) -> Result<()> {
+        let h = &self.step;
+        let seq = h.seq as usize;
+        let cache = self
+            .caches
+            .get_mut(seq)
+            .ok_or_else(|| Error::Protocol(format!("sequence slot {seq} does not exist")))?;
+        cache.truncate(h.pos0 as usize);
+        if cache.len() != h.pos0 as usize {
+            return Err(Error::Protocol(format!(
+                "step at position {} but the cache holds {}",
+                h.pos0,
+                cache.len()
+            )));
+        }
+        let input = if self.plan.ranks[self.me].stage == 0 {
+            StageInput::Tokens(&h.tokens)
+        } else {
+            StageInput::Hidden(&self.hidden)
+        };
+        let stage = self.plan.ranks[self.me].stage;
+        let mut gc = GroupComm {
+            comm: &mut self.comm,
+            group: &self.plan.stages[stage],
+            parts: &self.plan.parts[stage],
+        };
+        self.model
+            .forward(&self.pool, cache, &mut self.scratch, input, &mut gc)?;
+        if !self.is_last_stage() {
+            self.step.encode(&mut self.bytes);
+            let n = self.step.tokens.len() * self.model.config().n_embd;
+            let hidden: &[u8] = bytemuck::cast_slice(&self.scratch.hidden()[..n]);
+            let len = (self.bytes.len() as u32).to_le_bytes();
+            for &t in &self.targets {
+                self.comm.post_send(t, &[&len, &self.bytes, hidden])?;
+            }
+            self.comm.wait()?;
+        } else if self.step.want {
+            let offset = self.model.spec().vocab.start as u32;
+            shard_candidates(
+                &self.step.params,
+                self.scratch.logits(),
+                offset,
+                &self.step.history,
+                &mut self.local,
+            );
+            if self.me != 0 {
+                encode_candidates(&self.local, &mut self.bytes);
+                self.comm.send(0, &self.bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives the next step from this rank's source; returns false on shutdown (after passing
+    /// the shutdown on).
+    fn receive(&mut self) -> Result<bool> {
+        let src = self.source();
+        let first_stage = self.stage() == 0;
+        let payload = self.comm.recv(src)?;
+        let (hdr, rest) = if first_stage {
+            (payload, &[][..])
+        } else {
+            if payload.len() < 4 {
+                return Err(Error::Protocol("short stage message".into()));
+            }
+            let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
+            if payload.len() < 4 + n {
+                return Err(Error::Protocol("short stage message".into()));
+            }
+            (&payload[4..4 + n], &payload[4 + n..])
+        };
+        self.step.decode(hdr)?;
+        if !rest.len().is_multiple_of(4) {
+            return Err(Error::Protocol("hidden states of odd length".into()));
+        }
+        self.hidden.clear();
+        self.hidden.extend(
+            rest.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        Ok(self.step.kind == Kind::Step)
+    }
+
+    fn forward_shutdown(&mut self) -> Result<()> {
+        self.step.encode(&mut self.bytes);
+        let len = (self.bytes.len() as u32).to_le_bytes();
+        for &t in &self.targets {
+            self.comm.post_send(t, &[&len, &self.bytes])?;
+        }
+        self.comm.wait()?;
+        Ok(())
+    }
+
+    /// The worker loop: runs steps until rank 0 shuts the instance down.
+    pub fn serve(&mut self) -> Result<()> {
+        loop {
+            if !self.receive()? {
+                return self.forward_shutdown();
+            }
+            self.run_step()?;
+        }
+    }
+
+    /// Rank 0: starts a step of `tokens` for sequence `seq` at position `pos0`. With `want`,
+    /// [`Rank::collect`] must later be called to take its candidates.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit(
+        &mut self,
+        seq: usize,
+        pos0: usize,
+        tokens: &[u32],
+        want: bool,
+        params: &strata_engine::SamplingParams,
+        history: &[u32],
+    ) -> Result<()> {
+        let h = &mut self.step;
+        h.kind = Kind::Step;
+        h.seq = seq as u32;
+        h.pos0 = pos0 as u32;
+        h.want = want;
+        h.tokens.clear();
+        h.tokens.extend_from_slice(tokens);
+        h.params.clone_from(params);
+        h.history.clear();
+        let penalised = params.repeat_penalty != 1.0
+            || params.presence_penalty != 0.0
+            || params.frequency_penalty != 0.0;
+        if penalised {
+            h.history
+                .extend_from_slice(&history[history.len().saturating_sub(params.penalty_last_n)..]);
+        }
+        self.broadcast_header()?;
+        self.run_step()
+    }
+
+    fn broadcast_header(&mut self) -> Result<()> {
+        self.step.encode(&mut self.bytes);
+        for &r in &self.plan.stages[0] {
+            if r != 0 {
+                self.comm.post_send(r, &[&self.bytes])?;
+            }
+        }
+        self.comm.wait()?;
+        Ok(())
+    }
+
+    /// Rank 0: takes the candidates of the oldest step submitted with `want`.
+    pub fn collect(&mut self, out: &mut Vec<(u32, f32)>) -> Result<()> {
+        out.clear();
+        let last = self.plan.stages.len() - 1;
+        for i in 0..self.plan.stages[last].len() {
+            let r = self.plan.stages[last][i];
+            if r == 0 {
+                out.extend_from_slice(&self.local);
+            } else {
+                let payload = self.comm.recv(r)?;
+                decode_candidates(payload, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0: tells every rank to leave its serving loop.
+    pub fn shutdown(&mut self) -> Result<()> {
+        self.step.kind = Kind::Shutdown;
+        self.step.tokens.clear();
+        self.step.history.clear();
+        self.broadcast_header()?;
+        self.forward_shutdown()
+    }
+
+    /// Number of KV cache slots.
+    pub fn max_seqs(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// Context positions per sequence.
+    pub fn n_ctx(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::capacity)
+    }
+}
