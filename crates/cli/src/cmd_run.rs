@@ -52,6 +52,9 @@ pub(crate) struct ModelOpts {
     /// Frequency penalty (0 = off).
     #[arg(long, default_value_t = 0.0)]
     frequency_penalty: f32,
+    /// Keep generating after the model's end-of-generation token.
+    #[arg(long)]
+    ignore_eos: bool,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -230,6 +233,7 @@ fn stream(
         prompt,
         max_tokens: opts.max_tokens,
         sampling: opts.sampling()?,
+        ignore_eos: opts.ignore_eos,
     };
     let mut ids = Vec::new();
     let mut out = std::io::stdout().lock();

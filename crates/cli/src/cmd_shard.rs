@@ -199,7 +199,10 @@ impl Session {
     }
 
     /// Turns a failure of the run into one error that also says what happened to the workers.
-    pub(crate) fn fail(self, err: anyhow::Error) -> anyhow::Error {
+    pub(crate) fn fail(mut self, err: anyhow::Error) -> anyhow::Error {
+        // Healthy workers are told to stop (best effort: after a broken link this may fail,
+        // and the closed links stop them instead).
+        let _ = self.generator.shutdown();
         drop(self.generator);
         let mut workers = self.workers;
         let report = workers.reap(Duration::from_secs(2));

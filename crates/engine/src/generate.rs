@@ -24,6 +24,8 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// Sampling settings.
     pub sampling: SamplingParams,
+    /// Keep generating past end-of-generation tokens (for benchmarks and tests).
+    pub ignore_eos: bool,
 }
 
 /// Why generation ended.
@@ -261,7 +263,7 @@ impl Generator {
             if !on_token(tok) {
                 break StopReason::Cancelled;
             }
-            if self.tokenizer.is_eog(tok) {
+            if !req.ignore_eos && self.tokenizer.is_eog(tok) {
                 break StopReason::Eog;
             }
             if generated >= req.max_tokens {

@@ -84,6 +84,7 @@ fn check_against_llama_cpp_fixture(id: &str, fixture_name: &str, logit_tolerance
             prompt: prompt.clone(),
             max_tokens: want.len(),
             sampling: SamplingParams::default(),
+            ignore_eos: false,
         };
         let mut got = Vec::new();
         g.generate(&req, &mut |t| {

@@ -146,7 +146,7 @@ impl ShardedGenerator {
             if !on_token(tok) {
                 break StopReason::Cancelled;
             }
-            if self.tokenizer.is_eog(tok) {
+            if !req.ignore_eos && self.tokenizer.is_eog(tok) {
                 break StopReason::Eog;
             }
             if generated >= req.max_tokens {
@@ -188,6 +188,7 @@ impl ShardedGenerator {
             prompt: prompt.to_vec(),
             max_tokens: 1,
             sampling: Default::default(),
+            ignore_eos: false,
         };
         let start = Instant::now();
         self.prefill(0, prompt, &req)?;

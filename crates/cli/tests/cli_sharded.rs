@@ -1,0 +1,305 @@
+//! End-to-end tests of sharded runs: `strata run --ranks N` starts real worker processes that
+//! load only their shard of the real model and talk over real shared memory or TCP. Greedy (and
+//! seeded sampled) output must be exactly the single-process output, for every strategy and
+//! both transports; a killed worker must end the run with a clear error, quickly, leaving no
+//! process behind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PROMPT: &str = "Explain in two sentences why the sky is blue.";
+
+fn ensure(model: &str) {
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure(model)
+        .expect("model");
+}
+
+fn strata(args: &[&str]) -> Output {
+    ensure("smollm2-135m-instruct");
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running strata")
+}
+
+fn text(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn run(extra: &[&str], prompt: &str, n: &str) -> Output {
+    let mut args = vec![
+        "run",
+        "--numerics",
+        "avx512",
+        "--max-tokens",
+        n,
+        "--ignore-eos",
+    ];
+    args.extend_from_slice(extra);
+    args.push(prompt);
+    strata(&args)
+}
+
+#[test]
+fn greedy_output_matches_one_process_for_every_strategy_and_transport() {
+    let want = text(&run(&["--threads", "1"], PROMPT, "64"), "single process");
+    assert!(want.len() > 100, "{want}");
+    let configs: &[&[&str]] = &[
+        &["--ranks", "2", "--strategy", "tensor", "--transport", "shm"],
+        &["--ranks", "2", "--strategy", "tensor", "--transport", "tcp"],
+        // Uneven: rank 0 gets two of the three KV heads and three quarters of the rest.
+        &[
+            "--ranks",
+            "2",
+            "--strategy",
+            "tensor",
+            "--rank-weights",
+            "3,1",
+        ],
+        &["--ranks", "3", "--strategy", "tensor", "--transport", "tcp"],
+        &[
+            "--ranks",
+            "3",
+            "--strategy",
+            "tensor",
+            "--rank-weights",
+            "1,2,1",
+        ],
+        &[
+            "--ranks",
+            "2",
+            "--strategy",
+            "pipeline",
+            "--transport",
+            "shm",
+        ],
+        &[
+            "--ranks",
+            "2",
+            "--strategy",
+            "pipeline",
+            "--transport",
+            "tcp",
+            "--rank-weights",
+            "1,3",
+        ],
+        &[
+            "--ranks",
+            "3",
+            "--strategy",
+            "pipeline",
+            "--transport",
+            "tcp",
+        ],
+        &["--ranks", "4", "--strategy", "hybrid", "--tp-size", "2"],
+    ];
+    for c in configs {
+        let mut args = c.to_vec();
+        args.extend(["--threads-per-rank", "1"]);
+        let got = text(&run(&args, PROMPT, "64"), &c.join(" "));
+        assert_eq!(got, want, "{}", c.join(" "));
+    }
+}
+
+#[test]
+fn long_prompts_prefill_in_chunks_across_ranks() {
+    // Over 512 tokens: prefill takes two steps through every rank.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(70);
+    let want = text(&run(&["--threads", "1", "--raw"], &long, "16"), "single");
+    for c in [["--strategy", "tensor"], ["--strategy", "pipeline"]] {
+        let mut args = vec!["--raw", "--ranks", "2", "--threads-per-rank", "1"];
+        args.extend(c);
+        assert_eq!(text(&run(&args, &long, "16"), c[1]), want, "{}", c[1]);
+    }
+}
+
+#[test]
+fn seeded_sampling_with_penalties_matches_one_process() {
+    let sampling = [
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--repeat-penalty",
+        "1.2",
+        "--seed",
+        "11",
+    ];
+    let mut single = vec!["--threads", "1"];
+    single.extend(sampling);
+    let want = text(&run(&single, PROMPT, "48"), "single");
+    for extra in [["--strategy", "tensor"], ["--strategy", "pipeline"]] {
+        let mut args = vec!["--ranks", "2", "--threads-per-rank", "1"];
+        args.extend(extra);
+        args.extend(sampling);
+        assert_eq!(
+            text(&run(&args, PROMPT, "48"), extra[1]),
+            want,
+            "{}",
+            extra[1]
+        );
+    }
+}
+
+#[test]
+fn gemma_runs_as_a_pipeline() {
+    ensure("gemma3-270m");
+    let base = [
+        "run",
+        "-m",
+        "gemma3-270m",
+        "--numerics",
+        "avx2",
+        "-n",
+        "32",
+        "--ignore-eos",
+        "--raw",
+    ];
+    let mut single: Vec<&str> = base.to_vec();
+    single.extend(["--threads", "1", PROMPT]);
+    let want = text(&strata(&single), "single");
+    let mut piped: Vec<&str> = base.to_vec();
+    piped.extend([
+        "--ranks",
+        "2",
+        "--strategy",
+        "pipeline",
+        "--transport",
+        "tcp",
+        PROMPT,
+    ]);
+    assert_eq!(text(&strata(&piped), "pipeline"), want);
+    // One KV head cannot be split: a clear error, not a crash.
+    let mut tp: Vec<&str> = base.to_vec();
+    tp.extend(["--ranks", "2", "--strategy", "tensor", PROMPT]);
+    let out = strata(&tp);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("KV heads"), "{err}");
+}
+
+#[test]
+fn impossible_plans_are_refused_clearly() {
+    for (args, needle) in [
+        (vec!["--ranks", "4", "--strategy", "tensor"], "KV heads"),
+        (
+            vec!["--ranks", "3", "--strategy", "hybrid", "--tp-size", "2"],
+            "stages",
+        ),
+        (vec!["--ranks", "2", "--rank-weights", "1,0"], "weights"),
+        (vec!["--ranks", "2", "--link-latency", "fast"], "fast"),
+    ] {
+        let out = run(&args, PROMPT, "4");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// Worker processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // The parent pid is the second field after the parenthesised command name.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_killed_worker_ends_the_run_quickly_and_cleanly() {
+    ensure("smollm2-135m-instruct");
+    for transport in ["shm", "tcp"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args([
+                "run",
+                "--ranks",
+                "3",
+                "--strategy",
+                "tensor",
+                "--transport",
+                transport,
+                "--threads-per-rank",
+                "1",
+                "--ignore-eos",
+                "-n",
+                "100000",
+                "--ctx-size",
+                "8192",
+                PROMPT,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until tokens flow, so the kill lands mid-generation.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 16];
+        stdout.read_exact(&mut first).unwrap();
+        let workers = children_of(child.id());
+        assert_eq!(workers.len(), 2, "{workers:?}");
+        let victim = workers[1];
+        Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status()
+            .unwrap();
+        let killed = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(10), "rank 0 hangs");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let took = killed.elapsed();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(
+            !status.success(),
+            "{transport}: a broken run must not succeed"
+        );
+        assert!(
+            took < Duration::from_secs(2) + Duration::from_millis(500),
+            "{transport}: {took:?}"
+        );
+        assert!(err.contains("rank"), "{transport}: {err}");
+        assert!(err.contains("incomplete"), "{transport}: {err}");
+        for w in workers {
+            assert!(!alive(w), "{transport}: worker {w} outlived the run");
+        }
+    }
+}
