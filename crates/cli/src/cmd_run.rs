@@ -297,7 +297,16 @@ fn run_on(g: &mut Backend, args: &RunArgs) -> Result<()> {
     println!();
     if args.stats_json {
         let mut v = serde_json::to_value(&stats)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "peak_rss_mb".into(),
+                serde_json::to_value(crate::cmd_shard::peak_rss_mb(None))?,
+            );
+        }
         if let (Backend::Sharded(s), Some(obj)) = (&*g, v.as_object_mut()) {
+            let mut rss = vec![crate::cmd_shard::peak_rss_mb(None)];
+            rss.extend(s.workers.peak_rss_mb());
+            obj.insert("rank_peak_rss_mb".into(), serde_json::to_value(rss)?);
             let plan = s.generator.rank().plan();
             obj.insert("ranks".into(), plan.world().into());
             obj.insert("strategy".into(), serde_json::to_value(plan.strategy)?);

@@ -173,6 +173,28 @@ impl Workers {
     }
 }
 
+impl Workers {
+    /// Peak resident memory of each worker (MB), by rank.
+    pub(crate) fn peak_rss_mb(&self) -> Vec<Option<f64>> {
+        self.children
+            .iter()
+            .map(|(_, c)| peak_rss_mb(Some(c.id())))
+            .collect()
+    }
+}
+
+/// Peak resident memory (VmHWM) of process `pid` (this process for `None`), in MB.
+pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
 impl Drop for Workers {
     fn drop(&mut self) {
         self.reap(Duration::from_secs(2));

@@ -172,6 +172,27 @@ impl GgufFile {
         self.inner.backing.bytes()
     }
 
+    /// Tells the kernel this process will not read `start..start + len` of the file again (its
+    /// contents were copied elsewhere, e.g. repacked), so those pages stop counting towards this
+    /// process's resident memory. Only whole pages inside the range are released; reading them
+    /// later still works (the pages come back from the page cache).
+    pub fn release(&self, start: usize, len: usize) {
+        let Backing::Mmap(map) = &self.inner.backing else {
+            return;
+        };
+        const PAGE: usize = 4096;
+        let first = start.div_ceil(PAGE) * PAGE;
+        let end = (start.saturating_add(len) / PAGE * PAGE).min(map.len());
+        if end > first {
+            // SAFETY: the map is read-only and file-backed, so dropping its pages loses nothing:
+            // a later read faults them back in from the file. No reference into the range is
+            // invalidated, since the mapping itself stays.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+            };
+        }
+    }
+
     /// Total file size in bytes.
     pub fn file_len(&self) -> u64 {
         self.inner.backing.bytes().len() as u64

@@ -113,6 +113,10 @@ impl QMatrix {
         }
         let nb = self.cols / self.ty.block_size();
         let data = Storage::Packed(crate::packed::pack(self.ty, plain.bytes(), self.rows, nb));
+        // The mapped original is never read again: let its pages go from this process.
+        if let WeightBytes::Mapped { file, start, len } = plain {
+            file.release(*start, *len);
+        }
         QMatrix { data, ..self }
     }
 
