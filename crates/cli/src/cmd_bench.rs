@@ -25,6 +25,9 @@ pub(crate) struct BenchArgs {
 enum BenchCmd {
     /// Single-node prefill and decode tok/s against llama.cpp and the memory roofline.
     Engine(EngineArgs),
+    /// Sharded speed: 1 process vs 2 ranks (tensor, pipeline; shm, tcp), a link-latency sweep,
+    /// and llama.cpp's RPC backend.
+    Scaling(crate::cmd_bench_scaling::ScalingArgs),
 }
 
 /// `strata bench engine`.
@@ -60,6 +63,7 @@ pub(crate) struct EngineArgs {
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Engine(a) => engine(a),
+        BenchCmd::Scaling(a) => crate::cmd_bench_scaling::scaling(a),
     }
 }
 
@@ -72,7 +76,7 @@ struct Row {
     roofline: Option<f64>,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {
@@ -83,7 +87,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// Deterministic pseudo-random token ids below `vocab` (llama-bench also feeds random ids).
-fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+pub(crate) fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed.max(1);
     (0..n)
         .map(|_| {
@@ -134,7 +138,15 @@ fn engine(a: EngineArgs) -> Result<()> {
         }
         drop(g);
         let theirs = match &llama {
-            Some(exe) => Some(run_llama_bench(exe, &path, t, a.pp, a.tg, a.repetitions)?),
+            Some(exe) => Some(run_llama_bench(
+                exe,
+                &path,
+                t,
+                a.pp,
+                a.tg,
+                a.repetitions,
+                &[],
+            )?),
             None => None,
         };
         rows.push(Row {
@@ -208,7 +220,7 @@ fn engine(a: EngineArgs) -> Result<()> {
     Ok(())
 }
 
-fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = given {
         return Some(p.to_path_buf());
     }
@@ -229,17 +241,19 @@ fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// Runs llama-bench once for `threads` and returns its mean (pp, tg) tok/s.
-fn run_llama_bench(
+pub(crate) fn run_llama_bench(
     exe: &Path,
     model: &Path,
     threads: usize,
     pp: usize,
     tg: usize,
     reps: usize,
+    extra: &[String],
 ) -> Result<(f64, f64)> {
     let out = Command::new(exe)
         .arg("-m")
         .arg(model)
+        .args(extra)
         .args(["-p", &pp.to_string(), "-n", &tg.to_string()])
         .args(["-t", &threads.to_string(), "-r", &reps.to_string()])
         .args(["-o", "json"])

@@ -4,9 +4,11 @@
 //! `anyhow`, and every error reaches the user as one line on stderr with a non-zero exit.
 
 mod cmd_bench;
+mod cmd_bench_scaling;
 mod cmd_models;
 mod cmd_run;
 mod cmd_shard;
+mod cmd_synth;
 
 use std::process::ExitCode;
 
@@ -30,6 +32,8 @@ enum Command {
     Models(cmd_models::ModelsArgs),
     /// Measure speed (side by side with llama.cpp where it is installed).
     Bench(cmd_bench::BenchArgs),
+    /// Write a random-weight Llama GGUF of chosen dimensions (for scaling benchmarks).
+    Synth(cmd_synth::SynthArgs),
     /// Serve as one rank of a sharded model, joining rank 0 (`strata run --listen`).
     Worker(cmd_shard::WorkerArgs),
 }
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Command::Models(args) => cmd_models::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Worker(args) => cmd_shard::worker(args),
+        Command::Synth(args) => cmd_synth::synth(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,8 +4,9 @@
 //! Ranks are ordered stage by stage: stage 0's tensor-parallel group first (rank 0 is always in
 //! it), then stage 1's, and so on. Splits follow each rank's weight (its relative memory or
 //! speed) and are measured in bytes of weights actually streamed per token, so a stage that also
-//! holds the LM head (a third of SmolLM2's bytes) gets fewer layers, and a rank with fewer
-//! attention heads (3 KV heads split 2 + 1) gets more FFN columns to even out.
+//! holds the LM head (a third of SmolLM2's bytes) gets fewer layers. Within a tensor-parallel
+//! group every dimension is split by weight on its own, since each stretch of work between two
+//! exchanges must be balanced by itself.
 
 use std::ops::Range;
 
@@ -108,20 +109,9 @@ impl Plan {
     }
 }
 
-/// Bytes of weights per unit of each dimension, averaged over layers.
+/// Bytes of weights streamed per token: each layer's, and the LM head's.
 struct Costs {
-    /// Per layer (all of it).
     layer: Vec<f64>,
-    /// Per KV head (with its query heads) within a layer, excluding the output projection.
-    kv_head: f64,
-    /// Per FFN column (gate and up rows).
-    ffn_col: f64,
-    /// Per output-projection slice unit: with gather, per model-width row of attn_output and
-    /// ffn_down; with reduce, per KV head and per FFN column of their columns.
-    out_row: f64,
-    out_per_kv_head: f64,
-    out_per_ffn_col: f64,
-    /// The whole LM head.
     head: f64,
 }
 
@@ -129,13 +119,6 @@ fn costs(file: &GgufFile, cfg: &ModelConfig) -> Costs {
     let bytes = |name: &str| {
         file.tensor(name)
             .map_or(0.0, |t| (t.n_rows() * t.row_bytes()) as f64)
-    };
-    let nl = cfg.n_layer as f64;
-    let sum = |s: &str| {
-        (0..cfg.n_layer)
-            .map(|l| bytes(&format!("blk.{l}.{s}.weight")))
-            .sum::<f64>()
-            / nl
     };
     let layer = (0..cfg.n_layer)
         .map(|l| {
@@ -158,16 +141,7 @@ fn costs(file: &GgufFile, cfg: &ModelConfig) -> Costs {
     } else {
         bytes("output.weight")
     };
-    let (wo, down) = (sum("attn_output"), sum("ffn_down"));
-    Costs {
-        layer,
-        kv_head: (sum("attn_q") + sum("attn_k") + sum("attn_v")) / cfg.n_head_kv as f64,
-        ffn_col: (sum("ffn_gate") + sum("ffn_up")) / cfg.n_ff as f64,
-        out_row: (wo + down) / cfg.n_embd as f64,
-        out_per_kv_head: wo / cfg.n_head_kv as f64,
-        out_per_ffn_col: down / cfg.n_ff as f64,
-        head,
-    }
+    Costs { layer, head }
 }
 
 /// Splits `0..total` into `weights.len()` contiguous, non-empty ranges proportional to
@@ -260,32 +234,10 @@ pub fn make_plan(
             CombineStyle::Gather => split(cfg.n_embd, &gw, 32)?,
             CombineStyle::Reduce => vec![0..cfg.n_embd; group.len()],
         };
-        // Give FFN columns where attention (and, on the last stage, the LM head) left room.
-        let total_w: f64 = gw.iter().sum();
-        let fixed: Vec<f64> = (0..group.len())
-            .map(|i| {
-                let heads = kv[i].len() as f64;
-                let out = match style {
-                    CombineStyle::Gather => embd[i].len() as f64 * c.out_row,
-                    CombineStyle::Reduce => heads * c.out_per_kv_head,
-                };
-                heads * c.kv_head + out
-            })
-            .collect();
-        let ffn_unit = c.ffn_col
-            + match style {
-                CombineStyle::Gather => 0.0,
-                CombineStyle::Reduce => c.out_per_ffn_col,
-            };
-        let layer_total = fixed.iter().sum::<f64>() + ffn_unit * cfg.n_ff as f64;
-        let room: Vec<f64> = (0..group.len())
-            .map(|i| (layer_total * gw[i] / total_w - fixed[i]).max(ffn_unit * 32.0))
-            .collect();
-        let ffn = if group.len() == 1 {
-            std::iter::once(0..cfg.n_ff).collect()
-        } else {
-            split(cfg.n_ff, &room, 32)?
-        };
+        // Each stretch of work between two exchanges is balanced on its own: a rank that
+        // finishes early only waits at the next exchange, so evening out totals across
+        // stretches (more FFN columns for the rank with fewer heads) would not help.
+        let ffn = split(cfg.n_ff, &gw, 32)?;
         for i in 0..group.len() {
             ranks.push(RankPlan {
                 stage: s,

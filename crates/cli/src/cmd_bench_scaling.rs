@@ -1,0 +1,426 @@
+//! `strata bench scaling`: how decoding and prefill speed change as a model is split across
+//! ranks, over shared memory and TCP, and as the link gets slower.
+//!
+//! Every configuration runs in one go, side by side: one process with 1 and with 2 threads (the
+//! baselines), 2 ranks x 1 thread for tensor and pipeline parallelism over each transport, a
+//! sweep of emulated link latencies, pipeline throughput with several sequences in flight, and
+//! (where llama.cpp's tools are installed) llama.cpp alone and llama.cpp's RPC backend with two
+//! single-threaded servers. Figures are medians of several repetitions; read the ratios, which
+//! are measured under the same machine state, rather than the absolute numbers.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use strata_engine::Generator;
+
+use crate::cmd_bench::{find_llama_bench, median, random_tokens, run_llama_bench};
+use crate::cmd_shard::{CombineArg, ShardOpts, StrategyArg, TransportArg};
+
+/// `strata bench scaling`.
+#[derive(Debug, Args)]
+pub(crate) struct ScalingArgs {
+    /// Model id from the catalog or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// Prompt tokens of the prefill test.
+    #[arg(long, default_value_t = 128)]
+    pp: usize,
+    /// Generated tokens of the decode test.
+    #[arg(long, default_value_t = 64)]
+    tg: usize,
+    /// Repetitions per test; the median is reported.
+    #[arg(long, short = 'r', default_value_t = 3)]
+    repetitions: usize,
+    /// Emulated link latencies of the sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = ["0".to_string(), "10us".into(), "50us".into(), "300us".into(), "1ms".into()])]
+    latencies: Vec<String>,
+    /// Sequences in flight for the pipeline throughput test.
+    #[arg(long, default_value_t = 2)]
+    seqs: usize,
+    /// How tensor-parallel ranks combine results.
+    #[arg(long, value_enum, default_value_t = CombineArg::Gather)]
+    tp_combine: CombineArg,
+    /// Path of llama.cpp's `llama-bench` (found as for `strata bench engine`).
+    #[arg(long)]
+    llama_bench: Option<PathBuf>,
+    /// Measure strata only.
+    #[arg(long)]
+    no_llama: bool,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One measured configuration.
+#[derive(Debug, Serialize)]
+struct Row {
+    config: String,
+    ranks: usize,
+    threads_per_rank: usize,
+    strategy: String,
+    transport: String,
+    latency_us: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    /// Rank 0's time inside exchanges per decoded token, and its share of the token time.
+    comm_us_per_token: Option<f64>,
+    comm_share: Option<f64>,
+}
+
+struct Ctx<'a> {
+    a: &'a ScalingArgs,
+    path: &'a Path,
+    prompt: Vec<u32>,
+    gen_tokens: Vec<u32>,
+}
+
+impl Ctx<'_> {
+    fn local(&self, threads: usize) -> Result<Row> {
+        let a = self.a;
+        let mut g = Generator::load(self.path, threads, Some(a.pp + a.tg + 8))?;
+        g.time_prefill(&self.prompt)?;
+        g.time_decode(&self.gen_tokens, a.tg.min(16))?;
+        let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        for _ in 0..a.repetitions {
+            pp.push(a.pp as f64 / g.time_prefill(&self.prompt)?.as_secs_f64().max(1e-9));
+            tg.push(
+                a.tg as f64
+                    / g.time_decode(&self.gen_tokens, a.tg)?
+                        .as_secs_f64()
+                        .max(1e-9),
+            );
+        }
+        Ok(Row {
+            config: format!(
+                "1 process x {threads} thread{}",
+                if threads > 1 { "s" } else { "" }
+            ),
+            ranks: 1,
+            threads_per_rank: threads,
+            strategy: "-".into(),
+            transport: "-".into(),
+            latency_us: 0.0,
+            prefill_tok_s: median(&pp),
+            decode_tok_s: median(&tg),
+            comm_us_per_token: None,
+            comm_share: None,
+        })
+    }
+
+    fn sharded(
+        &self,
+        strategy: StrategyArg,
+        transport: TransportArg,
+        latency: Duration,
+        seqs: usize,
+    ) -> Result<(Row, Option<f64>)> {
+        let a = self.a;
+        let opts = ShardOpts {
+            ranks: 2,
+            strategy,
+            tp_size: 2,
+            tp_combine: a.tp_combine,
+            transport,
+            link_latency: Some(latency),
+            link_bandwidth: None,
+            threads_per_rank: Some(1),
+            rank_weights: None,
+            listen: None,
+        };
+        let session = crate::cmd_shard::launch(
+            self.path,
+            &opts,
+            Some(a.pp + a.tg + 8),
+            seqs.max(1),
+            strata_kernels::attn::Flavour::native(),
+        )?;
+        let mut session = session;
+        let result = (|| -> Result<(Row, Option<f64>)> {
+            let g = &mut session.generator;
+            g.time_prefill(&self.prompt)?;
+            g.time_decode(&self.gen_tokens, a.tg.min(16))?;
+            let (mut pp, mut tg, mut comm) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..a.repetitions {
+                pp.push(a.pp as f64 / g.time_prefill(&self.prompt)?.as_secs_f64().max(1e-9));
+                let (t, c) = g.time_decode(&self.gen_tokens, a.tg)?;
+                tg.push(a.tg as f64 / t.as_secs_f64().max(1e-9));
+                comm.push((
+                    c.as_secs_f64() * 1e6 / a.tg as f64,
+                    c.as_secs_f64() / t.as_secs_f64(),
+                ));
+            }
+            let batch = if seqs > 1 {
+                let mut v = Vec::new();
+                for _ in 0..a.repetitions {
+                    let t = g.time_decode_batch(&self.gen_tokens, seqs, a.tg)?;
+                    v.push((seqs * a.tg) as f64 / t.as_secs_f64().max(1e-9));
+                }
+                Some(median(&v))
+            } else {
+                None
+            };
+            let strategy = match strategy {
+                StrategyArg::Tensor => "tensor",
+                StrategyArg::Pipeline => "pipeline",
+                StrategyArg::Hybrid => "hybrid",
+            };
+            let transport = match transport {
+                TransportArg::Shm => "shm",
+                TransportArg::Tcp => "tcp",
+            };
+            let latency_us = latency.as_secs_f64() * 1e6;
+            Ok((
+                Row {
+                    config: format!(
+                        "2 ranks x 1 thread, {strategy}, {transport}, +{latency_us:.0} us"
+                    ),
+                    ranks: 2,
+                    threads_per_rank: 1,
+                    strategy: strategy.into(),
+                    transport: transport.into(),
+                    latency_us,
+                    prefill_tok_s: median(&pp),
+                    decode_tok_s: median(&tg),
+                    comm_us_per_token: Some(median(&comm.iter().map(|c| c.0).collect::<Vec<_>>())),
+                    comm_share: Some(median(&comm.iter().map(|c| c.1).collect::<Vec<_>>())),
+                },
+                batch,
+            ))
+        })();
+        match result {
+            Ok(r) => {
+                session.close()?;
+                Ok(r)
+            }
+            Err(e) => Err(session.fail(e)),
+        }
+    }
+}
+
+/// Two ggml RPC servers with one thread each, stopped on drop.
+struct RpcServers(Vec<Child>);
+
+impl Drop for RpcServers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_rpc_servers(exe: &Path) -> Result<(RpcServers, String)> {
+    let mut servers = RpcServers(Vec::new());
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(exe)
+            .args(["-t", "1", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        servers.0.push(child);
+        addrs.push(format!("127.0.0.1:{port}"));
+    }
+    // Give the servers a moment to listen.
+    for a in &addrs {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(a).is_err() {
+            if std::time::Instant::now() > deadline {
+                bail!("the RPC server at {a} did not start");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok((servers, addrs.join(",")))
+}
+
+pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
+    if a.pp == 0 || a.tg == 0 || a.repetitions == 0 {
+        bail!("--pp, --tg and --repetitions must be at least 1");
+    }
+    let latencies = a
+        .latencies
+        .iter()
+        .map(|s| strata_net::parse_latency(s).map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?;
+    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let vocab = {
+        let f = strata_gguf::GgufFile::open(&path)?;
+        strata_engine::ModelConfig::from_gguf(&f)?.n_vocab
+    };
+    let ctx = Ctx {
+        a: &a,
+        path: &path,
+        prompt: random_tokens(a.pp, vocab, 42),
+        gen_tokens: random_tokens(a.tg, vocab, 7),
+    };
+    let progress = |what: &str| {
+        if !a.json {
+            eprintln!("measuring {what}");
+        }
+    };
+    let mut rows = Vec::new();
+    progress("1 process");
+    rows.push(ctx.local(1)?);
+    rows.push(ctx.local(2)?);
+    let mut throughput = None;
+    for strategy in [StrategyArg::Tensor, StrategyArg::Pipeline] {
+        for transport in [TransportArg::Shm, TransportArg::Tcp] {
+            progress(&format!("{strategy:?} over {transport:?}"));
+            let seqs = if matches!(strategy, StrategyArg::Pipeline)
+                && matches!(transport, TransportArg::Shm)
+            {
+                a.seqs
+            } else {
+                1
+            };
+            let (row, batch) = ctx.sharded(strategy, transport, Duration::ZERO, seqs)?;
+            if let Some(b) = batch {
+                throughput = Some((seqs, b, row.decode_tok_s));
+            }
+            rows.push(row);
+        }
+    }
+    let mut sweep = Vec::new();
+    for &l in latencies.iter().filter(|l| !l.is_zero()) {
+        for strategy in [StrategyArg::Tensor, StrategyArg::Pipeline] {
+            progress(&format!("{strategy:?} over shm +{l:?}"));
+            sweep.push(ctx.sharded(strategy, TransportArg::Shm, l, 1)?.0);
+        }
+    }
+
+    // llama.cpp alone and over its RPC backend, where installed.
+    let llama = if a.no_llama {
+        None
+    } else {
+        find_llama_bench(a.llama_bench.as_deref())
+    };
+    let mut llama_rows = Vec::new();
+    if let Some(exe) = &llama {
+        progress("llama.cpp");
+        let (pp, tg) = run_llama_bench(exe, &path, 1, a.pp, a.tg, a.repetitions, &[])?;
+        llama_rows.push(
+            json!({"config": "llama.cpp, 1 thread", "prefill_tok_s": pp, "decode_tok_s": tg}),
+        );
+        let rpc = exe.with_file_name("ggml-rpc-server");
+        if rpc.is_file() {
+            progress("llama.cpp RPC");
+            let (_servers, list) = start_rpc_servers(&rpc)?;
+            let extra = ["-rpc".to_string(), list, "-ngl".into(), "99".into()];
+            let (pp, tg) = run_llama_bench(exe, &path, 1, a.pp, a.tg, a.repetitions, &extra)?;
+            llama_rows.push(json!({"config": "llama.cpp RPC, 2 servers x 1 thread, tcp", "prefill_tok_s": pp, "decode_tok_s": tg}));
+        }
+    }
+
+    let base1 = rows[0].decode_tok_s;
+    let base2 = rows[1].decode_tok_s;
+    let pp1 = rows[0].prefill_tok_s;
+    let all_rows: Vec<&Row> = rows.iter().chain(sweep.iter()).collect();
+    // The latency at which tensor parallelism stops beating pipeline parallelism.
+    let mut crossover = None;
+    let mut by_latency: Vec<(f64, f64, f64)> = Vec::new();
+    for l in std::iter::once(0.0).chain(
+        latencies
+            .iter()
+            .filter(|l| !l.is_zero())
+            .map(|l| l.as_secs_f64() * 1e6),
+    ) {
+        let find = |s: &str| {
+            all_rows
+                .iter()
+                .find(|r| {
+                    r.strategy == s && r.transport == "shm" && (r.latency_us - l).abs() < 1e-6
+                })
+                .map(|r| r.decode_tok_s)
+        };
+        if let (Some(t), Some(p)) = (find("tensor"), find("pipeline")) {
+            by_latency.push((l, t, p));
+            if crossover.is_none() && t < p {
+                crossover = Some(l);
+            }
+        }
+    }
+    let rpc_tg = llama_rows.get(1).and_then(|r| r["decode_tok_s"].as_f64());
+    let tensor_shm = rows
+        .iter()
+        .find(|r| r.strategy == "tensor" && r.transport == "shm");
+    let tensor_tcp = rows
+        .iter()
+        .find(|r| r.strategy == "tensor" && r.transport == "tcp");
+    let summary = json!({
+        "tensor_shm_decode_speedup_vs_1x1": tensor_shm.map(|r| r.decode_tok_s / base1),
+        "tensor_tcp_decode_speedup_vs_1x1": tensor_tcp.map(|r| r.decode_tok_s / base1),
+        "tensor_shm_prefill_speedup_vs_1x1": tensor_shm.map(|r| r.prefill_tok_s / pp1),
+        "tensor_shm_efficiency_vs_1x2": tensor_shm.map(|r| r.decode_tok_s / base2),
+        "tensor_shm_comm_share": tensor_shm.and_then(|r| r.comm_share),
+        "tensor_tcp_vs_llama_rpc": tensor_tcp.zip(rpc_tg).map(|(r, l)| r.decode_tok_s / l),
+        "pipeline_throughput": throughput.map(|(s, b, single)| json!({"sequences": s, "tok_s": b, "single_stream_tok_s": single})),
+        "tensor_beats_pipeline_until_us": by_latency.iter().take_while(|x| x.1 >= x.2).last().map(|x| x.0),
+        "pipeline_wins_from_us": crossover,
+    });
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "model": path.display().to_string(),
+                "pp": a.pp,
+                "tg": a.tg,
+                "repetitions": a.repetitions,
+                "rows": all_rows,
+                "llama_cpp": llama_rows,
+                "summary": summary,
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "model {}: pp{} / tg{}, median of {} runs",
+        path.display(),
+        a.pp,
+        a.tg,
+        a.repetitions
+    );
+    println!(
+        "| configuration | prefill tok/s | decode tok/s | decode vs 1x1 | comm us/token | comm share |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for r in &all_rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2}x | {} | {} |",
+            r.config,
+            r.prefill_tok_s,
+            r.decode_tok_s,
+            r.decode_tok_s / base1,
+            r.comm_us_per_token
+                .map_or("-".into(), |c| format!("{c:.0}")),
+            r.comm_share
+                .map_or("-".into(), |c| format!("{:.1} %", c * 100.0)),
+        );
+    }
+    for r in &llama_rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2}x | - | - |",
+            r["config"].as_str().unwrap_or("?"),
+            r["prefill_tok_s"].as_f64().unwrap_or(0.0),
+            r["decode_tok_s"].as_f64().unwrap_or(0.0),
+            r["decode_tok_s"].as_f64().unwrap_or(0.0) / base1,
+        );
+    }
+    if let Some((s, b, single)) = throughput {
+        println!(
+            "\npipeline, shm, {s} sequences in flight: {b:.1} tok/s in total ({:.2}x one stream)",
+            b / single
+        );
+    }
+    println!("\n{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
