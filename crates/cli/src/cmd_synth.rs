@@ -49,8 +49,10 @@ pub(crate) struct SynthArgs {
 #[allow(non_camel_case_types)]
 pub(crate) enum WeightType {
     /// 4-bit, 32-element blocks.
+    #[value(name = "q4_0")]
     Q4_0,
     /// 8-bit, 32-element blocks.
+    #[value(name = "q8_0")]
     Q8_0,
 }
 

@@ -303,3 +303,129 @@ fn a_killed_worker_ends_the_run_quickly_and_cleanly() {
         }
     }
 }
+
+#[test]
+fn a_synthetic_model_shards_identically_four_ways() {
+    ensure("smollm2-135m-instruct");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("synthetic.gguf");
+    let model = model.to_str().unwrap();
+    let out = strata(&[
+        "synth",
+        "-o",
+        model,
+        "--layers",
+        "4",
+        "--embd",
+        "256",
+        "--ff",
+        "768",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "4",
+        "--type",
+        "q8_0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base = ["run", "-m", model, "--raw", "-n", "24", "--ignore-eos"];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        a.push("synthetic weights");
+        text(&strata(&a), &extra.join(" "))
+    };
+    let want = with(&["--threads", "1"]);
+    for c in [
+        &[
+            "--ranks",
+            "4",
+            "--strategy",
+            "tensor",
+            "--threads-per-rank",
+            "1",
+        ][..],
+        &[
+            "--ranks",
+            "3",
+            "--strategy",
+            "pipeline",
+            "--transport",
+            "tcp",
+        ][..],
+        &[
+            "--ranks",
+            "2",
+            "--strategy",
+            "tensor",
+            "--rank-weights",
+            "1,3",
+        ][..],
+    ] {
+        assert_eq!(with(c), want, "{}", c.join(" "));
+    }
+}
+
+#[test]
+fn hand_started_workers_join_with_the_token_and_strangers_are_refused() {
+    ensure("smollm2-135m-instruct");
+    let want = text(&run(&["--threads", "1"], PROMPT, "24"), "single");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let rank0 = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "run",
+            "--numerics",
+            "avx512",
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--ranks",
+            "2",
+            "--listen",
+            &addr,
+            PROMPT,
+        ])
+        .env("STRATA_TOKEN", "s3cret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let worker = |token: &str| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args([
+                "worker",
+                "--coordinator",
+                &addr,
+                "--rank",
+                "1",
+                "--world",
+                "2",
+            ])
+            .env("STRATA_TOKEN", token)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let stranger = worker("guess");
+    assert!(!stranger.status.success());
+    let err = String::from_utf8_lossy(&stranger.stderr);
+    assert!(err.contains("token"), "{err}");
+    let honest = worker("s3cret");
+    assert!(
+        honest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&honest.stderr)
+    );
+    let out = rank0.wait_with_output().unwrap();
+    assert_eq!(text(&out, "rank 0"), want);
+}
