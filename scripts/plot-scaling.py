@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Draws the plots of BENCHMARKS.md from `strata bench scaling --json` output.
+
+Usage: python3 scripts/plot-scaling.py RESULT.json [MORE.json ...] OUT_DIR
+Each JSON file is one run (e.g. SmolLM2 and a synthetic 1B model); needs matplotlib.
+Writes OUT_DIR/scaling-configs.png (decode and prefill tok/s per configuration, relative to one
+process with one thread) and OUT_DIR/scaling-latency.png (tensor vs pipeline decode speed as the
+emulated link latency grows).
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def label(path, run):
+    name = os.path.basename(run["model"]).replace(".gguf", "")
+    return name
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    runs = [(p, json.load(open(p))) for p in sys.argv[1:-1]]
+    out = sys.argv[-1]
+    os.makedirs(out, exist_ok=True)
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(7 * len(runs), 4.5), squeeze=False)
+    for ax, (p, run) in zip(axes[0], runs):
+        rows = [r for r in run["rows"] if r["latency_us"] == 0]
+        base = rows[0]
+        names = [r["config"].replace(", +0 us", "") for r in rows]
+        names += [r["config"] for r in run.get("llama_cpp", [])]
+        dec = [r["decode_tok_s"] / base["decode_tok_s"] for r in rows]
+        dec += [r["decode_tok_s"] / base["decode_tok_s"] for r in run.get("llama_cpp", [])]
+        pre = [r["prefill_tok_s"] / base["prefill_tok_s"] for r in rows]
+        pre += [r["prefill_tok_s"] / base["prefill_tok_s"] for r in run.get("llama_cpp", [])]
+        y = range(len(names))
+        ax.barh([i + 0.2 for i in y], dec, height=0.4, label="decode")
+        ax.barh([i - 0.2 for i in y], pre, height=0.4, label="prefill")
+        ax.set_yticks(list(y), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("speed relative to 1 process x 1 thread")
+        ax.set_title(label(p, run), fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scaling-configs.png"), dpi=110)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p, run in runs:
+        for strategy, style in (("tensor", "-o"), ("pipeline", "--s")):
+            pts = sorted(
+                (r["latency_us"], r["decode_tok_s"])
+                for r in run["rows"]
+                if r["strategy"] == strategy and r["transport"] == "shm"
+            )
+            xs = [max(x, 1.0) for x, _ in pts]
+            ax.plot(xs, [v for _, v in pts], style, label=f"{label(p, run)}, {strategy}")
+    ax.set_xscale("log")
+    ax.set_xlabel("emulated one-way link latency, us (0 drawn at 1)")
+    ax.set_ylabel("decode tok/s, 2 ranks x 1 thread")
+    ax.set_title("Tensor vs pipeline parallelism as links slow down")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scaling-latency.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()
