@@ -204,7 +204,7 @@ impl Model {
     pub fn new_cache(&self, n_ctx: usize) -> Result<KvCache> {
         KvCache::new(
             self.spec.layers.len(),
-            self.spec.kv_heads.len(),
+            self.spec.kv_heads(&self.cfg).len(),
             n_ctx,
             self.cfg.head_dim,
         )
@@ -336,6 +336,8 @@ impl Model {
         let n_q = lw.wq.rows() / hd;
         let n_kv = lw.wk.rows() / hd;
         let group = cfg.group();
+        let q0 = self.spec.q_heads.start;
+        let kv0 = q0 / group;
         let half = cfg.rope_dims / 2;
 
         grow(&mut s.xn, n * e);
@@ -449,7 +451,8 @@ impl Model {
                 }
                 let (h, tt) = (u % n_q, u / n_q);
                 let t = t_first + tt;
-                let kvh = h / group;
+                // The cache holds this shard's KV heads, from the one its first query head reads.
+                let kvh = (q0 + h) / group - kv0;
                 let len = pos0 + t + 1;
                 let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
                 // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
@@ -615,7 +618,7 @@ impl Model {
         let cfg = &self.cfg;
         match &self.spec.combine {
             crate::Combine::Gather { embd } => CombineMode {
-                gather_heads: self.spec.kv_heads != (0..cfg.n_head_kv),
+                gather_heads: self.spec.q_heads != (0..cfg.n_head),
                 gather_ffn: self.spec.ffn != (0..cfg.n_ff),
                 gather_embd: *embd != (0..cfg.n_embd),
                 reduce: false,

@@ -1,8 +1,11 @@
 //! Which part of a model one worker owns.
 //!
 //! A shard is a pipeline stage (a layer range) and, within it, a tensor-parallel slice: a range of
-//! key/value head groups (with their query heads), a range of FFN columns, and a range of
-//! vocabulary rows for the LM head. Slices need not be even, so 3 KV heads can split 2 + 1.
+//! query heads (with the key/value heads they read), a range of FFN columns, and a range of
+//! vocabulary rows for the LM head. Slices need not be even, and a key/value head whose query
+//! heads fall on two ranks is computed on both (cheap: it is one head of K and V), so SmolLM2's
+//! 9 query heads over 3 KV heads split 5 + 4, and Gemma 3 270M's 4 query heads over its single
+//! KV head split at all.
 //! The single-process engine runs the full shard.
 //!
 //! Tensor-parallel ranks combine their work in one of two ways ([`Combine`]). `Gather` keeps
@@ -22,8 +25,8 @@ use crate::{Error, ModelConfig, Result};
 pub struct ShardSpec {
     /// Decoder layers this stage runs.
     pub layers: Range<usize>,
-    /// Key/value heads (and their query-head groups) this rank owns in each layer.
-    pub kv_heads: Range<usize>,
+    /// Query heads this rank owns in each layer (it also computes the key/value heads they use).
+    pub q_heads: Range<usize>,
     /// FFN inner columns this rank owns (a multiple of 32 at both ends, or the full range).
     pub ffn: Range<usize>,
     /// Vocabulary rows of the LM head this rank owns (last stage only).
@@ -50,7 +53,7 @@ impl ShardSpec {
     pub fn full(cfg: &ModelConfig) -> ShardSpec {
         ShardSpec {
             layers: 0..cfg.n_layer,
-            kv_heads: 0..cfg.n_head_kv,
+            q_heads: 0..cfg.n_head,
             ffn: 0..cfg.n_ff,
             vocab: 0..cfg.n_vocab,
             combine: Combine::Gather {
@@ -68,8 +71,8 @@ impl ShardSpec {
         if !ok(&self.layers, cfg.n_layer) {
             return Err(bad("layer", &self.layers, cfg.n_layer));
         }
-        if !ok(&self.kv_heads, cfg.n_head_kv) {
-            return Err(bad("KV head", &self.kv_heads, cfg.n_head_kv));
+        if !ok(&self.q_heads, cfg.n_head) {
+            return Err(bad("query head", &self.q_heads, cfg.n_head));
         }
         if !ok(&self.ffn, cfg.n_ff) {
             return Err(bad("FFN", &self.ffn, cfg.n_ff));
@@ -106,14 +109,15 @@ impl ShardSpec {
         Ok(())
     }
 
-    /// Query heads this rank owns.
-    pub fn q_heads(&self, cfg: &ModelConfig) -> Range<usize> {
-        self.kv_heads.start * cfg.group()..self.kv_heads.end * cfg.group()
+    /// Key/value heads this rank computes: those its query heads read.
+    pub fn kv_heads(&self, cfg: &ModelConfig) -> Range<usize> {
+        let g = cfg.group();
+        self.q_heads.start / g..self.q_heads.end.div_ceil(g)
     }
 
     /// Whether this shard owns the whole width of every layer (no all-reduce needed).
     pub fn is_full_width(&self, cfg: &ModelConfig) -> bool {
-        self.kv_heads == (0..cfg.n_head_kv)
+        self.q_heads == (0..cfg.n_head)
             && self.ffn == (0..cfg.n_ff)
             && match &self.combine {
                 Combine::Gather { embd } => *embd == (0..cfg.n_embd),

@@ -147,10 +147,11 @@ impl Weights {
         let hd = cfg.head_dim;
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let q_rows = {
-            let h = spec.q_heads(cfg);
+            let h = spec.q_heads.clone();
             h.start * hd..h.end * hd
         };
-        let kv_rows = spec.kv_heads.start * hd..spec.kv_heads.end * hd;
+        let kv = spec.kv_heads(cfg);
+        let kv_rows = kv.start * hd..kv.end * hd;
         let kv_width = cfg.n_head_kv * hd;
         let q_width = cfg.q_width();
         let gemma = cfg.kind == crate::Arch::Gemma3;

@@ -92,10 +92,10 @@ impl Plan {
         for (r, rp) in self.ranks.iter().enumerate() {
             let sp = &rp.spec;
             s.push_str(&format!(
-                "rank {r}: stage {} layers {:?} kv-heads {:?} ffn {:?} embd {:?} vocab {}\n",
+                "rank {r}: stage {} layers {:?} query heads {:?} ffn {:?} embd {:?} vocab {}\n",
                 rp.stage,
                 sp.layers,
-                sp.kv_heads,
+                sp.q_heads,
                 sp.ffn,
                 sp.embd_rows(cfg),
                 if sp.is_last_stage(cfg) {
@@ -207,10 +207,10 @@ pub fn make_plan(
             cfg.n_layer
         )));
     }
-    if tp > cfg.n_head_kv {
+    if tp > cfg.n_head {
         return Err(Error::Plan(format!(
-            "{tp}-way tensor parallelism needs at least {tp} KV heads; the model has {}",
-            cfg.n_head_kv
+            "{tp}-way tensor parallelism needs at least {tp} query heads; the model has {}",
+            cfg.n_head
         )));
     }
     let c = costs(file, cfg);
@@ -228,7 +228,7 @@ pub fn make_plan(
     for (s, group) in stages.iter().enumerate() {
         let gw: Vec<f64> = group.iter().map(|&r| w[r]).collect();
         let last = s + 1 == n_stages;
-        let kv = split(cfg.n_head_kv, &gw, 1)?;
+        let heads = split(cfg.n_head, &gw, 1)?;
         let vocab = split(cfg.n_vocab, &gw, 32)?;
         let embd = match style {
             CombineStyle::Gather => split(cfg.n_embd, &gw, 32)?,
@@ -243,7 +243,7 @@ pub fn make_plan(
                 stage: s,
                 spec: ShardSpec {
                     layers: layers[s].clone(),
-                    kv_heads: kv[i].clone(),
+                    q_heads: heads[i].clone(),
                     ffn: ffn[i].clone(),
                     vocab: if last {
                         vocab[i].clone()
@@ -260,12 +260,8 @@ pub fn make_plan(
             });
         }
         let hd = cfg.head_dim;
-        let g = cfg.group();
         parts.push(GroupParts {
-            q: kv
-                .iter()
-                .map(|r| r.start * g * hd..r.end * g * hd)
-                .collect(),
+            q: heads.iter().map(|r| r.start * hd..r.end * hd).collect(),
             ffn,
             embd,
         });

@@ -36,6 +36,8 @@ fn every_strategy_tiles_the_model() {
         (Strategy::Pipeline, 3),
         (Strategy::Hybrid { tp: 2 }, 4),
         (Strategy::Hybrid { tp: 3 }, 6),
+        (Strategy::Tensor, 4),
+        (Strategy::Tensor, 9),
     ] {
         for style in [CombineStyle::Gather, CombineStyle::Reduce] {
             let plan = make_plan(&f, &cfg, strategy, world, None, style).expect("plan");
@@ -49,9 +51,9 @@ fn every_strategy_tiles_the_model() {
             for (s, group) in plan.stages.iter().enumerate() {
                 let specs: Vec<_> = group.iter().map(|&r| &plan.ranks[r].spec).collect();
                 assert!(specs.iter().all(|sp| sp.layers == layers[s]));
-                let kv: Vec<_> = specs.iter().map(|sp| sp.kv_heads.clone()).collect();
+                let kv: Vec<_> = specs.iter().map(|sp| sp.q_heads.clone()).collect();
                 let ffn: Vec<_> = specs.iter().map(|sp| sp.ffn.clone()).collect();
-                assert!(tiles(&kv, cfg.n_head_kv), "{strategy:?} {kv:?}");
+                assert!(tiles(&kv, cfg.n_head), "{strategy:?} {kv:?}");
                 assert!(tiles(&ffn, cfg.n_ff), "{strategy:?} {ffn:?}");
                 if style == CombineStyle::Gather {
                     let embd: Vec<_> = specs
@@ -105,7 +107,7 @@ fn the_stage_with_the_lm_head_gets_fewer_layers_and_weights_shift_work() {
 fn plans_the_model_cannot_take_are_refused() {
     let (f, cfg) = model();
     let g = CombineStyle::Gather;
-    assert!(make_plan(&f, &cfg, Strategy::Tensor, 4, None, g).is_err());
+    assert!(make_plan(&f, &cfg, Strategy::Tensor, 10, None, g).is_err());
     assert!(make_plan(&f, &cfg, Strategy::Pipeline, 31, None, g).is_err());
     assert!(make_plan(&f, &cfg, Strategy::Hybrid { tp: 2 }, 3, None, g).is_err());
     assert!(make_plan(&f, &cfg, Strategy::Tensor, 2, Some(&[1.0]), g).is_err());
