@@ -53,7 +53,7 @@ def main():
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p, run in runs:
-        for strategy, style in (("tensor", "-o"), ("pipeline", "--s")):
+        for strategy, style in (("tensor", "-o"), ("tensor-reduce", "-^"), ("pipeline", "--s")):
             pts = sorted(
                 (r["latency_us"], r["decode_tok_s"])
                 for r in run["rows"]

@@ -43,9 +43,6 @@ pub(crate) struct ScalingArgs {
     /// Sequences in flight for the pipeline throughput test.
     #[arg(long, default_value_t = 2)]
     seqs: usize,
-    /// How tensor-parallel ranks combine results.
-    #[arg(long, value_enum, default_value_t = CombineArg::Gather)]
-    tp_combine: CombineArg,
     /// Path of llama.cpp's `llama-bench` (found as for `strata bench engine`).
     #[arg(long)]
     llama_bench: Option<PathBuf>,
@@ -116,6 +113,7 @@ impl Ctx<'_> {
     fn sharded(
         &self,
         strategy: StrategyArg,
+        combine: CombineArg,
         transport: TransportArg,
         latency: Duration,
         seqs: usize,
@@ -125,7 +123,7 @@ impl Ctx<'_> {
             ranks: 2,
             strategy,
             tp_size: 2,
-            tp_combine: a.tp_combine,
+            tp_combine: combine,
             transport,
             link_latency: Some(latency),
             link_bandwidth: None,
@@ -165,10 +163,11 @@ impl Ctx<'_> {
             } else {
                 None
             };
-            let strategy = match strategy {
-                StrategyArg::Tensor => "tensor",
-                StrategyArg::Pipeline => "pipeline",
-                StrategyArg::Hybrid => "hybrid",
+            let strategy = match (strategy, combine) {
+                (StrategyArg::Tensor, CombineArg::Gather) => "tensor",
+                (StrategyArg::Tensor, CombineArg::Reduce) => "tensor-reduce",
+                (StrategyArg::Pipeline, _) => "pipeline",
+                (StrategyArg::Hybrid, _) => "hybrid",
             };
             let transport = match transport {
                 TransportArg::Shm => "shm",
@@ -273,9 +272,14 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     rows.push(ctx.local(1)?);
     rows.push(ctx.local(2)?);
     let mut throughput = None;
-    for strategy in [StrategyArg::Tensor, StrategyArg::Pipeline] {
+    let strategies = [
+        (StrategyArg::Tensor, CombineArg::Gather),
+        (StrategyArg::Tensor, CombineArg::Reduce),
+        (StrategyArg::Pipeline, CombineArg::Gather),
+    ];
+    for (strategy, combine) in strategies {
         for transport in [TransportArg::Shm, TransportArg::Tcp] {
-            progress(&format!("{strategy:?} over {transport:?}"));
+            progress(&format!("{strategy:?} ({combine:?}) over {transport:?}"));
             let seqs = if matches!(strategy, StrategyArg::Pipeline)
                 && matches!(transport, TransportArg::Shm)
             {
@@ -283,7 +287,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
             } else {
                 1
             };
-            let (row, batch) = ctx.sharded(strategy, transport, Duration::ZERO, seqs)?;
+            let (row, batch) = ctx.sharded(strategy, combine, transport, Duration::ZERO, seqs)?;
             if let Some(b) = batch {
                 throughput = Some((seqs, b, row.decode_tok_s));
             }
@@ -292,9 +296,9 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     }
     let mut sweep = Vec::new();
     for &l in latencies.iter().filter(|l| !l.is_zero()) {
-        for strategy in [StrategyArg::Tensor, StrategyArg::Pipeline] {
-            progress(&format!("{strategy:?} over shm +{l:?}"));
-            sweep.push(ctx.sharded(strategy, TransportArg::Shm, l, 1)?.0);
+        for (strategy, combine) in strategies {
+            progress(&format!("{strategy:?} ({combine:?}) over shm +{l:?}"));
+            sweep.push(ctx.sharded(strategy, combine, TransportArg::Shm, l, 1)?.0);
         }
     }
 
@@ -342,7 +346,12 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
                 })
                 .map(|r| r.decode_tok_s)
         };
-        if let (Some(t), Some(p)) = (find("tensor"), find("pipeline")) {
+        // The better of the two tensor-parallel styles.
+        let tensor = match (find("tensor"), find("tensor-reduce")) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        if let (Some(t), Some(p)) = (tensor, find("pipeline")) {
             by_latency.push((l, t, p));
             if crossover.is_none() && t < p {
                 crossover = Some(l);
@@ -350,12 +359,11 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         }
     }
     let rpc_tg = llama_rows.get(1).and_then(|r| r["decode_tok_s"].as_f64());
-    let tensor_shm = rows
-        .iter()
-        .find(|r| r.strategy == "tensor" && r.transport == "shm");
-    let tensor_tcp = rows
-        .iter()
-        .find(|r| r.strategy == "tensor" && r.transport == "tcp");
+    let find = |s: &str, t: &str| rows.iter().find(|r| r.strategy == s && r.transport == t);
+    let tensor_shm = find("tensor", "shm");
+    let tensor_tcp = find("tensor", "tcp");
+    let reduce_shm = find("tensor-reduce", "shm");
+    let reduce_tcp = find("tensor-reduce", "tcp");
     let summary = json!({
         "tensor_shm_decode_speedup_vs_1x1": tensor_shm.map(|r| r.decode_tok_s / base1),
         "tensor_tcp_decode_speedup_vs_1x1": tensor_tcp.map(|r| r.decode_tok_s / base1),
@@ -363,6 +371,11 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         "tensor_shm_efficiency_vs_1x2": tensor_shm.map(|r| r.decode_tok_s / base2),
         "tensor_shm_comm_share": tensor_shm.and_then(|r| r.comm_share),
         "tensor_tcp_vs_llama_rpc": tensor_tcp.zip(rpc_tg).map(|(r, l)| r.decode_tok_s / l),
+        "reduce_shm_decode_speedup_vs_1x1": reduce_shm.map(|r| r.decode_tok_s / base1),
+        "reduce_tcp_decode_speedup_vs_1x1": reduce_tcp.map(|r| r.decode_tok_s / base1),
+        "reduce_shm_efficiency_vs_1x2": reduce_shm.map(|r| r.decode_tok_s / base2),
+        "reduce_shm_comm_share": reduce_shm.and_then(|r| r.comm_share),
+        "reduce_tcp_vs_llama_rpc": reduce_tcp.zip(rpc_tg).map(|(r, l)| r.decode_tok_s / l),
         "pipeline_throughput": throughput.map(|(s, b, single)| json!({"sequences": s, "tok_s": b, "single_stream_tok_s": single})),
         "tensor_beats_pipeline_until_us": by_latency.iter().take_while(|x| x.1 >= x.2).last().map(|x| x.0),
         "pipeline_wins_from_us": crossover,
