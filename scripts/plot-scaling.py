@@ -3,7 +3,7 @@
 
 Usage: python3 scripts/plot-scaling.py RESULT.json [MORE.json ...] OUT_DIR
 Each JSON file is one run (e.g. SmolLM2 and a synthetic 1B model); needs matplotlib.
-Writes OUT_DIR/scaling-configs.png (decode and prefill tok/s per configuration, relative to one
+Prints a markdown table per run and writes OUT_DIR/scaling-configs.png (decode and prefill tok/s per configuration, relative to one
 process with one thread) and OUT_DIR/scaling-latency.png (tensor vs pipeline decode speed as the
 emulated link latency grows).
 """
@@ -22,12 +22,33 @@ def label(path, run):
     return name
 
 
+def table(run):
+    rows = run["rows"]
+    base = rows[0]
+    print(f"### {os.path.basename(run['model'])}: pp{run['pp']} / tg{run['tg']}, "
+          f"median of {run['repetitions']}\n")
+    print("| configuration | prefill tok/s | decode tok/s | decode vs 1x1 | prefill vs 1x1 "
+          "| rank 0 wait us/token | wait share |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows + run.get("llama_cpp", []):
+        wait = r.get("comm_us_per_token")
+        share = r.get("comm_share")
+        print(f"| {r['config']} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
+              f"| {r['decode_tok_s'] / base['decode_tok_s']:.2f}x "
+              f"| {r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x "
+              f"| {'-' if wait is None else f'{wait:.0f}'} "
+              f"| {'-' if share is None else f'{100 * share:.1f} %'} |")
+    print("\n```json\n" + json.dumps(run["summary"], indent=2) + "\n```\n")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     runs = [(p, json.load(open(p))) for p in sys.argv[1:-1]]
     out = sys.argv[-1]
     os.makedirs(out, exist_ok=True)
+    for _, run in runs:
+        table(run)
 
     fig, axes = plt.subplots(1, len(runs), figsize=(7 * len(runs), 4.5), squeeze=False)
     for ax, (p, run) in zip(axes[0], runs):
