@@ -130,6 +130,7 @@ impl Ctx<'_> {
             threads_per_rank: Some(1),
             rank_weights: None,
             listen: None,
+            link_timeout: Duration::from_secs(5),
         };
         let session = crate::cmd_shard::launch(
             self.path,

@@ -47,6 +47,10 @@ pub(crate) struct ShardOpts {
     /// Emulated link bandwidth cap (e.g. 10gbit, 800MB/s).
     #[arg(long, value_parser = parse_bandwidth)]
     pub(crate) link_bandwidth: Option<f64>,
+    /// How long a rank may go without hearing from a peer (no data, no heartbeat; heartbeats
+    /// flow several times a second) before the run stops with an error.
+    #[arg(long, default_value = "1500ms", value_parser = parse_latency)]
+    pub(crate) link_timeout: Duration,
     /// Compute threads per rank (default: the cores divided among the ranks).
     #[arg(long)]
     pub(crate) threads_per_rank: Option<usize>,
@@ -309,7 +313,7 @@ pub(crate) fn launch(
             bandwidth: opts.link_bandwidth,
         },
         join_timeout: Duration::from_secs(if external { 600 } else { 60 }),
-        stall_timeout: Duration::from_secs(300),
+        stall_timeout: opts.link_timeout,
     };
     let comm = strata_net::coordinate(&mesh, listener).context("connecting the ranks")?;
     let assignment = Assignment {

@@ -239,73 +239,87 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Starts a long sharded run, waits for tokens, does `signal` to one worker, and checks that rank
+/// 0 fails within `limit`, says why, and that no worker outlives the run.
+fn break_a_worker(transport: &str, signal: &str, limit: Duration) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "run",
+            "--ranks",
+            "3",
+            "--strategy",
+            "tensor",
+            "--transport",
+            transport,
+            "--threads-per-rank",
+            "1",
+            "--ignore-eos",
+            "-n",
+            "100000",
+            "--ctx-size",
+            "8192",
+            PROMPT,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until tokens flow, so the fault lands mid-generation.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    let workers = children_of(child.id());
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let victim = workers[1];
+    Command::new("kill")
+        .args([signal, &victim.to_string()])
+        .status()
+        .unwrap();
+    let hit = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            hit.elapsed() < Duration::from_secs(20),
+            "{transport} {signal}: rank 0 hangs"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = hit.elapsed();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let what = format!("{transport} {signal}");
+    assert!(!status.success(), "{what}: a broken run must not succeed");
+    assert!(took < limit, "{what}: took {took:?}");
+    assert!(err.contains("rank"), "{what}: {err}");
+    assert!(err.contains("incomplete"), "{what}: {err}");
+    for w in workers {
+        assert!(!alive(w), "{what}: worker {w} outlived the run");
+    }
+}
+
 #[test]
 fn a_killed_worker_ends_the_run_quickly_and_cleanly() {
     ensure("smollm2-135m-instruct");
     for transport in ["shm", "tcp"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args([
-                "run",
-                "--ranks",
-                "3",
-                "--strategy",
-                "tensor",
-                "--transport",
-                transport,
-                "--threads-per-rank",
-                "1",
-                "--ignore-eos",
-                "-n",
-                "100000",
-                "--ctx-size",
-                "8192",
-                PROMPT,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Wait until tokens flow, so the kill lands mid-generation.
-        let mut stdout = child.stdout.take().unwrap();
-        let mut first = [0u8; 16];
-        stdout.read_exact(&mut first).unwrap();
-        let workers = children_of(child.id());
-        assert_eq!(workers.len(), 2, "{workers:?}");
-        let victim = workers[1];
-        Command::new("kill")
-            .args(["-9", &victim.to_string()])
-            .status()
-            .unwrap();
-        let killed = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(killed.elapsed() < Duration::from_secs(10), "rank 0 hangs");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let took = killed.elapsed();
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        assert!(
-            !status.success(),
-            "{transport}: a broken run must not succeed"
-        );
-        assert!(
-            took < Duration::from_secs(2) + Duration::from_millis(500),
-            "{transport}: {took:?}"
-        );
-        assert!(err.contains("rank"), "{transport}: {err}");
-        assert!(err.contains("incomplete"), "{transport}: {err}");
-        for w in workers {
-            assert!(!alive(w), "{transport}: worker {w} outlived the run");
-        }
+        break_a_worker(transport, "-KILL", Duration::from_millis(2500));
+    }
+}
+
+#[test]
+fn a_frozen_worker_is_noticed_by_its_silence() {
+    ensure("smollm2-135m-instruct");
+    // A stopped process keeps its sockets open: only the missing heartbeats give it away
+    // (the link timeout is 1.5 s).
+    for transport in ["shm", "tcp"] {
+        break_a_worker(transport, "-STOP", Duration::from_millis(4500));
     }
 }
 

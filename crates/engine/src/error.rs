@@ -54,7 +54,7 @@ pub enum Error {
         bytes: u128,
     },
     /// A tensor-parallel exchange with other ranks failed.
-    #[error("exchange with other ranks failed: {0}")]
+    #[error("exchange with other ranks failed")]
     Collective(#[source] crate::CommError),
     /// Tokenizer or chat template failure.
     #[error(transparent)]

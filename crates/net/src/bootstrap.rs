@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::io;
-use crate::link::{Link, ShmLink, ShmRegion, TcpLink};
+use crate::link::{Control, Link, ShmLink, ShmRegion, TcpLink};
 use crate::{Communicator, Error, LinkShape, Result};
 
 /// The wire protocol version; ranks of different versions refuse each other.
@@ -70,7 +70,8 @@ pub struct MeshConfig {
     pub shape: LinkShape,
     /// How long to wait for the other ranks to show up.
     pub join_timeout: Duration,
-    /// How long a rank may wait for a message before declaring its peer stuck.
+    /// Rank 0 only (workers learn it): how long a peer may stay silent (no data and no
+    /// heartbeat; heartbeats flow several times a second) before it counts as lost.
     pub stall_timeout: Duration,
 }
 
@@ -84,6 +85,9 @@ struct Hello {
     addr: Option<SocketAddr>,
     /// Which host the sender runs on (kernel boot id), to check shared-memory reachability.
     host: String,
+    /// Whether this connection is the pair's heartbeat connection (TCP transport).
+    #[serde(default)]
+    control: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -272,10 +276,35 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         bandwidth: cfg.shape.bandwidth,
         stall_ms: cfg.stall_timeout.as_millis() as u64,
     };
+    let mut controls: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let result = (|| {
         for (r, s) in streams.iter_mut().enumerate().skip(1) {
             if let Some(s) = s {
                 send_json(r, s, &table)?;
+            }
+        }
+        if cfg.transport == Transport::Tcp {
+            while controls.iter().skip(1).any(Option::is_none) {
+                let mut s = accept_until(&listener, deadline, 0)?;
+                let Ok(h) = recv_json::<Hello>(usize::MAX, &mut s) else {
+                    continue;
+                };
+                let verdict = check_hello(&h, cfg).and_then(|()| {
+                    if !h.control || controls[h.rank].is_some() {
+                        Err(format!("unexpected connection from rank {}", h.rank))
+                    } else {
+                        Ok(())
+                    }
+                });
+                match verdict {
+                    Ok(()) => {
+                        send_json(h.rank, &mut s, &Verdict::Welcome)?;
+                        controls[h.rank] = Some(s);
+                    }
+                    Err(why) => {
+                        let _ = send_json(h.rank, &mut s, &Verdict::Refused(why));
+                    }
+                }
             }
         }
         // Each worker reports once its links (and its map of the region) are up.
@@ -309,6 +338,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         cfg,
         0,
         streams,
+        controls,
         region.as_ref(),
         cfg.shape,
         cfg.stall_timeout,
@@ -372,6 +402,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
             world: n,
             addr: Some(addr),
             host: host_id(),
+            control: false,
         },
     )?;
     match recv_json::<Verdict>(0, &mut to_root)? {
@@ -384,9 +415,11 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
     }
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     streams[0] = Some(to_root);
+    let tcp = table.transport == Transport::Tcp;
+    let mut controls: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let setup = (|| {
-        for (j, &a) in table.addrs.iter().enumerate().take(me).skip(1) {
-            let mut s = dial_until(a, deadline, j)?;
+        let dial = |j: usize, control: bool| -> Result<TcpStream> {
+            let mut s = dial_until(table.addrs[j], deadline, j)?;
             send_json(
                 j,
                 &mut s,
@@ -397,23 +430,38 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
                     world: n,
                     addr: None,
                     host: host_id(),
+                    control,
                 },
             )?;
             match recv_json::<Verdict>(j, &mut s)? {
-                Verdict::Welcome => {}
-                Verdict::Refused(why) => {
-                    return Err(Error::Handshake(format!("rank {j} refused: {why}")));
-                }
+                Verdict::Welcome => Ok(s),
+                Verdict::Refused(why) => Err(Error::Handshake(format!("rank {j} refused: {why}"))),
             }
-            streams[j] = Some(s);
+        };
+        for (j, slot) in streams.iter_mut().enumerate().take(me).skip(1) {
+            *slot = Some(dial(j, false)?);
         }
-        while streams.iter().skip(me + 1).any(Option::is_none) {
+        if tcp {
+            for (j, c) in controls.iter_mut().enumerate().take(me) {
+                *c = Some(dial(j, true)?);
+            }
+        }
+        let missing = |streams: &[Option<TcpStream>], controls: &[Option<TcpStream>]| {
+            streams.iter().skip(me + 1).any(Option::is_none)
+                || (tcp && controls.iter().skip(me + 1).any(Option::is_none))
+        };
+        while missing(&streams, &controls) {
             let mut s = accept_until(&listener, deadline, me)?;
             let Ok(h) = recv_json::<Hello>(usize::MAX, &mut s) else {
                 continue;
             };
             let verdict = check_hello(&h, cfg).and_then(|()| {
-                if h.rank <= me || streams[h.rank].is_some() {
+                let taken = if h.control {
+                    !tcp || controls[h.rank].is_some()
+                } else {
+                    streams[h.rank].is_some()
+                };
+                if h.rank <= me || taken {
                     Err(format!("rank {} may not dial rank {me}", h.rank))
                 } else {
                     Ok(())
@@ -422,7 +470,11 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
             match verdict {
                 Ok(()) => {
                     send_json(h.rank, &mut s, &Verdict::Welcome)?;
-                    streams[h.rank] = Some(s);
+                    if h.control {
+                        controls[h.rank] = Some(s);
+                    } else {
+                        streams[h.rank] = Some(s);
+                    }
                 }
                 Err(why) => {
                     let _ = send_json(h.rank, &mut s, &Verdict::Refused(why));
@@ -465,31 +517,45 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         bandwidth: table.bandwidth,
     };
     let stall = Duration::from_millis(table.stall_ms.max(1));
-    finish(cfg, me, streams, region.as_ref(), shape, stall)
+    finish(cfg, me, streams, controls, region.as_ref(), shape, stall)
 }
 
 fn finish(
     cfg: &MeshConfig,
     me: usize,
     streams: Vec<Option<TcpStream>>,
+    controls: Vec<Option<TcpStream>>,
     region: Option<&Arc<ShmRegion>>,
     shape: LinkShape,
     stall: Duration,
 ) -> Result<Communicator> {
     let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(cfg.world);
-    for (peer, s) in streams.into_iter().enumerate() {
-        let link: Option<Box<dyn Link>> = match (s, region) {
-            (None, _) => None,
-            (Some(s), Some(region)) => Some(Box::new(ShmLink::new(region, me, peer, s)?)),
-            (Some(s), None) => {
+    for (peer, (s, c)) in streams.into_iter().zip(controls).enumerate() {
+        let link: Option<Box<dyn Link>> = match (s, c, region) {
+            (None, _, _) => None,
+            // On shared memory the bootstrap connection carries the heartbeats.
+            (Some(s), _, Some(region)) => Some(Box::new(ShmLink::new(
+                region,
+                me,
+                peer,
+                Control::new(peer, s)?,
+            )?)),
+            (Some(s), Some(c), None) => {
                 s.set_read_timeout(None)
                     .map_err(io(peer, "configuring a connection"))?;
-                Some(Box::new(TcpLink::new(peer, s)?))
+                Some(Box::new(TcpLink::new(peer, s, Control::new(peer, c)?)?))
+            }
+            (Some(_), None, None) => {
+                return Err(Error::Handshake(format!(
+                    "no heartbeat connection to rank {peer}"
+                )));
             }
         };
         links.push(link);
     }
-    Ok(Communicator::new(me, cfg.world, links, shape, stall))
+    let mut comm = Communicator::new(me, cfg.world, links, shape, stall);
+    comm.start_heartbeat();
+    Ok(comm)
 }
 
 /// A random session token (128 bits, hex).

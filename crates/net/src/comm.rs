@@ -7,6 +7,7 @@
 //! overlap, and two peers exchanging large messages never deadlock on full buffers. Buffers are
 //! kept between calls, so steady-state traffic allocates nothing.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::clock::now_ns;
@@ -52,15 +53,35 @@ struct Peer {
     deliver_at: u64,
 }
 
+/// Stops the heartbeat thread when the communicator goes.
+struct Heartbeat {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
 /// This rank's end of the mesh.
 pub struct Communicator {
     rank: usize,
     world: usize,
     peers: Vec<Option<Peer>>,
     shape: LinkShape,
+    /// How long a peer may stay silent (no heartbeat) before it counts as lost.
     stall: Duration,
     stats: CommStats,
+    heartbeat: Option<Heartbeat>,
     pub(crate) scratch: Vec<f32>,
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if let Some(h) = &self.heartbeat {
+            h.stop.store(true, Ordering::Relaxed);
+        }
+        // Close the heartbeat sockets for every handle, so peers learn at once that this rank
+        // is gone, not when the heartbeat thread next wakes.
+        for p in self.peers.iter().flatten() {
+            p.link.control().close();
+        }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -107,7 +128,44 @@ impl Communicator {
             shape,
             stall,
             stats: CommStats::default(),
+            heartbeat: None,
             scratch: Vec::new(),
+        }
+    }
+
+    /// Starts the thread that tells every peer, a few times a second, that this rank lives.
+    pub(crate) fn start_heartbeat(&mut self) {
+        let writers: Vec<std::net::TcpStream> = self
+            .peers
+            .iter()
+            .flatten()
+            .filter_map(|p| p.link.control().writer())
+            .collect();
+        if writers.is_empty() {
+            return;
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let every = (self.stall / 8).clamp(Duration::from_millis(20), Duration::from_millis(250));
+        let flag = std::sync::Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name("strata-heartbeat".into())
+            .spawn(move || {
+                let mut writers = writers;
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A full buffer means the peer is not reading; its own timeout will tell.
+                    writers.retain_mut(|w| {
+                        use std::io::Write;
+                        match w.write(&[0]) {
+                            // One byte: written whole or not at all.
+                            Ok(n) => n <= 1,
+                            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                        }
+                    });
+                    std::thread::sleep(every);
+                }
+            });
+        if spawned.is_ok() {
+            self.heartbeat = Some(Heartbeat { stop });
         }
     }
 
@@ -323,7 +381,7 @@ impl Communicator {
             if now.duration_since(last_check) >= ALIVE_CHECK {
                 last_check = now;
                 for p in self.peers.iter_mut().flatten() {
-                    if let Err(e) = p.link.check_alive() {
+                    if let Err(e) = p.link.check_alive(self.stall) {
                         // The peer may have written its last message and exited between our
                         // read and this check: read once more before believing it is gone.
                         if suspect.is_some() {
@@ -333,12 +391,7 @@ impl Communicator {
                         idle_rounds = 0;
                     }
                 }
-                if idle > self.stall {
-                    return Err(Error::Timeout {
-                        peer: waiting_on,
-                        waited: idle,
-                    });
-                }
+                let _ = waiting_on;
             }
         }
     }

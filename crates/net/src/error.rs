@@ -22,8 +22,10 @@ pub enum Error {
         /// The rank.
         peer: usize,
     },
-    /// The peer sent nothing for longer than the stall limit.
-    #[error("rank {peer} sent nothing for {waited:?}; giving up")]
+    /// The peer sent nothing, not even a heartbeat, for longer than the link timeout.
+    #[error(
+        "rank {peer} has been silent for {waited:.1?} (no data, no heartbeat): its link is broken or its process is frozen"
+    )]
     Timeout {
         /// The rank.
         peer: usize,

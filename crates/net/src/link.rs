@@ -18,27 +18,34 @@ pub(crate) trait Link: Send {
     fn write_some(&mut self, buf: &[u8]) -> Result<usize>;
     /// Reads what has arrived, up to `buf.len()` bytes; returns how many (0 when nothing yet).
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize>;
-    /// Fails if the peer is gone (for links whose reads cannot tell, like shared memory).
-    fn check_alive(&mut self) -> Result<()>;
+    /// Fails if the peer is gone: its sockets closed, or no heartbeat for `timeout`.
+    fn check_alive(&mut self, timeout: std::time::Duration) -> Result<()>;
+    /// The heartbeat connection.
+    fn control(&self) -> &Control;
     /// The transport's name, for reports.
     fn kind(&self) -> &'static str;
 }
 
-/// A TCP connection (TCP_NODELAY, non-blocking).
+/// A TCP connection (TCP_NODELAY, non-blocking), with a second one for heartbeats.
 pub(crate) struct TcpLink {
     peer: usize,
     stream: TcpStream,
+    control: Control,
 }
 
 impl TcpLink {
-    pub(crate) fn new(peer: usize, stream: TcpStream) -> Result<TcpLink> {
+    pub(crate) fn new(peer: usize, stream: TcpStream, control: Control) -> Result<TcpLink> {
         stream
             .set_nodelay(true)
             .map_err(io(peer, "setting TCP_NODELAY"))?;
         stream
             .set_nonblocking(true)
             .map_err(io(peer, "making a socket non-blocking"))?;
-        Ok(TcpLink { peer, stream })
+        Ok(TcpLink {
+            peer,
+            stream,
+            control,
+        })
     }
 }
 
@@ -66,10 +73,15 @@ impl Link for TcpLink {
         }
     }
 
-    fn check_alive(&mut self) -> Result<()> {
+    fn check_alive(&mut self, timeout: std::time::Duration) -> Result<()> {
         // Reads on this link report a closed socket themselves; this finds a dead peer this
-        // rank is not reading from right now.
-        socket_closed(self.peer, &self.stream)
+        // rank is not reading from right now, and a silent one.
+        socket_closed(self.peer, &self.stream)?;
+        self.control.check(timeout)
+    }
+
+    fn control(&self) -> &Control {
+        &self.control
     }
 
     fn kind(&self) -> &'static str {
@@ -87,7 +99,64 @@ fn is_disconnect(e: &std::io::Error) -> bool {
     )
 }
 
-/// Whether the peer of a (non-blocking) control socket has closed it.
+/// A connection to a peer that carries nothing but heartbeats: every rank's heartbeat thread
+/// writes a byte to each peer a few times a second, and a waiting rank reads them. Silence longer
+/// than the link timeout means the peer's process is frozen or the link is cut, which a closed
+/// socket alone would never show.
+pub(crate) struct Control {
+    peer: usize,
+    stream: TcpStream,
+    last_heard: std::time::Instant,
+}
+
+impl Control {
+    pub(crate) fn new(peer: usize, stream: TcpStream) -> Result<Control> {
+        stream
+            .set_nonblocking(true)
+            .map_err(io(peer, "making a socket non-blocking"))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Control {
+            peer,
+            stream,
+            last_heard: std::time::Instant::now(),
+        })
+    }
+
+    /// A handle to the same socket for the heartbeat thread.
+    pub(crate) fn writer(&self) -> Option<TcpStream> {
+        self.stream.try_clone().ok()
+    }
+
+    /// Drains heartbeats; fails if the peer closed the connection or has been silent too long.
+    pub(crate) fn check(&mut self, timeout: std::time::Duration) -> Result<()> {
+        let mut buf = [0u8; 64];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(Error::PeerClosed { peer: self.peer }),
+                Ok(_) => self.last_heard = std::time::Instant::now(),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if is_disconnect(&e) => return Err(Error::PeerClosed { peer: self.peer }),
+                Err(e) => return Err(io(self.peer, "reading heartbeats")(e)),
+            }
+        }
+        let silent = self.last_heard.elapsed();
+        if silent > timeout {
+            return Err(Error::Timeout {
+                peer: self.peer,
+                waited: silent,
+            });
+        }
+        Ok(())
+    }
+
+    /// Closes the connection for every handle at once, so the peer sees it go now.
+    pub(crate) fn close(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Whether the peer of a (non-blocking) socket has closed it.
 pub(crate) fn socket_closed(peer: usize, s: &TcpStream) -> Result<()> {
     let mut b = [0u8; 1];
     match s.peek(&mut b) {
@@ -223,12 +292,11 @@ impl Ring {
 }
 
 /// A shared-memory link: an outgoing and an incoming ring, plus the TCP connection to the same
-/// peer, kept open only to learn quickly when the peer's process is gone.
+/// peer, which carries heartbeats and shows when the peer's process is gone.
 pub(crate) struct ShmLink {
-    peer: usize,
     tx: Ring,
     rx: Ring,
-    control: TcpStream,
+    control: Control,
 }
 
 impl ShmLink {
@@ -236,13 +304,9 @@ impl ShmLink {
         region: &Arc<ShmRegion>,
         me: usize,
         peer: usize,
-        control: TcpStream,
+        control: Control,
     ) -> Result<ShmLink> {
-        control
-            .set_nonblocking(true)
-            .map_err(io(peer, "making a socket non-blocking"))?;
         Ok(ShmLink {
-            peer,
             tx: region.ring(me, peer),
             rx: region.ring(peer, me),
             control,
@@ -259,8 +323,12 @@ impl Link for ShmLink {
         Ok(self.rx.pop(buf))
     }
 
-    fn check_alive(&mut self) -> Result<()> {
-        socket_closed(self.peer, &self.control)
+    fn check_alive(&mut self, timeout: std::time::Duration) -> Result<()> {
+        self.control.check(timeout)
+    }
+
+    fn control(&self) -> &Control {
+        &self.control
     }
 
     fn kind(&self) -> &'static str {
