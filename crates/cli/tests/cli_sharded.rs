@@ -448,3 +448,32 @@ fn hand_started_workers_join_with_the_token_and_strangers_are_refused() {
     let out = rank0.wait_with_output().unwrap();
     assert_eq!(text(&out, "rank 0"), want);
 }
+
+#[test]
+fn chat_runs_sharded_with_the_same_replies() {
+    ensure("smollm2-135m-instruct");
+    let chat = |extra: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["chat", "--numerics", "avx512", "-n", "24"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin
+                .write_all(b"Name a colour.\nAnd another one?\n/exit\n")
+                .unwrap();
+        }
+        text(&child.wait_with_output().unwrap(), &extra.join(" "))
+    };
+    let want = chat(&["--threads", "1"]);
+    assert!(
+        want.lines().filter(|l| !l.is_empty()).count() >= 2,
+        "{want}"
+    );
+    assert_eq!(chat(&["--ranks", "2", "--strategy", "pipeline"]), want);
+}
