@@ -1,0 +1,601 @@
+//! The placement planner: given a model and the measured cluster, choose the nodes, the kind of
+//! parallelism and the split, and predict the decode speed. Pure and deterministic: the same
+//! inputs (in any order) give the same placement.
+//!
+//! The cost model is the one decoding obeys: a token streams every weight byte once, so a rank's
+//! compute time is its share of the bytes over its node's measured memory bandwidth; tensor
+//! parallelism adds, per layer, four exchanges (gather style) whose cost is the link latency plus
+//! the bytes over the link bandwidth; a pipeline adds one hand-off per stage per token and runs
+//! the stages one after another. Shares follow measured speed, capped by each node's memory
+//! (water-filling), so a slow node gets less work instead of dragging the instance down.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use strata_engine::ModelConfig;
+use strata_gguf::GgufFile;
+
+/// Memory a rank needs beyond its share of weights and cache (binary, buffers, tokenizer).
+const NODE_OVERHEAD: u64 = 64 << 20;
+
+/// What the planner needs to know about a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelFacts {
+    /// Display name.
+    pub name: String,
+    /// Bytes of weights read per decoded token (all layers and the LM head).
+    pub weight_bytes: u64,
+    /// Of which the LM head.
+    pub head_bytes: u64,
+    /// KV-cache bytes per context position, whole model.
+    pub kv_bytes_per_token: u64,
+    /// Decoder layers.
+    pub n_layer: usize,
+    /// Query heads (the most tensor-parallel ranks a stage can have).
+    pub n_head: usize,
+    /// Model width.
+    pub n_embd: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Attention output width (query heads x head width).
+    pub q_width: usize,
+}
+
+impl ModelFacts {
+    /// Facts read from a GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> strata_engine::Result<ModelFacts> {
+        let cfg = ModelConfig::from_gguf(file)?;
+        let bytes = |name: &str| {
+            file.tensor(name)
+                .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
+        };
+        let mut layers = 0;
+        for l in 0..cfg.n_layer {
+            for s in [
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            ] {
+                layers += bytes(&format!("blk.{l}.{s}.weight"));
+            }
+        }
+        let head = if cfg.tied_embeddings {
+            bytes("token_embd.weight")
+        } else {
+            bytes("output.weight")
+        };
+        Ok(ModelFacts {
+            name: file
+                .metadata()
+                .get_str("general.name")
+                .unwrap_or("model")
+                .to_string(),
+            weight_bytes: layers + head,
+            head_bytes: head,
+            // strata keeps keys and values as f32.
+            kv_bytes_per_token: (2 * 4 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim) as u64,
+            n_layer: cfg.n_layer,
+            n_head: cfg.n_head,
+            n_embd: cfg.n_embd,
+            n_ff: cfg.n_ff,
+            q_width: cfg.q_width(),
+        })
+    }
+}
+
+/// A node as measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// Stable node id.
+    pub id: String,
+    /// Memory the node can give to models, bytes.
+    pub memory_available: u64,
+    /// Measured memory read bandwidth, bytes per second.
+    pub mem_bandwidth: f64,
+}
+
+/// A measured link between two nodes (symmetric).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// One end.
+    pub a: String,
+    /// The other end.
+    pub b: String,
+    /// One-way latency, seconds.
+    pub latency: f64,
+    /// Bandwidth, bytes per second.
+    pub bandwidth: f64,
+}
+
+/// The kind of parallelism of a placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyChoice {
+    /// One node.
+    Single,
+    /// Every node on every layer.
+    Tensor,
+    /// Each node a range of layers.
+    Pipeline,
+    /// Pipeline stages of `tp` tensor-parallel nodes.
+    Hybrid {
+        /// Nodes per stage.
+        tp: usize,
+    },
+}
+
+/// What is asked.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Context positions to reserve KV cache for.
+    pub context: usize,
+    /// Force a strategy (default: the fastest predicted).
+    pub strategy: Option<StrategyChoice>,
+    /// Use exactly these nodes (default: the fewest that fit).
+    pub nodes: Option<Vec<String>>,
+}
+
+/// The planner's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Nodes in rank order (rank 0 first; stage by stage for a hybrid).
+    pub nodes: Vec<String>,
+    /// The parallelism.
+    pub strategy: StrategyChoice,
+    /// Each rank's relative share of the work.
+    pub weights: Vec<f64>,
+    /// Predicted single-stream decode speed, tokens per second.
+    pub predicted_decode_tok_s: f64,
+    /// Every strategy considered for these nodes, with its prediction.
+    pub considered: Vec<(StrategyChoice, f64)>,
+    /// Why this placement, in words.
+    pub explanation: String,
+}
+
+/// Why no placement exists.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlacementError {
+    /// The cluster has no nodes.
+    #[error("the cluster has no nodes")]
+    NoNodes,
+    /// A node named in the request is not in the cluster.
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    /// Not enough memory, even on every node together.
+    #[error(
+        "{model} needs {needed} bytes (weights, KV cache for the context, per-node overhead) but the nodes offer {available}: {missing} bytes missing"
+    )]
+    DoesNotFit {
+        /// The model.
+        model: String,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes available.
+        available: u64,
+        /// The difference.
+        missing: u64,
+    },
+    /// The forced strategy cannot run on these nodes.
+    #[error("{0}")]
+    Infeasible(String),
+}
+
+struct Cluster<'a> {
+    nodes: BTreeMap<&'a str, &'a Node>,
+    links: BTreeMap<(&'a str, &'a str), &'a Link>,
+}
+
+impl<'a> Cluster<'a> {
+    fn new(nodes: &'a [Node], links: &'a [Link]) -> Cluster<'a> {
+        let mut l = BTreeMap::new();
+        for link in links {
+            let key = if link.a <= link.b {
+                (link.a.as_str(), link.b.as_str())
+            } else {
+                (link.b.as_str(), link.a.as_str())
+            };
+            l.insert(key, link);
+        }
+        Cluster {
+            nodes: nodes.iter().map(|n| (n.id.as_str(), n)).collect(),
+            links: l,
+        }
+    }
+
+    /// Latency and bandwidth between two nodes; an unmeasured link counts as very slow.
+    fn link(&self, a: &str, b: &str) -> (f64, f64) {
+        let key = if a <= b { (a, b) } else { (b, a) };
+        self.links
+            .get(&key)
+            .map_or((1.0, 1e6), |l| (l.latency, l.bandwidth))
+    }
+}
+
+/// Bytes a node needs for `share` of the model with `context` positions of cache.
+fn need(m: &ModelFacts, share: f64, context: usize) -> u64 {
+    let total = m.weight_bytes as f64 + (m.kv_bytes_per_token as f64) * context as f64;
+    (share * total).ceil() as u64 + NODE_OVERHEAD
+}
+
+/// Shares proportional to bandwidth, each capped by what the node's memory can hold
+/// (water-filling); `None` if the nodes cannot hold the model together.
+fn shares(m: &ModelFacts, nodes: &[&Node], context: usize) -> Option<Vec<f64>> {
+    let total = m.weight_bytes as f64 + (m.kv_bytes_per_token as f64) * context as f64;
+    let cap: Vec<f64> = nodes
+        .iter()
+        .map(|n| (n.memory_available.saturating_sub(NODE_OVERHEAD)) as f64 / total)
+        .collect();
+    let mut share = vec![0.0; nodes.len()];
+    let mut fixed = vec![false; nodes.len()];
+    let mut left = 1.0f64;
+    loop {
+        let free_bw: f64 = (0..nodes.len())
+            .filter(|&i| !fixed[i])
+            .map(|i| nodes[i].mem_bandwidth)
+            .sum();
+        if free_bw <= 0.0 {
+            return (left <= 1e-9).then_some(share);
+        }
+        let mut capped = false;
+        for i in 0..nodes.len() {
+            if !fixed[i] {
+                let s = left * nodes[i].mem_bandwidth / free_bw;
+                if s > cap[i] {
+                    share[i] = cap[i];
+                    fixed[i] = true;
+                    capped = true;
+                }
+            }
+        }
+        if capped {
+            left = 1.0 - share.iter().sum::<f64>();
+            if left < -1e-9 {
+                return None;
+            }
+            continue;
+        }
+        for i in 0..nodes.len() {
+            if !fixed[i] {
+                share[i] = left * nodes[i].mem_bandwidth / free_bw;
+            }
+        }
+        return Some(share);
+    }
+}
+
+/// Seconds per token of one tensor-parallel group holding `bytes` of weights per token.
+fn tensor_time(
+    c: &Cluster<'_>,
+    m: &ModelFacts,
+    group: &[&Node],
+    shares: &[f64],
+    layers: f64,
+) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let compute = group
+        .iter()
+        .zip(shares)
+        .map(|(n, s)| s / sum * layers * m.weight_bytes as f64 / n.mem_bandwidth)
+        .fold(0.0, f64::max);
+    if group.len() == 1 {
+        return compute;
+    }
+    let k = group.len() as f64;
+    // Four all-gathers per layer; each rank sends its block to every other rank.
+    let bytes_per_layer = 4.0 * (m.q_width + m.n_ff + 2 * m.n_embd) as f64 * (k - 1.0) / k;
+    let mut worst = 0.0f64;
+    for (i, a) in group.iter().enumerate() {
+        for b in &group[i + 1..] {
+            let (lat, bw) = c.link(&a.id, &b.id);
+            worst = worst.max(4.0 * lat + bytes_per_layer / bw);
+        }
+    }
+    compute + worst * layers * m.n_layer as f64
+}
+
+/// Predicted seconds per decoded token of `strategy` over `nodes` (rank order) with `weights`.
+fn seconds_per_token(
+    c: &Cluster<'_>,
+    m: &ModelFacts,
+    nodes: &[&Node],
+    strategy: StrategyChoice,
+    weights: &[f64],
+) -> f64 {
+    let tp = match strategy {
+        StrategyChoice::Single => return m.weight_bytes as f64 / nodes[0].mem_bandwidth,
+        StrategyChoice::Tensor => nodes.len(),
+        StrategyChoice::Pipeline => 1,
+        StrategyChoice::Hybrid { tp } => tp,
+    };
+    let stages: Vec<usize> = (0..nodes.len() / tp).collect();
+    let total_w: f64 = weights.iter().sum();
+    let mut t = 0.0;
+    for &s in &stages {
+        let group = &nodes[s * tp..(s + 1) * tp];
+        let w = &weights[s * tp..(s + 1) * tp];
+        let frac = w.iter().sum::<f64>() / total_w;
+        t += tensor_time(c, m, group, w, frac);
+    }
+    // Hand-offs: hidden state to each next stage, candidates back to rank 0.
+    if stages.len() > 1 {
+        let hidden = (4 * m.n_embd) as f64;
+        for s in 0..stages.len() {
+            let a = &nodes[s * tp].id;
+            let b = &nodes[((s + 1) % stages.len()) * tp].id;
+            let (lat, bw) = c.link(a, b);
+            t += lat + hidden / bw;
+        }
+    }
+    t
+}
+
+/// Predicted decode tokens per second of a placement on a cluster.
+pub fn predict_decode(
+    model: &ModelFacts,
+    nodes: &[Node],
+    links: &[Link],
+    placement: &Placement,
+) -> Option<f64> {
+    let c = Cluster::new(nodes, links);
+    let order: Option<Vec<&Node>> = placement
+        .nodes
+        .iter()
+        .map(|id| c.nodes.get(id.as_str()).copied())
+        .collect();
+    let order = order?;
+    Some(1.0 / seconds_per_token(&c, model, &order, placement.strategy, &placement.weights))
+}
+
+/// Groups of nodes joined by links fast enough for tensor parallelism to pay: connected
+/// components over links whose latency is under `threshold`.
+fn islands<'a>(c: &Cluster<'a>, nodes: &[&'a Node], threshold: f64) -> Vec<Vec<&'a Node>> {
+    let mut seen = vec![false; nodes.len()];
+    let mut out = Vec::new();
+    for i in 0..nodes.len() {
+        if seen[i] {
+            continue;
+        }
+        let mut group = vec![i];
+        seen[i] = true;
+        let mut at = 0;
+        while at < group.len() {
+            let g = group[at];
+            for j in 0..nodes.len() {
+                if !seen[j] && c.link(&nodes[g].id, &nodes[j].id).0 < threshold {
+                    seen[j] = true;
+                    group.push(j);
+                }
+            }
+            at += 1;
+        }
+        group.sort_unstable();
+        out.push(group.into_iter().map(|k| nodes[k]).collect());
+    }
+    out
+}
+
+/// Candidate (strategy, rank order) pairs for a set of nodes.
+fn candidates<'a>(
+    c: &Cluster<'a>,
+    m: &ModelFacts,
+    nodes: &[&'a Node],
+) -> Vec<(StrategyChoice, Vec<&'a Node>)> {
+    if nodes.len() == 1 {
+        return vec![(StrategyChoice::Single, nodes.to_vec())];
+    }
+    let mut out = Vec::new();
+    if nodes.len() <= m.n_head {
+        out.push((StrategyChoice::Tensor, nodes.to_vec()));
+    }
+    if nodes.len() <= m.n_layer {
+        out.push((StrategyChoice::Pipeline, nodes.to_vec()));
+    }
+    // Hybrid: tensor parallel inside groups of fast links, pipeline across them. Try the
+    // latencies that separate the groups.
+    let mut lats: Vec<f64> = Vec::new();
+    for (i, a) in nodes.iter().enumerate() {
+        for b in &nodes[i + 1..] {
+            lats.push(c.link(&a.id, &b.id).0);
+        }
+    }
+    lats.sort_by(f64::total_cmp);
+    lats.dedup();
+    for &threshold in &lats {
+        let groups = islands(c, nodes, threshold * 1.000_001);
+        let tp = groups[0].len();
+        if groups.len() > 1
+            && tp > 1
+            && tp <= m.n_head
+            && groups.len() <= m.n_layer
+            && groups.iter().all(|g| g.len() == tp)
+        {
+            let order: Vec<&Node> = groups.into_iter().flatten().collect();
+            if !out.iter().any(|(s, _)| *s == StrategyChoice::Hybrid { tp }) {
+                out.push((StrategyChoice::Hybrid { tp }, order));
+            }
+        }
+    }
+    out
+}
+
+/// Chooses where and how to run `model` on the cluster.
+pub fn place(
+    model: &ModelFacts,
+    nodes: &[Node],
+    links: &[Link],
+    req: &Request,
+) -> Result<Placement, PlacementError> {
+    if nodes.is_empty() {
+        return Err(PlacementError::NoNodes);
+    }
+    let c = Cluster::new(nodes, links);
+    // Sorted by id: the input order never matters.
+    let all: Vec<&Node> = c.nodes.values().copied().collect();
+    let pool: Vec<&Node> = match &req.nodes {
+        Some(ids) => {
+            let mut v = Vec::new();
+            for id in ids {
+                let n = c
+                    .nodes
+                    .get(id.as_str())
+                    .ok_or_else(|| PlacementError::UnknownNode(id.clone()))?;
+                if !v.iter().any(|x: &&Node| x.id == n.id) {
+                    v.push(*n);
+                }
+            }
+            v.sort_by(|a, b| a.id.cmp(&b.id));
+            v
+        }
+        None => all,
+    };
+    let available: u64 = pool.iter().map(|n| n.memory_available).sum();
+    let needed_all = need(model, 1.0, req.context);
+    if shares(model, &pool, req.context).is_none() {
+        let needed = needed_all + NODE_OVERHEAD * (pool.len() as u64 - 1);
+        return Err(PlacementError::DoesNotFit {
+            model: model.name.clone(),
+            needed,
+            available,
+            missing: needed.saturating_sub(available),
+        });
+    }
+    // The fewest nodes that fit (all of the requested ones, if the request names them); among
+    // sets of that size, the fastest predicted.
+    let sizes: Vec<usize> = if req.nodes.is_some() {
+        vec![pool.len()]
+    } else {
+        (1..=pool.len()).collect()
+    };
+    let mut best: Option<Placement> = None;
+    for k in sizes {
+        for set in subsets(&pool, k) {
+            if shares(model, &set, req.context).is_none() {
+                continue;
+            }
+            for (strategy, order) in candidates(&c, model, &set) {
+                if req.strategy.is_some_and(|s| s != strategy && set.len() > 1) {
+                    continue;
+                }
+                let Some(weights) = shares(model, &order, req.context) else {
+                    continue;
+                };
+                let t = seconds_per_token(&c, model, &order, strategy, &weights);
+                let tok_s = 1.0 / t;
+                let better = best
+                    .as_ref()
+                    .is_none_or(|b| tok_s > b.predicted_decode_tok_s * (1.0 + 1e-9));
+                if better {
+                    best = Some(Placement {
+                        nodes: order.iter().map(|n| n.id.clone()).collect(),
+                        strategy,
+                        weights,
+                        predicted_decode_tok_s: tok_s,
+                        considered: Vec::new(),
+                        explanation: String::new(),
+                    });
+                }
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    let mut p = best.ok_or_else(|| {
+        PlacementError::Infeasible(format!(
+            "no placement of {} with {:?} on {} node(s)",
+            model.name,
+            req.strategy,
+            pool.len()
+        ))
+    })?;
+    // What the other strategies on the same nodes would predict, for the explanation.
+    let chosen: Vec<&Node> = p
+        .nodes
+        .iter()
+        .filter_map(|id| c.nodes.get(id.as_str()).copied())
+        .collect();
+    let mut chosen_sorted = chosen.clone();
+    chosen_sorted.sort_by(|a, b| a.id.cmp(&b.id));
+    for (s, order) in candidates(&c, model, &chosen_sorted) {
+        if let Some(w) = shares(model, &order, req.context) {
+            p.considered
+                .push((s, 1.0 / seconds_per_token(&c, model, &order, s, &w)));
+        }
+    }
+    p.explanation = explain(model, &p, &chosen, req);
+    Ok(p)
+}
+
+fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> String {
+    let gb = |b: u64| b as f64 / 1e9;
+    let mut s = format!(
+        "{} needs {:.2} GB of weights plus {:.2} GB of KV cache for {} positions; ",
+        m.name,
+        gb(m.weight_bytes),
+        gb(m.kv_bytes_per_token * req.context as u64),
+        req.context
+    );
+    if nodes.len() == 1 {
+        s.push_str(&format!("it fits on {} alone", nodes[0].id));
+    } else {
+        s.push_str(&format!(
+            "the fewest nodes that hold it are {}",
+            p.nodes.join(", ")
+        ));
+    }
+    s.push_str(&format!(
+        ". {:?} predicts {:.1} tok/s",
+        p.strategy, p.predicted_decode_tok_s
+    ));
+    let others: Vec<String> = p
+        .considered
+        .iter()
+        .filter(|(st, _)| *st != p.strategy)
+        .map(|(st, t)| format!("{st:?} {t:.1}"))
+        .collect();
+    if !others.is_empty() {
+        s.push_str(&format!(" (vs {})", others.join(", ")));
+    }
+    if nodes.len() > 1 {
+        let w: Vec<String> = p
+            .nodes
+            .iter()
+            .zip(&p.weights)
+            .map(|(n, w)| format!("{n} {:.0} %", 100.0 * w))
+            .collect();
+        s.push_str(&format!(
+            "; shares follow measured speed within memory: {}",
+            w.join(", ")
+        ));
+    }
+    s.push('.');
+    s
+}
+
+/// All `k`-element subsets of `items`, in lexicographic order (at most 4096: on a large
+/// cluster the first sets, over the lowest node ids, are enough).
+fn subsets<'a>(items: &[&'a Node], k: usize) -> Vec<Vec<&'a Node>> {
+    let n = items.len();
+    let mut out = Vec::new();
+    if k == 0 || k > n {
+        return out;
+    }
+    let mut idx: Vec<usize> = (0..k).collect();
+    loop {
+        out.push(idx.iter().map(|&i| items[i]).collect());
+        let Some(i) = (0..k).rev().find(|&i| idx[i] < n - k + i) else {
+            return out;
+        };
+        idx[i] += 1;
+        for j in i + 1..k {
+            idx[j] = idx[j - 1] + 1;
+        }
+        if out.len() >= 4096 {
+            return out;
+        }
+    }
+}

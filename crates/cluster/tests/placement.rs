@@ -1,0 +1,235 @@
+//! The placement planner against hand-built clusters and random ones: memory, the fewest nodes,
+//! the tensor/pipeline flip at the latency the cost model predicts, determinism, and splits that
+//! follow measured speed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use proptest::prelude::*;
+use strata_cluster::{Link, ModelFacts, Node, PlacementError, Request, StrategyChoice, place};
+
+const GB: u64 = 1_000_000_000;
+
+/// A Llama-1B-like model: 0.6 GB of Q4_0 weights.
+fn model() -> ModelFacts {
+    ModelFacts {
+        name: "llama-1b".into(),
+        weight_bytes: 600_000_000,
+        head_bytes: 60_000_000,
+        kv_bytes_per_token: 2 * 4 * 16 * 8 * 64,
+        n_layer: 16,
+        n_head: 32,
+        n_embd: 2048,
+        n_ff: 8192,
+        q_width: 2048,
+    }
+}
+
+fn node(id: &str, mem_gb: f64, bw_gbs: f64) -> Node {
+    Node {
+        id: id.into(),
+        memory_available: (mem_gb * GB as f64) as u64,
+        mem_bandwidth: bw_gbs * 1e9,
+    }
+}
+
+fn link(a: &str, b: &str, latency_us: f64) -> Link {
+    Link {
+        a: a.into(),
+        b: b.into(),
+        latency: latency_us * 1e-6,
+        bandwidth: 10e9 / 8.0,
+    }
+}
+
+fn req() -> Request {
+    Request {
+        context: 4096,
+        ..Request::default()
+    }
+}
+
+#[test]
+fn a_model_that_fits_on_one_node_stays_there() {
+    let nodes = [node("a", 8.0, 30.0), node("b", 8.0, 60.0)];
+    let p = place(&model(), &nodes, &[link("a", "b", 5.0)], &req()).unwrap();
+    assert_eq!(p.strategy, StrategyChoice::Single);
+    // The faster of the two.
+    assert_eq!(p.nodes, vec!["b"]);
+    assert!(
+        p.explanation.contains("fits on b alone"),
+        "{}",
+        p.explanation
+    );
+}
+
+#[test]
+fn too_little_memory_is_refused_with_the_shortfall() {
+    let nodes = [node("a", 0.3, 30.0), node("b", 0.2, 30.0)];
+    let err = place(&model(), &nodes, &[link("a", "b", 5.0)], &req()).unwrap_err();
+    let PlacementError::DoesNotFit { missing, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(*missing > 100_000_000, "{err}");
+    assert!(err.to_string().contains("missing"), "{err}");
+}
+
+#[test]
+fn the_fewest_nodes_that_fit_are_used() {
+    // No node alone holds 0.6 GB of weights plus 0.27 GB of cache; two do.
+    let nodes = [
+        node("a", 0.6, 30.0),
+        node("b", 0.6, 30.0),
+        node("c", 0.6, 30.0),
+    ];
+    let links = [
+        link("a", "b", 5.0),
+        link("a", "c", 5.0),
+        link("b", "c", 5.0),
+    ];
+    let p = place(&model(), &nodes, &links, &req()).unwrap();
+    assert_eq!(p.nodes.len(), 2, "{p:?}");
+}
+
+#[test]
+fn tensor_gives_way_to_pipeline_where_the_cost_model_says() {
+    let nodes = [node("a", 0.6, 30.0), node("b", 0.6, 30.0)];
+    let m = model();
+    // Equal nodes, equal halves: tensor costs T/2 + L * (4 per layer) + bytes; pipeline costs
+    // T + 2 hand-offs. They meet where the latencies make up the T/2 tensor saves.
+    let t = m.weight_bytes as f64 / 30e9;
+    let bw = 10e9 / 8.0;
+    let per_layer_bytes = 4.0 * (m.q_width + m.n_ff + 2 * m.n_embd) as f64 / 2.0;
+    let hidden = (4 * m.n_embd) as f64;
+    // T/2 + n_layer (4L + B/bw) = T + 2 (L + h/bw)  =>  L* = (T/2 + 2h/bw - n B/bw) / (4n - 2)
+    let n = m.n_layer as f64;
+    let crossover = (t / 2.0 + 2.0 * hidden / bw - n * per_layer_bytes / bw) / (4.0 * n - 2.0);
+    for (factor, want) in [
+        (0.9, StrategyChoice::Tensor),
+        (1.1, StrategyChoice::Pipeline),
+    ] {
+        let links = [link("a", "b", crossover * factor * 1e6)];
+        let p = place(&m, &nodes, &links, &req()).unwrap();
+        assert_eq!(
+            p.strategy,
+            want,
+            "at {:.1} us: {}",
+            crossover * factor * 1e6,
+            p.explanation
+        );
+    }
+}
+
+#[test]
+fn mixed_links_make_a_hybrid() {
+    // Two pairs joined by fast links inside, a slow link between: tensor inside, pipeline across.
+    let nodes: Vec<Node> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| node(n, 0.3, 30.0))
+        .collect();
+    let mut links = vec![link("a", "b", 3.0), link("c", "d", 3.0)];
+    for (x, y) in [("a", "c"), ("a", "d"), ("b", "c"), ("b", "d")] {
+        links.push(link(x, y, 2000.0));
+    }
+    let p = place(&model(), &nodes, &links, &req()).unwrap();
+    assert_eq!(
+        p.strategy,
+        StrategyChoice::Hybrid { tp: 2 },
+        "{}",
+        p.explanation
+    );
+    assert_eq!(p.nodes, vec!["a", "b", "c", "d"]);
+}
+
+#[test]
+fn shares_follow_measured_speed_within_memory() {
+    let nodes = [node("fast", 0.6, 60.0), node("slow", 0.6, 30.0)];
+    let p = place(&model(), &nodes, &[link("fast", "slow", 2.0)], &req()).unwrap();
+    let w: Vec<f64> = p.weights.clone();
+    let fast = p.nodes.iter().position(|n| n == "fast").unwrap();
+    // Twice the bandwidth, but 0.6 GB cannot hold two thirds of the model: capped by memory.
+    assert!(
+        w[fast] > w[1 - fast] && w[fast] < 2.0 * w[1 - fast],
+        "{p:?}"
+    );
+    let nodes = [node("fast", 4.0, 60.0), node("slow", 4.0, 30.0)];
+    let forced = Request {
+        nodes: Some(vec!["fast".into(), "slow".into()]),
+        strategy: Some(StrategyChoice::Tensor),
+        ..req()
+    };
+    let p = place(&model(), &nodes, &[link("fast", "slow", 2.0)], &forced).unwrap();
+    let fast = p.nodes.iter().position(|n| n == "fast").unwrap();
+    assert!(
+        (p.weights[fast] / p.weights[1 - fast] - 2.0).abs() < 1e-9,
+        "{p:?}"
+    );
+}
+
+#[test]
+fn unknown_nodes_and_empty_clusters_are_errors() {
+    assert_eq!(
+        place(&model(), &[], &[], &req()).unwrap_err(),
+        PlacementError::NoNodes
+    );
+    let r = Request {
+        nodes: Some(vec!["ghost".into()]),
+        ..req()
+    };
+    assert!(matches!(
+        place(&model(), &[node("a", 8.0, 30.0)], &[], &r),
+        Err(PlacementError::UnknownNode(_))
+    ));
+}
+
+#[test]
+fn facts_of_the_real_model() {
+    let path = strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("model");
+    let f = strata_gguf::GgufFile::open(&path).unwrap();
+    let m = ModelFacts::from_gguf(&f).unwrap();
+    // 96.4 MB streamed per token, a third of it the tied LM head.
+    assert!((90_000_000..100_000_000).contains(&m.weight_bytes), "{m:?}");
+    assert!(m.head_bytes * 4 > m.weight_bytes, "{m:?}");
+    assert_eq!((m.n_layer, m.n_head), (30, 9));
+}
+
+proptest! {
+    /// Same inputs in any order, same placement; and every placement fits every node's memory.
+    #[test]
+    fn deterministic_and_within_memory(
+        specs in prop::collection::vec((0.05f64..2.0, 5.0f64..80.0), 1..6),
+        lat in prop::collection::vec(1.0f64..3000.0, 15),
+        rotate in 0usize..6,
+    ) {
+        let nodes: Vec<Node> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, (m, b))| node(&format!("n{i}"), *m, *b))
+            .collect();
+        let mut links = Vec::new();
+        let mut k = 0;
+        for i in 0..nodes.len() {
+            for j in i + 1..nodes.len() {
+                links.push(link(&nodes[i].id, &nodes[j].id, lat[k % lat.len()]));
+                k += 1;
+            }
+        }
+        let a = place(&model(), &nodes, &links, &req());
+        let mut shuffled = nodes.clone();
+        shuffled.rotate_left(rotate % nodes.len());
+        let mut links_rev = links.clone();
+        links_rev.reverse();
+        let b = place(&model(), &shuffled, &links_rev, &req());
+        prop_assert_eq!(&a, &b);
+        if let Ok(p) = a {
+            let total = model().weight_bytes as f64 + (model().kv_bytes_per_token * 4096) as f64;
+            let sum: f64 = p.weights.iter().sum();
+            prop_assert!((sum - 1.0).abs() < 1e-6);
+            for (id, w) in p.nodes.iter().zip(&p.weights) {
+                let n = nodes.iter().find(|n| &n.id == id).unwrap();
+                prop_assert!(w * total <= n.memory_available as f64, "{} over memory", id);
+            }
+        }
+    }
+}
