@@ -45,29 +45,8 @@ impl ModelFacts {
     /// Facts read from a GGUF file.
     pub fn from_gguf(file: &GgufFile) -> strata_engine::Result<ModelFacts> {
         let cfg = ModelConfig::from_gguf(file)?;
-        let bytes = |name: &str| {
-            file.tensor(name)
-                .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
-        };
-        let mut layers = 0;
-        for l in 0..cfg.n_layer {
-            for s in [
-                "attn_q",
-                "attn_k",
-                "attn_v",
-                "attn_output",
-                "ffn_gate",
-                "ffn_up",
-                "ffn_down",
-            ] {
-                layers += bytes(&format!("blk.{l}.{s}.weight"));
-            }
-        }
-        let head = if cfg.tied_embeddings {
-            bytes("token_embd.weight")
-        } else {
-            bytes("output.weight")
-        };
+        let (layers, head) = strata_engine::streamed_bytes(file, &cfg);
+        let layers: u64 = layers.iter().sum();
         Ok(ModelFacts {
             name: file
                 .metadata()

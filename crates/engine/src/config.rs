@@ -205,3 +205,35 @@ impl ModelConfig {
         self.n_head / self.n_head_kv
     }
 }
+
+/// Bytes of weight matrices a decode step streams, read from the file's tensor table: one entry
+/// per layer, and the LM head. Planners balance shards with these figures.
+pub fn streamed_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
+    let bytes = |name: &str| {
+        file.tensor(name)
+            .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
+    };
+    const MATRICES: [&str; 7] = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let layers = (0..cfg.n_layer)
+        .map(|l| {
+            MATRICES
+                .iter()
+                .map(|s| bytes(&format!("blk.{l}.{s}.weight")))
+                .sum()
+        })
+        .collect();
+    let head = if cfg.tied_embeddings {
+        bytes("token_embd.weight")
+    } else {
+        bytes("output.weight")
+    };
+    (layers, head)
+}

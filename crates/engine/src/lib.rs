@@ -21,7 +21,7 @@ mod sampler;
 mod shard;
 mod weights;
 
-pub use config::{Arch, ModelConfig, SlidingWindow};
+pub use config::{Arch, ModelConfig, SlidingWindow, streamed_bytes};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;

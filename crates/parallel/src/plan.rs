@@ -116,32 +116,11 @@ struct Costs {
 }
 
 fn costs(file: &GgufFile, cfg: &ModelConfig) -> Costs {
-    let bytes = |name: &str| {
-        file.tensor(name)
-            .map_or(0.0, |t| (t.n_rows() * t.row_bytes()) as f64)
-    };
-    let layer = (0..cfg.n_layer)
-        .map(|l| {
-            [
-                "attn_q",
-                "attn_k",
-                "attn_v",
-                "attn_output",
-                "ffn_gate",
-                "ffn_up",
-                "ffn_down",
-            ]
-            .iter()
-            .map(|s| bytes(&format!("blk.{l}.{s}.weight")))
-            .sum()
-        })
-        .collect();
-    let head = if cfg.tied_embeddings {
-        bytes("token_embd.weight")
-    } else {
-        bytes("output.weight")
-    };
-    Costs { layer, head }
+    let (layers, head) = strata_engine::streamed_bytes(file, cfg);
+    Costs {
+        layer: layers.into_iter().map(|b| b as f64).collect(),
+        head: head as f64,
+    }
 }
 
 /// Splits `0..total` into `weights.len()` contiguous, non-empty ranges proportional to
