@@ -6,6 +6,7 @@
 mod cmd_bench;
 mod cmd_bench_scaling;
 mod cmd_models;
+mod cmd_plan;
 mod cmd_run;
 mod cmd_shard;
 mod cmd_synth;
@@ -32,6 +33,8 @@ enum Command {
     Models(cmd_models::ModelsArgs),
     /// Measure speed (side by side with llama.cpp where it is installed).
     Bench(cmd_bench::BenchArgs),
+    /// Show where and how a model would run on a cluster, and how fast.
+    Plan(cmd_plan::PlanArgs),
     /// Write a random-weight Llama GGUF of chosen dimensions (for scaling benchmarks).
     Synth(cmd_synth::SynthArgs),
     /// Serve as one rank of a sharded model, joining rank 0 (`strata run --listen`).
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd_bench::run(args),
         Command::Worker(args) => cmd_shard::worker(args),
         Command::Synth(args) => cmd_synth::synth(args),
+        Command::Plan(args) => cmd_plan::plan(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,146 @@
+//! `strata plan`: where and how a model would run on a cluster, with the predicted decode speed
+//! and each rank's shard, from a description of the nodes and links (until nodes measure and
+//! publish these themselves, the description is written by hand or by a script).
+//!
+//! The cluster file is JSON: `{"nodes": [{"id", "memory_available", "mem_bandwidth"}], "links":
+//! [{"a", "b", "latency", "bandwidth"}]}` (bytes, bytes per second, seconds). Without one, the
+//! plan is for this machine alone, with its memory bandwidth measured now.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use strata_cluster::{Link, ModelFacts, Node, Request, StrategyChoice, place};
+use strata_gguf::GgufFile;
+use strata_parallel::{CombineStyle, Strategy, make_plan};
+
+/// `strata plan`.
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    /// Model id from the catalog or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// The cluster, as JSON (see `strata plan --help`); default: this machine.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Context positions to reserve KV cache for.
+    #[arg(long, default_value_t = 4096)]
+    ctx_size: usize,
+    /// Force a strategy.
+    #[arg(long, value_enum)]
+    strategy: Option<crate::cmd_shard::StrategyArg>,
+    /// Ranks per stage when forcing `hybrid`.
+    #[arg(long, default_value_t = 2)]
+    tp_size: usize,
+    /// Use exactly these nodes, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Option<Vec<String>>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ClusterFile {
+    nodes: Vec<Node>,
+    #[serde(default)]
+    links: Vec<Link>,
+}
+
+pub(crate) fn plan(a: PlanArgs) -> Result<()> {
+    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let facts = ModelFacts::from_gguf(&file)?;
+    let cluster = match &a.cluster {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str::<ClusterFile>(&text)
+                .with_context(|| format!("parsing the cluster file {}", p.display()))?
+        }
+        None => ClusterFile {
+            nodes: vec![this_machine()],
+            links: Vec::new(),
+        },
+    };
+    let req = Request {
+        context: a.ctx_size,
+        strategy: a.strategy.map(|s| match s {
+            crate::cmd_shard::StrategyArg::Tensor => StrategyChoice::Tensor,
+            crate::cmd_shard::StrategyArg::Pipeline => StrategyChoice::Pipeline,
+            crate::cmd_shard::StrategyArg::Hybrid => StrategyChoice::Hybrid { tp: a.tp_size },
+        }),
+        nodes: a.nodes.clone(),
+    };
+    let p = place(&facts, &cluster.nodes, &cluster.links, &req)?;
+    let shards = if p.nodes.len() > 1 {
+        let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
+        let strategy = match p.strategy {
+            StrategyChoice::Single | StrategyChoice::Tensor => Strategy::Tensor,
+            StrategyChoice::Pipeline => Strategy::Pipeline,
+            StrategyChoice::Hybrid { tp } => Strategy::Hybrid { tp },
+        };
+        let plan = make_plan(
+            &file,
+            &cfg,
+            strategy,
+            p.nodes.len(),
+            Some(&p.weights),
+            CombineStyle::Gather,
+        )?;
+        Some((plan.describe(&cfg), plan))
+    } else {
+        None
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "model": facts,
+                "placement": p,
+                "shards": shards.as_ref().map(|s| &s.1),
+            }))?
+        );
+        return Ok(());
+    }
+    println!("{}", p.explanation);
+    println!(
+        "placement: {:?} on {} -> {:.1} tok/s predicted",
+        p.strategy,
+        p.nodes.join(", "),
+        p.predicted_decode_tok_s
+    );
+    if let Some((text, _)) = shards {
+        for (line, node) in text.lines().zip(&p.nodes) {
+            println!("  {node}: {line}");
+        }
+    }
+    Ok(())
+}
+
+/// This machine as a one-node cluster: available memory from /proc/meminfo, bandwidth measured.
+fn this_machine() -> Node {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pool = strata_kernels::ThreadPool::new(threads);
+    Node {
+        id: hostname(),
+        memory_available: available,
+        mem_bandwidth: strata_kernels::membw::read_bandwidth(&pool, 256 << 20, 2),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "this-machine".into())
+}
