@@ -208,7 +208,7 @@ fn check_hello(h: &Hello, cfg: &MeshConfig) -> std::result::Result<(), String> {
             h.version
         ));
     }
-    if h.token != cfg.token {
+    if !same_secret(h.token.as_bytes(), cfg.token.as_bytes()) {
         return Err("wrong session token".into());
     }
     if h.world != cfg.world {
@@ -221,6 +221,11 @@ fn check_hello(h: &Hello, cfg: &MeshConfig) -> std::result::Result<(), String> {
         return Err(format!("rank {} is outside 1..{}", h.rank, cfg.world));
     }
     Ok(())
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Joins the mesh as rank 0, listening on `listener` (already bound, so a launcher can learn its
@@ -358,10 +363,13 @@ fn create_region(world: usize, token: &str) -> Result<(PathBuf, std::fs::File)> 
         .collect();
     let nonce: u32 = rand::random();
     let path = dir.join(format!("strata-{}-{tag}-{nonce:08x}", std::process::id()));
+    // Owner-only: the rings carry activations (and so, indirectly, prompts).
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&path)
         .map_err(io(0, "creating the shared-memory region"))?;
     file.set_len(ShmRegion::size(world, SHM_RING_BYTES) as u64)
@@ -562,4 +570,25 @@ fn finish(
 pub fn new_token() -> String {
     let a: u128 = rand::random();
     format!("{a:032x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_region_file_is_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let (path, file) = create_region(2, "unit-test").expect("region");
+        let mode = file.metadata().expect("metadata").permissions().mode();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"ab"));
+    }
 }
