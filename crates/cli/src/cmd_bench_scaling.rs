@@ -203,6 +203,55 @@ impl Ctx<'_> {
     }
 }
 
+/// Peak resident memory of every rank, from short `strata run --stats-json` processes: one
+/// process, then 2-way tensor and pipeline splits, with each rank's share of the single figure.
+fn peak_rss(model: &Path) -> Result<serde_json::Value> {
+    let exe = std::env::current_exe().context("finding the strata binary")?;
+    let run = |extra: &[&str]| -> Result<Vec<f64>> {
+        let out = Command::new(&exe)
+            .arg("run")
+            .arg("-m")
+            .arg(model)
+            .args([
+                "--raw",
+                "-n",
+                "8",
+                "--ignore-eos",
+                "--stats-json",
+                "--ctx-size",
+                "512",
+            ])
+            .args(extra)
+            .arg("Hello")
+            .stdin(Stdio::null())
+            .output()
+            .context("running strata for its memory figures")?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!(
+                "strata run {extra:?} failed: {}",
+                err.lines().last().unwrap_or("")
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(err.lines().last().unwrap_or(""))
+            .context("reading the stats of strata run")?;
+        let ranks = v["rank_peak_rss_mb"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_else(|| v["peak_rss_mb"].as_f64().into_iter().collect());
+        Ok(ranks)
+    };
+    let single = run(&["--threads", "1"])?;
+    let one = single.first().copied().unwrap_or(0.0);
+    let mut out = json!({"one_process_mb": one});
+    for strategy in ["tensor", "pipeline"] {
+        let ranks = run(&["--ranks", "2", "--strategy", strategy])?;
+        let share: Vec<f64> = ranks.iter().map(|r| r / one.max(1e-9)).collect();
+        out[strategy] = json!({"ranks_mb": ranks, "share_of_one_process": share});
+    }
+    Ok(out)
+}
+
 /// Two ggml RPC servers with one thread each, stopped on drop.
 struct RpcServers(Vec<Child>);
 
@@ -365,7 +414,10 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     let tensor_tcp = find("tensor", "tcp");
     let reduce_shm = find("tensor-reduce", "shm");
     let reduce_tcp = find("tensor-reduce", "tcp");
+    progress("peak memory per rank");
+    let rss = peak_rss(&path)?;
     let summary = json!({
+        "peak_rss_mb": rss,
         "tensor_shm_decode_speedup_vs_1x1": tensor_shm.map(|r| r.decode_tok_s / base1),
         "tensor_tcp_decode_speedup_vs_1x1": tensor_tcp.map(|r| r.decode_tok_s / base1),
         "tensor_shm_prefill_speedup_vs_1x1": tensor_shm.map(|r| r.prefill_tok_s / pp1),
