@@ -51,6 +51,76 @@ struct Peer {
     payload_len: usize,
     payload_pos: usize,
     deliver_at: u64,
+    /// Bytes read from the link ahead of need, `stash[stash_lo..stash_hi]`: one read takes a
+    /// small message's header and payload (and maybe the next message) in a single call.
+    stash: Box<[u8]>,
+    stash_lo: usize,
+    stash_hi: usize,
+}
+
+/// Bytes of each peer's read-ahead buffer.
+const STASH: usize = 64 << 10;
+
+impl Peer {
+    /// Moves up to `dst.len()` stashed bytes into `dst`; returns how many.
+    fn take_stashed(&mut self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.stash_hi - self.stash_lo);
+        dst[..n].copy_from_slice(&self.stash[self.stash_lo..self.stash_lo + n]);
+        self.stash_lo += n;
+        n
+    }
+
+    /// Refills the (empty) stash from the link; returns whether bytes arrived.
+    fn refill(&mut self) -> Result<bool> {
+        self.stash_lo = 0;
+        self.stash_hi = self.link.read_some(&mut self.stash)?;
+        Ok(self.stash_hi > 0)
+    }
+
+    /// Completes as much of the header as has arrived; returns whether anything moved.
+    fn fill_header(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for _ in 0..2 {
+            let mut header = self.header;
+            let n = self.take_stashed(&mut header[self.header_pos..]);
+            self.header = header;
+            self.header_pos += n;
+            moved |= n > 0;
+            if self.header_pos == HEADER || !self.refill()? {
+                break;
+            }
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Completes as much of the payload as has arrived; returns whether anything moved.
+    fn fill_payload(&mut self) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let (pos, len) = (self.payload_pos, self.payload_len);
+            let mut payload = std::mem::take(&mut self.payload);
+            let n = self.take_stashed(&mut payload[pos..len]);
+            self.payload = payload;
+            self.payload_pos += n;
+            moved |= n > 0;
+            let left = self.payload_len - self.payload_pos;
+            if left == 0 {
+                return Ok(moved);
+            }
+            if left >= STASH / 2 {
+                // Large: straight into place, no copy through the stash.
+                let (pos, len) = (self.payload_pos, self.payload_len);
+                let n = self.link.read_some(&mut self.payload[pos..len])?;
+                self.payload_pos += n;
+                return Ok(moved || n > 0);
+            }
+            if !self.refill()? {
+                return Ok(moved);
+            }
+            moved = true;
+        }
+    }
 }
 
 /// Stops the heartbeat thread when the communicator goes.
@@ -118,6 +188,9 @@ impl Communicator {
                     payload_len: 0,
                     payload_pos: 0,
                     deliver_at: 0,
+                    stash: vec![0; STASH].into_boxed_slice(),
+                    stash_lo: 0,
+                    stash_hi: 0,
                 })
             })
             .collect();
@@ -310,9 +383,7 @@ impl Communicator {
                     continue;
                 }
                 if p.header_pos < HEADER {
-                    let n = p.link.read_some(&mut p.header[p.header_pos..])?;
-                    p.header_pos += n;
-                    moved |= n > 0;
+                    moved |= p.fill_header()?;
                     if p.header_pos < HEADER {
                         pending = Some(rank);
                         continue;
@@ -332,11 +403,7 @@ impl Communicator {
                     }
                 }
                 if p.payload_pos < p.payload_len {
-                    let n = p
-                        .link
-                        .read_some(&mut p.payload[p.payload_pos..p.payload_len])?;
-                    p.payload_pos += n;
-                    moved |= n > 0;
+                    moved |= p.fill_payload()?;
                     if p.payload_pos < p.payload_len {
                         pending = Some(rank);
                         continue;
