@@ -277,13 +277,23 @@ pub fn shard_candidates(
         out.extend(best);
         return;
     }
+    // Every logit in id order, then the recent ones (already kept above) flagged in the top
+    // bit of their id and dropped: linear in the shard, not in shard x history.
+    const FLAG: u32 = 1 << 31;
     out.extend(
         logits
             .iter()
             .enumerate()
-            .map(|(i, &l)| (offset + i as u32, l))
-            .filter(|c| !is_recent(c.0)),
+            .map(|(i, &l)| (offset + i as u32, l)),
     );
+    for &id in recent {
+        if (offset as usize..end).contains(&(id as usize)) {
+            out[fixed + (id - offset) as usize].0 |= FLAG;
+        }
+    }
+    if !recent.is_empty() {
+        out.retain(|c| c.0 & FLAG == 0);
+    }
     let rest = &mut out[fixed..];
     if k < rest.len() {
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
