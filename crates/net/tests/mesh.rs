@@ -227,28 +227,3 @@ fn a_vanished_peer_is_reported_quickly() {
         assert!(*took < Duration::from_secs(2), "{t:?}: {took:?}");
     }
 }
-
-/// Not a test: prints the round-trip cost of a small all-gather (run with --ignored).
-#[test]
-#[ignore]
-fn exchange_latency_probe() {
-    for t in [Transport::Shm, Transport::Tcp] {
-        let r = mesh(2, t, LinkShape::default(), |c| {
-            let src = vec![1.0f32; 288];
-            let mut dst = vec![0.0f32; 576];
-            let parts = [0..288, 288..576];
-            for _ in 0..1000 {
-                c.all_gather_cols(&[0, 1], &src, &mut dst, 1, &parts)
-                    .expect("all-gather");
-            }
-            let start = Instant::now();
-            let n = 20000;
-            for _ in 0..n {
-                c.all_gather_cols(&[0, 1], &src, &mut dst, 1, &parts)
-                    .expect("all-gather");
-            }
-            start.elapsed() / n
-        });
-        println!("{t:?}: {:?} per exchange", r[0]);
-    }
-}
