@@ -48,6 +48,16 @@ pub(crate) struct EngineArgs {
     /// Repetitions per test; the median is reported.
     #[arg(long, short = 'r', default_value_t = 5)]
     repetitions: usize,
+    #[command(flatten)]
+    llama: LlamaOpts,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where llama.cpp's `llama-bench` comes from, shared by the benchmarks.
+#[derive(Debug, Args)]
+pub(crate) struct LlamaOpts {
     /// Path of llama.cpp's `llama-bench` (default: `$STRATA_LLAMA_BENCH`, `llama-bench` on
     /// PATH, then `~/.cache/llama-bench/llama-bench`).
     #[arg(long)]
@@ -55,9 +65,23 @@ pub(crate) struct EngineArgs {
     /// Measure strata only.
     #[arg(long)]
     no_llama: bool,
-    /// Print one JSON object instead of the table.
-    #[arg(long)]
-    json: bool,
+}
+
+impl LlamaOpts {
+    /// The llama-bench to run, if any (with a note on stderr when it was wanted but not found).
+    pub(crate) fn find(&self) -> Option<PathBuf> {
+        if self.no_llama {
+            return None;
+        }
+        let found = find_llama_bench(self.llama_bench.as_deref());
+        if found.is_none() {
+            eprintln!(
+                "note: llama-bench not found (pass --llama-bench PATH or set STRATA_LLAMA_BENCH); \
+                 measuring strata only"
+            );
+        }
+        found
+    }
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
@@ -107,17 +131,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         bail!("--pp, --tg and --repetitions must be at least 1");
     }
     let path = crate::cmd_run::resolve_model(&a.model)?;
-    let llama = if a.no_llama {
-        None
-    } else {
-        find_llama_bench(a.llama_bench.as_deref())
-    };
-    if !a.no_llama && llama.is_none() {
-        eprintln!(
-            "note: llama-bench not found (pass --llama-bench PATH or set STRATA_LLAMA_BENCH); \
-             measuring strata only"
-        );
-    }
+    let llama = a.llama.find();
     let mut rows = Vec::new();
     let mut bytes_per_token = 0usize;
     for &t in &a.threads {
@@ -220,7 +234,7 @@ fn engine(a: EngineArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
+fn find_llama_bench(given: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = given {
         return Some(p.to_path_buf());
     }

@@ -9,7 +9,7 @@
 //! are measured under the same machine state, rather than the absolute numbers.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::json;
 use strata_engine::Generator;
 
-use crate::cmd_bench::{find_llama_bench, median, random_tokens, run_llama_bench};
+use crate::cmd_bench::{median, random_tokens, run_llama_bench};
 use crate::cmd_shard::{CombineArg, ShardOpts, StrategyArg, TransportArg};
 
 /// `strata bench scaling`.
@@ -43,12 +43,8 @@ pub(crate) struct ScalingArgs {
     /// Sequences in flight for the pipeline throughput test.
     #[arg(long, default_value_t = 2)]
     seqs: usize,
-    /// Path of llama.cpp's `llama-bench` (found as for `strata bench engine`).
-    #[arg(long)]
-    llama_bench: Option<PathBuf>,
-    /// Measure strata only.
-    #[arg(long)]
-    no_llama: bool,
+    #[command(flatten)]
+    llama: crate::cmd_bench::LlamaOpts,
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
@@ -353,11 +349,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     }
 
     // llama.cpp alone and over its RPC backend, where installed.
-    let llama = if a.no_llama {
-        None
-    } else {
-        find_llama_bench(a.llama_bench.as_deref())
-    };
+    let llama = a.llama.find();
     let mut llama_rows = Vec::new();
     if let Some(exe) = &llama {
         progress("llama.cpp");
