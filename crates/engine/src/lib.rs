@@ -12,6 +12,7 @@
 //! networks, clusters or HTTP.
 #![warn(missing_docs)]
 
+mod batch;
 mod config;
 mod error;
 mod generate;
@@ -21,6 +22,7 @@ mod sampler;
 mod shard;
 mod weights;
 
+pub use batch::{Batch, SlotId};
 pub use config::{Arch, ModelConfig, SlidingWindow, streamed_bytes};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};

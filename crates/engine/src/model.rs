@@ -110,10 +110,31 @@ pub struct Scratch {
     scores: Vec<f32>,
     /// Per-thread weighted-sum accumulators, `64 * head_dim` floats each.
     accs: Vec<f32>,
+    /// Which sequence and position each row of the step belongs to.
+    rows: Rows,
+}
+
+/// The sequence (index into the step's caches) and position of every row of a step.
+#[derive(Debug, Default)]
+struct Rows {
+    seq: Vec<usize>,
+    pos: Vec<usize>,
+}
+
+impl Rows {
+    fn fill(&mut self, items: impl Iterator<Item = (usize, usize)>) {
+        self.seq.clear();
+        self.pos.clear();
+        for (seq, pos) in items {
+            self.seq.push(seq);
+            self.pos.push(pos);
+        }
+    }
 }
 
 impl Scratch {
-    /// Logits of the last token over the shard's vocabulary rows (after a last-stage step).
+    /// Logits of the last token over the shard's vocabulary rows (after a last-stage step); after
+    /// [`Model::forward_batch`], one such row per sequence, back to back.
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
@@ -222,11 +243,9 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
-        let cfg = &self.cfg;
-        let e = cfg.n_embd;
         let n = match input {
             StageInput::Tokens(t) => t.len(),
-            StageInput::Hidden(h) => h.len() / e,
+            StageInput::Hidden(h) => h.len() / self.cfg.n_embd,
         };
         if n == 0 {
             return Err(Error::EmptyPrompt);
@@ -238,6 +257,102 @@ impl Model {
                 limit: cache.capacity(),
             });
         }
+        let mut rows = std::mem::take(&mut scratch.rows);
+        rows.fill((pos0..pos0 + n).map(|p| (0, p)));
+        // ggml sums attention products in a different order for one token than for a batch.
+        let order = if n == 1 {
+            self.flavour.single()
+        } else {
+            self.flavour.batch()
+        };
+        // Only the last token's row feeds the logits, so the last stage's last layer skips the
+        // other rows after attention (as llama.cpp does).
+        let trim = self.spec.is_last_stage(&self.cfg) && n > 1;
+        let mut caches = [cache];
+        let res = self.step(pool, &mut caches, scratch, &rows, input, order, trim, comm);
+        scratch.rows = rows;
+        res?;
+        caches[0].advance(n);
+        Ok(())
+    }
+
+    /// Runs one decode step for several independent sequences at once: token `tokens[i]` is
+    /// appended to sequence `caches[i]`. Every weight matrix is read once for the whole batch,
+    /// which is what makes serving many streams cheaper than serving them one by one.
+    ///
+    /// Each row's arithmetic is the same as a one-token [`Model::forward`] on its own cache
+    /// (the matrix kernels treat rows independently and every row uses the single-token
+    /// attention order), so a sequence's tokens do not depend on what it is batched with.
+    /// After it, `scratch.logits()` holds one row of logits per sequence. Full-width shards
+    /// only (the batch is not exchanged between ranks).
+    pub fn forward_batch(
+        &self,
+        pool: &ThreadPool,
+        caches: &mut [&mut KvCache],
+        scratch: &mut Scratch,
+        tokens: &[u32],
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if tokens.len() != caches.len() {
+            return Err(Error::InvalidShard(format!(
+                "a batch of {} tokens for {} sequences",
+                tokens.len(),
+                caches.len()
+            )));
+        }
+        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
+            return Err(Error::InvalidShard(
+                "batched decoding needs the whole model in one process".into(),
+            ));
+        }
+        for c in caches.iter() {
+            if c.len() >= c.capacity() {
+                return Err(Error::ContextOverflow {
+                    needed: c.len() + 1,
+                    limit: c.capacity(),
+                });
+            }
+        }
+        let mut rows = std::mem::take(&mut scratch.rows);
+        rows.fill(caches.iter().enumerate().map(|(i, c)| (i, c.len())));
+        let order = self.flavour.single();
+        let res = self.step(
+            pool,
+            caches,
+            scratch,
+            &rows,
+            StageInput::Tokens(tokens),
+            order,
+            false,
+            &mut NoComm,
+        );
+        scratch.rows = rows;
+        res?;
+        for c in caches.iter_mut() {
+            c.advance(1);
+        }
+        Ok(())
+    }
+
+    /// The layers and head of one step over `rows` (validated by the caller). With `trim`,
+    /// only the last row continues after the last layer's attention.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        pool: &ThreadPool,
+        caches: &mut [&mut KvCache],
+        scratch: &mut Scratch,
+        rows: &Rows,
+        input: StageInput<'_>,
+        order: attn::DotOrder,
+        trim: bool,
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let e = cfg.n_embd;
+        let n = rows.pos.len();
         grow(&mut scratch.x, n * e);
         match input {
             StageInput::Tokens(tokens) => {
@@ -264,39 +379,45 @@ impl Model {
             StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
         }
 
-        self.fill_rope(scratch, pos0, n);
+        self.fill_rope(scratch, &rows.pos);
         let last_layer = self.spec.layers.len() - 1;
-        let last_stage = self.spec.is_last_stage(cfg);
-        let mut rows = n;
+        let mut live = n;
         for (li, lw) in self.weights.layers.iter().enumerate() {
-            // Only the last token's row feeds the logits, so the last stage's last layer skips
-            // the other rows after attention (as llama.cpp does).
-            let trim = last_stage && li == last_layer && n > 1;
-            self.attention(pool, cache, scratch, li, lw, pos0, n, trim, comm)?;
-            if trim {
+            let trim_here = trim && li == last_layer;
+            self.attention(pool, caches, scratch, rows, li, lw, order, trim_here, comm)?;
+            if trim_here {
                 scratch.x.copy_within((n - 1) * e..n * e, 0);
-                rows = 1;
+                live = 1;
             }
-            self.ffn(pool, scratch, lw, rows, comm)?;
+            self.ffn(pool, scratch, lw, live, comm)?;
         }
-        cache.advance(n);
 
         if let Some((norm, head)) = &self.weights.head {
-            let last = &scratch.x[(rows - 1) * e..rows * e];
-            grow(&mut scratch.xn, e);
-            ops::rms_norm(last, norm, cfg.rms_eps, &mut scratch.xn[..e]);
+            // One row of logits per sequence: the last row when trimmed or single, every row of
+            // a multi-sequence batch.
+            let (first, count) = if caches.len() > 1 {
+                (0, live)
+            } else {
+                (live - 1, 1)
+            };
+            let x = &scratch.x[first * e..(first + count) * e];
+            grow(&mut scratch.xn, count * e);
+            for (src, dst) in x.chunks_exact(e).zip(scratch.xn.chunks_exact_mut(e)) {
+                ops::rms_norm(src, norm, cfg.rms_eps, dst);
+            }
             scratch
                 .acts
-                .quantize(head.ggml_type(), &scratch.xn[..e], 1, e);
-            scratch.logits.resize(head.rows(), 0.0);
+                .quantize(head.ggml_type(), &scratch.xn[..count * e], count, e);
+            scratch.logits.resize(count * head.rows(), 0.0);
             matmul(pool, head, &scratch.acts, &mut scratch.logits);
         }
         Ok(())
     }
 
-    /// RoPE tables for the `n` positions from `pos0`: one for the model's base and, with a
+    /// RoPE tables for the rows at positions `pos`: one for the model's base and, with a
     /// sliding window, one for the window layers' base (after the first `n * half` entries).
-    fn fill_rope(&self, s: &mut Scratch, pos0: usize, n: usize) {
+    fn fill_rope(&self, s: &mut Scratch, pos: &[usize]) {
+        let n = pos.len();
         let half = self.cfg.rope_dims / 2;
         let bases: &[f32] = match &self.cfg.swa {
             Some(w) => &[self.cfg.rope_base, w.rope_base],
@@ -305,10 +426,10 @@ impl Model {
         grow(&mut s.rope_cos, bases.len() * n * half);
         grow(&mut s.rope_sin, bases.len() * n * half);
         for (bi, &base) in bases.iter().enumerate() {
-            for t in 0..n {
+            for (t, &p) in pos.iter().enumerate() {
                 let at = (bi * n + t) * half;
                 ops::rope_table(
-                    pos0 + t,
+                    p,
                     self.cfg.rope_dims,
                     base,
                     &mut s.rope_cos[at..at + half],
@@ -322,16 +443,17 @@ impl Model {
     fn attention(
         &self,
         pool: &ThreadPool,
-        cache: &mut KvCache,
+        caches: &mut [&mut KvCache],
         s: &mut Scratch,
+        rows: &Rows,
         li: usize,
         lw: &crate::weights::LayerWeights,
-        pos0: usize,
-        n: usize,
+        order: attn::DotOrder,
         trim: bool,
         comm: &mut dyn Collective,
     ) -> Result<()> {
         let cfg = &self.cfg;
+        let n = rows.pos.len();
         let (e, hd) = (cfg.n_embd, cfg.head_dim);
         let n_q = lw.wq.rows() / hd;
         let n_kv = lw.wk.rows() / hd;
@@ -404,24 +526,18 @@ impl Model {
                 }
                 rope(&mut k[..cfg.rope_dims], c, sn);
                 let v = &s.v[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
-                cache.store(li, h, pos0 + t, k, v);
+                caches[rows.seq[t]].store(li, h, rows.pos[t], k, v);
             }
         }
 
         // Scores, softmax and the weighted sum of values, one (query head, token) at a time.
         let n_threads = pool.n_threads();
         // Sized for the whole context at once, so a growing sequence never reallocates.
-        let score_stride = cache.capacity();
+        let score_stride = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
         grow(&mut s.scores, n_threads * score_stride);
         grow(&mut s.accs, n_threads * 64 * hd);
         let score_base = SyncPtr(s.scores.as_mut_ptr());
         let acc_base = SyncPtr(s.accs.as_mut_ptr());
-        // ggml sums attention products in a different order for one token than for a batch.
-        let order = if n == 1 {
-            self.flavour.single()
-        } else {
-            self.flavour.batch()
-        };
         // With `trim`, only the last token's attention output is needed.
         let t_first = if trim { n - 1 } else { 0 };
         let n_out = n - t_first;
@@ -440,7 +556,7 @@ impl Model {
             .map(|w| w.window);
         let next = AtomicUsize::new(0);
         let units = n_out * n_q;
-        let cache_ref = &*cache;
+        let caches_ref: &[&mut KvCache] = caches;
         let q = &s.q;
         let flavour = self.flavour;
         pool.run(&|tid| {
@@ -453,18 +569,18 @@ impl Model {
                 let t = t_first + tt;
                 // The cache holds this shard's KV heads, from the one its first query head reads.
                 let kvh = (q0 + h) / group - kv0;
-                let len = pos0 + t + 1;
+                let (cache, query_pos) = (&*caches_ref[rows.seq[t]], rows.pos[t]);
+                let len = query_pos + 1;
                 let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
                 // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
                 // floats, inside the buffer grown above.
                 let sc = unsafe {
                     std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
                 };
-                attn::scores(order, qv, cache_ref.keys(li, kvh, len), scale, sc);
+                attn::scores(order, qv, cache.keys(li, kvh, len), scale, sc);
                 if let Some(w) = window {
                     // Keys `w` or more positions back are masked (exp(-inf) = 0), keeping the
                     // row's layout so the softmax sums in ggml's blocks.
-                    let query_pos = pos0 + t;
                     for (p, v) in sc.iter_mut().enumerate() {
                         if query_pos - p >= w {
                             *v = f32::NEG_INFINITY;
@@ -482,7 +598,7 @@ impl Model {
                         std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
                     )
                 };
-                attn::weighted_sum(order, sc, cache_ref.values(li, kvh, len), acc, o);
+                attn::weighted_sum(order, sc, cache.values(li, kvh, len), acc, o);
             }
         });
 

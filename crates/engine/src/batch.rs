@@ -1,0 +1,154 @@
+//! Many sequences on one model: a fixed set of KV-cache slots, prompts prefilled one at a time,
+//! and decode steps that advance every live sequence in one batched forward pass.
+//!
+//! This is the engine half of continuous batching: a server admits a new sequence into a free
+//! slot between decode steps and retires finished ones, while the weights are streamed from
+//! memory once per step for the whole batch instead of once per sequence.
+
+use crate::generate::PREFILL_BATCH;
+use crate::{Error, KvCache, Model, NoComm, Result, Scratch, StageInput};
+use strata_kernels::ThreadPool;
+
+/// Which slot a sequence lives in (valid until [`Batch::release`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotId(usize);
+
+impl SlotId {
+    /// The slot's index (for logs and metrics).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// A model with `slots` independent KV caches of `n_ctx` positions each.
+#[derive(Debug)]
+pub struct Batch {
+    model: Model,
+    pool: ThreadPool,
+    scratch: Scratch,
+    caches: Vec<KvCache>,
+    busy: Vec<bool>,
+    /// The slots of the step being run, in the order of its tokens (kept to avoid allocating).
+    order: Vec<usize>,
+}
+
+impl Batch {
+    /// Takes a whole model (not a shard) and reserves `slots` caches of `n_ctx` positions. Cache
+    /// pages are only touched as positions fill, so idle slots cost address space, not memory.
+    pub fn new(model: Model, threads: usize, slots: usize, n_ctx: usize) -> Result<Batch> {
+        if slots == 0 {
+            return Err(Error::InvalidShard(
+                "a batch needs at least one slot".into(),
+            ));
+        }
+        let caches = (0..slots)
+            .map(|_| model.new_cache(n_ctx.max(1)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Batch {
+            model,
+            pool: ThreadPool::new(threads),
+            scratch: Scratch::default(),
+            caches,
+            busy: vec![false; slots],
+            order: Vec::with_capacity(slots),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Positions each slot holds.
+    pub fn n_ctx(&self) -> usize {
+        self.caches.first().map_or(0, KvCache::capacity)
+    }
+
+    /// Slots in all.
+    pub fn slots(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// Slots not holding a sequence.
+    pub fn free_slots(&self) -> usize {
+        self.busy.iter().filter(|b| !**b).count()
+    }
+
+    /// Positions filled in `slot`.
+    pub fn len(&self, slot: SlotId) -> usize {
+        self.caches.get(slot.0).map_or(0, KvCache::len)
+    }
+
+    /// Starts a sequence: takes a free slot and runs `prompt` through it (in chunks of the
+    /// prefill batch). Returns the slot and the logits that follow the prompt.
+    pub fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32])> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let n_ctx = self.n_ctx();
+        if prompt.len() >= n_ctx {
+            return Err(Error::ContextOverflow {
+                needed: prompt.len() + 1,
+                limit: n_ctx,
+            });
+        }
+        let slot = self
+            .busy
+            .iter()
+            .position(|b| !*b)
+            .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
+        let cache = &mut self.caches[slot];
+        cache.clear();
+        for chunk in prompt.chunks(PREFILL_BATCH) {
+            self.model.forward(
+                &self.pool,
+                cache,
+                &mut self.scratch,
+                StageInput::Tokens(chunk),
+                &mut NoComm,
+            )?;
+        }
+        self.busy[slot] = true;
+        Ok((SlotId(slot), self.scratch.logits_mut()))
+    }
+
+    /// Appends `steps[i].1` to the sequence in slot `steps[i].0`, all in one forward pass, and
+    /// returns the logits that follow, one vocabulary-long row per step in the same order.
+    pub fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32]> {
+        self.order.clear();
+        for &(slot, _) in steps {
+            if !self.busy.get(slot.0).copied().unwrap_or(false) {
+                return Err(Error::InvalidShard(format!(
+                    "slot {} holds no sequence",
+                    slot.0
+                )));
+            }
+            if self.order.contains(&slot.0) {
+                return Err(Error::InvalidShard(format!(
+                    "slot {} appears twice in one step",
+                    slot.0
+                )));
+            }
+            self.order.push(slot.0);
+        }
+        // Split borrows: the caches of this step, in step order, as one slice of references.
+        let mut refs: Vec<&mut KvCache> = Vec::with_capacity(steps.len());
+        let mut rest: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
+        for &i in &self.order {
+            if let Some(c) = rest[i].take() {
+                refs.push(c);
+            }
+        }
+        let tokens: Vec<u32> = steps.iter().map(|s| s.1).collect();
+        self.model
+            .forward_batch(&self.pool, &mut refs, &mut self.scratch, &tokens)?;
+        Ok(self.scratch.logits_mut())
+    }
+
+    /// Frees a slot for the next sequence.
+    pub fn release(&mut self, slot: SlotId) {
+        if let Some(b) = self.busy.get_mut(slot.0) {
+            *b = false;
+        }
+    }
+}
