@@ -8,6 +8,7 @@ mod cmd_bench_scaling;
 mod cmd_models;
 mod cmd_plan;
 mod cmd_run;
+mod cmd_serve;
 mod cmd_shard;
 mod cmd_synth;
 
@@ -29,6 +30,8 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Chat interactively with a model.
     Chat(cmd_run::ChatArgs),
+    /// Serve the OpenAI-compatible HTTP API with the model loaded on this node.
+    Serve(cmd_serve::ServeArgs),
     /// Manage downloaded models.
     Models(cmd_models::ModelsArgs),
     /// Measure speed (side by side with llama.cpp where it is installed).
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Run(args) => cmd_run::run(args),
         Command::Chat(args) => cmd_run::chat(args),
+        Command::Serve(args) => cmd_serve::serve(args),
         Command::Models(args) => cmd_models::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Worker(args) => cmd_shard::worker(args),

@@ -273,7 +273,7 @@ impl Tokenizer {
     }
 
     /// A decoder for a stream of generated ids; `special` as in [`Tokenizer::decode`].
-    pub fn stream_decoder(&self, special: bool) -> StreamDecoder<'_> {
+    pub fn stream_decoder(&self, special: bool) -> StreamDecoder<&Tokenizer> {
         StreamDecoder::new(self, special)
     }
 }

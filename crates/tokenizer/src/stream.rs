@@ -24,18 +24,18 @@ use crate::Tokenizer;
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct StreamDecoder<'t> {
-    tokenizer: &'t Tokenizer,
+pub struct StreamDecoder<T: std::ops::Deref<Target = Tokenizer>> {
+    tokenizer: T,
     special: bool,
     /// Bytes of an incomplete UTF-8 sequence at the end of what was pushed so far (≤ 3 bytes,
     /// unless a token itself carries invalid bytes, which are emitted as U+FFFD at once).
     pending: Vec<u8>,
 }
 
-impl<'t> StreamDecoder<'t> {
-    /// A decoder for `tokenizer`; `special` shows control tokens as text, as in
-    /// [`Tokenizer::decode`].
-    pub fn new(tokenizer: &'t Tokenizer, special: bool) -> StreamDecoder<'t> {
+impl<T: std::ops::Deref<Target = Tokenizer>> StreamDecoder<T> {
+    /// A decoder for `tokenizer` (a reference, or a shared handle such as `Arc<Tokenizer>`);
+    /// `special` shows control tokens as text, as in [`Tokenizer::decode`].
+    pub fn new(tokenizer: T, special: bool) -> StreamDecoder<T> {
         StreamDecoder {
             tokenizer,
             special,

@@ -167,8 +167,13 @@ impl ChatTemplate {
         )
     }
 
-    /// Renders a conversation with tools and extra template variables.
-    pub fn render_with(&self, messages: &[ChatMessage], opts: &RenderOptions) -> Result<String> {
+    /// Renders a conversation with tools and extra template variables. Messages may be
+    /// [`ChatMessage`]s or any serialisable objects (e.g. JSON with `tool_calls`).
+    pub fn render_with<M: Serialize>(
+        &self,
+        messages: &[M],
+        opts: &RenderOptions,
+    ) -> Result<String> {
         let mut ctx = serde_json::Map::new();
         ctx.insert(
             "messages".into(),

@@ -1,0 +1,133 @@
+//! strata's OpenAI-compatible HTTP API.
+//!
+//! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
+//! - [`scheduler`]: continuous batching over the engine's [`strata_engine::Batch`].
+//! - [`grammar`] and [`tools`]: tool calls and JSON output constrained by llguidance.
+//! - [`auth`]: API keys (constant-time check) and per-key token buckets.
+//! - [`metrics`]: Prometheus counters, gauges and histograms.
+#![warn(missing_docs)]
+
+pub mod auth;
+mod error;
+pub mod grammar;
+pub mod metrics;
+pub mod output;
+pub mod scheduler;
+pub mod server;
+pub mod tools;
+pub mod types;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use error::ApiError;
+
+use strata_engine::{Batch, Model};
+use strata_gguf::GgufFile;
+use strata_tokenizer::{ChatTemplate, Tokenizer};
+
+/// Why the server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The model could not be loaded.
+    #[error(transparent)]
+    Engine(#[from] strata_engine::Error),
+    /// The model file is unreadable.
+    #[error(transparent)]
+    Gguf(#[from] strata_gguf::Error),
+    /// The tokenizer or template is unusable.
+    #[error(transparent)]
+    Tokenizer(#[from] strata_tokenizer::Error),
+    /// Grammar support could not be set up for this vocabulary.
+    #[error("setting up constrained decoding: {0}")]
+    Grammar(String),
+    /// The engine thread could not start.
+    #[error("starting the engine thread: {0}")]
+    Thread(#[from] std::io::Error),
+    /// A non-loopback address without keys.
+    #[error(
+        "refusing to serve {0} without API keys: anyone who can reach it could use the model. \
+         Give --api-key-file, bind 127.0.0.1, or pass --insecure-no-auth"
+    )]
+    Unprotected(SocketAddr),
+}
+
+/// How to run a single-node server.
+#[derive(Debug)]
+pub struct ServeOptions {
+    /// The GGUF file.
+    pub model_path: PathBuf,
+    /// The id clients name in `model`.
+    pub model_id: String,
+    /// Compute threads.
+    pub threads: usize,
+    /// Sequences decoded together (batch slots).
+    pub parallel: usize,
+    /// Requests that may wait for a slot before 429.
+    pub queue: usize,
+    /// Context window per sequence.
+    pub n_ctx: Option<usize>,
+    /// Accepted API keys.
+    pub keys: Option<auth::Keys>,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+}
+
+/// Whether serving `addr` with or without keys is allowed.
+pub fn check_bind(
+    addr: SocketAddr,
+    has_keys: bool,
+    insecure_no_auth: bool,
+) -> Result<(), StartError> {
+    if addr.ip().is_loopback() || has_keys || insecure_no_auth {
+        Ok(())
+    } else {
+        Err(StartError::Unprotected(addr))
+    }
+}
+
+/// Loads the model and starts the engine thread.
+pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
+    let file = GgufFile::open(&opts.model_path)?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
+    let template = ChatTemplate::from_gguf(file.metadata())?;
+    let model = Model::load_full(&file)?;
+    let n_ctx = opts
+        .n_ctx
+        .unwrap_or(model.config().n_ctx_train.min(8192))
+        .max(2);
+    let batch = Batch::new(model, opts.threads.max(1), opts.parallel.max(1), n_ctx)?;
+    let grammars = grammar::Grammars::new(Arc::clone(&tokenizer)).map_err(StartError::Grammar)?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let scheduler = scheduler::Scheduler::start(
+        batch,
+        Arc::clone(&tokenizer),
+        opts.queue,
+        Arc::clone(&metrics),
+    )?;
+    Ok(Arc::new(server::AppState {
+        model_id: opts.model_id,
+        tokenizer,
+        template,
+        grammars,
+        scheduler,
+        n_ctx,
+        keys: opts.keys,
+        metrics,
+        max_body: opts.max_body,
+        created: server::unix_now(),
+    }))
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<server::AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, server::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,120 @@
+//! Prometheus metrics of the API server, served at `GET /metrics` in the text format.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of the request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The route (`/v1/chat/completions`, …; `other` for unknown paths).
+    pub endpoint: String,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// Every metric the server keeps.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by endpoint and status.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Prompt tokens processed.
+    pub prompt_tokens: Counter,
+    /// Tokens generated.
+    pub completion_tokens: Counter,
+    /// Time from admission to the first generated token.
+    pub ttft: Histogram,
+    /// Time between consecutive generated tokens of a sequence.
+    pub inter_token: Histogram,
+    /// Requests waiting for a batch slot.
+    pub queue_depth: Gauge,
+    /// Sequences being generated.
+    pub active_sequences: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics, registered under the `strata_` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("strata");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by endpoint and status",
+            requests.clone(),
+        );
+        let prompt_tokens = Counter::default();
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens processed",
+            prompt_tokens.clone(),
+        );
+        let completion_tokens = Counter::default();
+        registry.register(
+            "completion_tokens",
+            "Tokens generated",
+            completion_tokens.clone(),
+        );
+        let ttft = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register(
+            "time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first generated token",
+            ttft.clone(),
+        );
+        let inter_token = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "inter_token_latency_seconds",
+            "Seconds between consecutive generated tokens of one sequence",
+            inter_token.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "Requests waiting for a batch slot",
+            queue_depth.clone(),
+        );
+        let active_sequences = Gauge::default();
+        registry.register(
+            "active_sequences",
+            "Sequences being generated",
+            active_sequences.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            prompt_tokens,
+            completion_tokens,
+            ttft,
+            inter_token,
+            queue_depth,
+            active_sequences,
+        }
+    }
+
+    /// Counts one answered request.
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.to_string(),
+                status,
+            })
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,358 @@
+//! Continuous batching: one engine thread owns the model and a fixed number of sequence slots.
+//! Between decode steps it admits waiting requests into free slots (prefilling each prompt), then
+//! advances every live sequence by one token in a single batched forward pass, so the weights are
+//! read once per step for the whole batch. Finished and abandoned sequences leave at once.
+//!
+//! Requests reach the thread through a bounded queue (a full queue is the caller's 429); tokens
+//! go back through a channel per request. A request whose receiver is gone (the client hung up,
+//! or a stop sequence matched) is dropped before the next step.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_engine::{Batch, Sampler, SamplingParams, SlotId};
+use strata_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// A decoding constraint (a grammar): it masks the tokens the grammar forbids before each
+/// sample and follows the sampled token.
+pub trait Constraint: Send {
+    /// Sets the logits of forbidden tokens to -inf.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Follows the sampled token; returns `true` when the grammar is complete and generation
+    /// must end.
+    fn commit(&mut self, token: u32) -> Result<bool, String>;
+}
+
+/// Log-probability of a generated token and of the most likely alternatives.
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    /// The chosen token's log-probability.
+    pub logprob: f32,
+    /// The `top` most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token, or the grammar completed.
+    Stop,
+    /// The token budget or the context window ran out.
+    Length,
+}
+
+/// What the engine thread tells a request.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token (end-of-generation tokens are not sent).
+    Token {
+        /// Token id.
+        id: u32,
+        /// Log-probabilities, when asked for.
+        logprob: Option<TokenLogprob>,
+    },
+    /// Generation ended.
+    Done {
+        /// Why.
+        finish: Finish,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens (including an end-of-generation token).
+        completion_tokens: usize,
+    },
+    /// The engine failed on this request.
+    Failed(String),
+}
+
+/// A request for the engine thread.
+pub struct Job {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Alternatives to report per token (`None`: no log-probabilities).
+    pub logprobs: Option<usize>,
+    /// A grammar the output must follow.
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Where tokens go.
+    pub events: mpsc::UnboundedSender<Event>,
+    /// When the request arrived (for time to first token).
+    pub arrived: Instant,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("prompt_tokens", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("constrained", &self.constraint.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The submitting side of the engine thread.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    tx: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
+    queue: usize,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The queue holds this many jobs already.
+    Full(usize),
+    /// The engine thread has stopped.
+    Stopped,
+}
+
+impl Scheduler {
+    /// Starts the engine thread over `batch`; at most `queue` requests wait for a slot.
+    pub fn start(
+        batch: Batch,
+        tokenizer: Arc<Tokenizer>,
+        queue: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Scheduler> {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let m = Arc::clone(&metrics);
+        std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || run(batch, &tokenizer, rx, &m))?;
+        Ok(Scheduler {
+            tx,
+            metrics,
+            queue: queue.max(1),
+        })
+    }
+
+    /// Queues a job without waiting.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        match self.tx.try_send(job) {
+            Ok(()) => {
+                self.metrics.queue_depth.inc();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::Full(self.queue)),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::Stopped),
+        }
+    }
+}
+
+/// A sequence in a slot.
+struct Seq {
+    job: Job,
+    slot: SlotId,
+    sampler: Sampler,
+    history: Vec<u32>,
+    generated: usize,
+    last: u32,
+    last_at: Instant,
+}
+
+impl Seq {
+    /// Samples the next token from `logits`, reports it, and says whether the sequence goes on.
+    fn advance(&mut self, logits: &mut [f32], tok: &Tokenizer, n_ctx: usize, m: &Metrics) -> bool {
+        if let Some(c) = self.job.constraint.as_mut() {
+            if let Err(e) = c.mask(logits) {
+                let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                return false;
+            }
+            if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+                let _ = self
+                    .job
+                    .events
+                    .send(Event::Failed("grammar: no token is allowed here".into()));
+                return false;
+            }
+        }
+        let lp = self.job.logprobs.map(|top| logprobs(logits, top));
+        let id = self.sampler.sample(logits, &self.history);
+        let mut grammar_done = false;
+        if let Some(c) = self.job.constraint.as_mut() {
+            match c.commit(id) {
+                Ok(done) => grammar_done = done,
+                Err(e) => {
+                    let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                    return false;
+                }
+            }
+        }
+        let now = Instant::now();
+        if self.generated == 0 {
+            m.ttft
+                .observe(now.duration_since(self.job.arrived).as_secs_f64());
+        } else {
+            m.inter_token
+                .observe(now.duration_since(self.last_at).as_secs_f64());
+        }
+        self.last_at = now;
+        self.generated += 1;
+        m.completion_tokens.inc();
+        self.history.push(id);
+        self.last = id;
+        let eog = tok.is_eog(id);
+        if !eog {
+            let logprob = lp.map(|(chosen, top)| TokenLogprob {
+                logprob: chosen(id),
+                top,
+            });
+            if self.job.events.send(Event::Token { id, logprob }).is_err() {
+                return false;
+            }
+        }
+        let finish = if eog || grammar_done {
+            Some(Finish::Stop)
+        } else if self.generated >= self.job.max_tokens
+            || self.job.prompt.len() + self.generated >= n_ctx
+        {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        match finish {
+            Some(finish) => {
+                let _ = self.job.events.send(Event::Done {
+                    finish,
+                    prompt_tokens: self.job.prompt.len(),
+                    completion_tokens: self.generated,
+                });
+                false
+            }
+            None => true,
+        }
+    }
+}
+
+/// Log-softmax of `logits`: a lookup for the chosen token, and the `top` best tokens.
+#[allow(clippy::type_complexity)]
+fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let lse = max + sum.ln() as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() < top || l > best[best.len() - 1].1 {
+                let at = best.partition_point(|b| b.1 >= l);
+                best.insert(at, (i as u32, l));
+                best.truncate(top);
+            }
+        }
+    }
+    let table: Vec<f32> = logits.iter().map(|&l| l - lse).collect();
+    let best = best.into_iter().map(|(i, l)| (i, l - lse)).collect();
+    (
+        Box::new(move |id| table.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY)),
+        best,
+    )
+}
+
+fn run(mut batch: Batch, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
+    let n_ctx = batch.n_ctx();
+    let mut active: Vec<Seq> = Vec::new();
+    let mut steps: Vec<(SlotId, u32)> = Vec::new();
+    loop {
+        // Admit waiting requests into free slots; sleep only when nothing is running.
+        while batch.free_slots() > 0 {
+            let job = if active.is_empty() {
+                match rx.blocking_recv() {
+                    Some(j) => j,
+                    None => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            m.queue_depth.dec();
+            if job.events.is_closed() {
+                continue;
+            }
+            m.prompt_tokens.inc_by(job.prompt.len() as u64);
+            match batch.start(&job.prompt) {
+                Ok((slot, logits)) => {
+                    let mut seq = Seq {
+                        sampler: Sampler::new(job.sampling.clone()),
+                        history: job.prompt.clone(),
+                        job,
+                        slot,
+                        generated: 0,
+                        last: 0,
+                        last_at: Instant::now(),
+                    };
+                    if seq.advance(logits, tok, n_ctx, m) {
+                        active.push(seq);
+                    } else {
+                        batch.release(slot);
+                    }
+                }
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                }
+            }
+        }
+        active.retain(|s| {
+            let gone = s.job.events.is_closed();
+            if gone {
+                batch.release(s.slot);
+            }
+            !gone
+        });
+        m.active_sequences.set(active.len() as i64);
+        if active.is_empty() {
+            continue;
+        }
+        steps.clear();
+        steps.extend(active.iter().map(|s| (s.slot, s.last)));
+        match batch.step(&steps) {
+            Ok(logits) => {
+                let vocab = logits.len() / steps.len();
+                let mut i = 0;
+                let mut ended = Vec::new();
+                active.retain_mut(|s| {
+                    let row = &mut logits[i * vocab..(i + 1) * vocab];
+                    i += 1;
+                    let keep = s.advance(row, tok, n_ctx, m);
+                    if !keep {
+                        ended.push(s.slot);
+                    }
+                    keep
+                });
+                for slot in ended {
+                    batch.release(slot);
+                }
+            }
+            Err(e) => {
+                for s in active.drain(..) {
+                    let _ = s.job.events.send(Event::Failed(e.to_string()));
+                    batch.release(s.slot);
+                }
+            }
+        }
+        m.active_sequences.set(active.len() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_first() {
+        let (chosen, top) = logprobs(&[1.0, 3.0, 2.0, 3.0], 3);
+        let z = (1f32.exp() + 2.0 * 3f32.exp() + 2f32.exp()).ln();
+        assert!((chosen(0) - (1.0 - z)).abs() < 1e-5);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert!((top[0].1 - (3.0 - z)).abs() < 1e-5);
+        assert_eq!(chosen(99), f32::NEG_INFINITY);
+    }
+}

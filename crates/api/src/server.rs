@@ -1,0 +1,993 @@
+//! The HTTP server: routes, request validation, prompt building, and the translation of
+//! scheduler events into OpenAI responses and server-sent events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use strata_engine::SamplingParams;
+use strata_tokenizer::{ChatTemplate, RenderOptions, StreamDecoder, Tokenizer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::ApiError;
+use crate::auth::{Keys, Verdict};
+use crate::grammar::Grammars;
+use crate::metrics::Metrics;
+use crate::output::{Output, Piece};
+use crate::scheduler::{Constraint, Event, Finish, Job, Scheduler, SubmitError, TokenLogprob};
+use crate::tools::{self, Choice};
+use crate::types::{ChatRequest, CompletionRequest, Message, Stop, parse_body};
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The model id clients must name.
+    pub model_id: String,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub template: Option<ChatTemplate>,
+    /// Grammar compilation.
+    pub grammars: Grammars,
+    /// The engine thread.
+    pub scheduler: Scheduler,
+    /// Context window per sequence.
+    pub n_ctx: usize,
+    /// Accepted keys (`None`: no authentication).
+    pub keys: Option<Keys>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// When the server started (the model's `created`).
+    pub created: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("model_id", &self.model_id)
+            .field("n_ctx", &self.n_ctx)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.max_body;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(fallback)
+        .method_not_allowed_fallback(not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Authentication for `/v1/*` and the request counter for every route.
+async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let endpoint = match path.as_str() {
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/models"
+        | "/health"
+        | "/metrics"
+        | "/openapi.json" => path.clone(),
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}".into(),
+        _ => "other".into(),
+    };
+    let resp = match (&st.keys, path.starts_with("/v1/")) {
+        (Some(keys), true) => {
+            let auth = req
+                .headers()
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match keys.check(auth) {
+                Verdict::Allowed(_) => next.run(req).await,
+                Verdict::Unknown => ApiError::unauthorized(if auth.is_some() {
+                    "Incorrect API key provided."
+                } else {
+                    "Missing API key: send `Authorization: Bearer KEY`."
+                })
+                .into_response(),
+                Verdict::Limited(s) => {
+                    let mut r = ApiError::rate_limited(s).into_response();
+                    if let Ok(v) = format!("{}", s.ceil() as u64).parse() {
+                        r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+                    }
+                    r
+                }
+            }
+        }
+        _ => next.run(req).await,
+    };
+    st.metrics.count_request(&endpoint, resp.status().as_u16());
+    resp
+}
+
+async fn fallback(method: Method, uri: Uri) -> ApiError {
+    ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"status": "ok", "model": st.model_id, "n_ctx": st.n_ctx}))
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata"})
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&st)]}))
+}
+
+async fn model(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id == st.model_id {
+        Ok(Json(model_object(&st)))
+    } else {
+        Err(ApiError::model_not_found(&id, &st.model_id))
+    }
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::bad_body(format!("Could not read the request body: {r}"))
+        }
+    })
+}
+
+/// Sampling and length settings shared by both endpoints, validated.
+struct Common {
+    sampling: SamplingParams,
+    max_tokens: Option<usize>,
+    stops: Vec<String>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn common(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    presence: Option<f32>,
+    frequency: Option<f32>,
+    max_tokens: Option<i64>,
+    max_param: &str,
+    stop: Option<&Stop>,
+    n: Option<i64>,
+) -> Result<Common, ApiError> {
+    if let Some(n) = n
+        && n != 1
+    {
+        return Err(ApiError::invalid("n", "Only n = 1 is supported."));
+    }
+    let t = temperature.unwrap_or(1.0);
+    if !t.is_finite() || !(0.0..=2.0).contains(&t) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature must be between 0 and 2, got {t}."),
+        ));
+    }
+    let top_k = match top_k {
+        Some(k) if k < 0 => return Err(ApiError::invalid("top_k", "top_k must be >= 0.")),
+        Some(k) => k as usize,
+        None => 0,
+    };
+    let sampling = SamplingParams {
+        temperature: t,
+        top_k,
+        top_p: top_p.unwrap_or(1.0),
+        min_p: min_p.unwrap_or(0.0),
+        repeat_penalty: repetition_penalty.unwrap_or(1.0),
+        presence_penalty: presence.unwrap_or(0.0),
+        frequency_penalty: frequency.unwrap_or(0.0),
+        seed: seed.map_or_else(|| rand_seed(), |s| s as u64),
+        ..SamplingParams::default()
+    };
+    if let Err(m) = sampling.validate() {
+        let param = m
+            .split_whitespace()
+            .next()
+            .unwrap_or("sampling")
+            .to_string();
+        let param = match param.as_str() {
+            "repeat_penalty" => "repetition_penalty".to_string(),
+            _ => param,
+        };
+        return Err(ApiError::invalid(param, format!("{m}.")));
+    }
+    let max_tokens = match max_tokens {
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid(
+                max_param,
+                format!("{max_param} must be at least 1, got {m}."),
+            ));
+        }
+        Some(m) => Some(m as usize),
+        None => None,
+    };
+    let stops = match stop {
+        Some(s) => s.strings()?,
+        None => Vec::new(),
+    };
+    Ok(Common {
+        sampling,
+        max_tokens,
+        stops,
+    })
+}
+
+fn rand_seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (std::process::id() as u64).rotate_left(32)
+}
+
+/// The prompt of a chat request, rendered through the model's template.
+fn chat_prompt(
+    st: &AppState,
+    req: &ChatRequest,
+    tools_on: &[crate::types::Tool],
+) -> Result<String, ApiError> {
+    let template = st.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "This model has no chat template; use /v1/completions with a raw prompt.",
+        )
+    })?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty."));
+    }
+    let native_tools = template.source().contains("tools");
+    let mut msgs: Vec<Value> = Vec::with_capacity(req.messages.len() + 1);
+    for (i, m) in req.messages.iter().enumerate() {
+        msgs.push(message_value(m, i, native_tools)?);
+    }
+    let mut opts = RenderOptions::new().generation_prompt(true);
+    if !tools_on.is_empty() {
+        if native_tools {
+            opts = opts.tools(serde_json::to_value(tools_on).unwrap_or(Value::Null));
+        } else {
+            let text = tools::default_prompt(tools_on);
+            match msgs.first_mut() {
+                Some(first) if first["role"] == "system" => {
+                    let old = first["content"].as_str().unwrap_or("").to_string();
+                    first["content"] = json!(format!("{old}\n\n{text}"));
+                }
+                _ => msgs.insert(0, json!({"role": "system", "content": text})),
+            }
+        }
+    }
+    template.render_with(&msgs, &opts).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("The chat template refused the conversation: {e}"),
+        )
+    })
+}
+
+fn message_value(m: &Message, i: usize, native_tools: bool) -> Result<Value, ApiError> {
+    let role = match m.role.as_str() {
+        "developer" => "system",
+        r @ ("system" | "user" | "assistant" | "tool") => r,
+        other => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "Unknown role `{other}`: expected system, developer, user, assistant or tool."
+                ),
+            ));
+        }
+    };
+    let mut content = m.text(i)?;
+    let mut v = json!({"role": role});
+    if let Some(calls) = &m.tool_calls {
+        if native_tools {
+            v["tool_calls"] = serde_json::to_value(calls).unwrap_or(Value::Null);
+        } else {
+            for c in calls {
+                if !content.is_empty() {
+                    content.push('\n');
+                }
+                content.push_str(&tools::call_text(c));
+            }
+        }
+    }
+    if role == "tool" {
+        if let Some(id) = &m.tool_call_id {
+            v["tool_call_id"] = json!(id);
+        }
+    }
+    if let Some(n) = &m.name {
+        v["name"] = json!(n);
+    }
+    v["content"] = json!(content);
+    Ok(v)
+}
+
+/// Tokenises a prompt and checks it against the context window.
+fn tokenize(st: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+    let ids = st
+        .tokenizer
+        .encode_prompt(text, special)
+        .map_err(|e| ApiError::invalid("prompt", format!("Could not tokenise the prompt: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "The prompt is empty."));
+    }
+    if ids.len() >= st.n_ctx {
+        return Err(ApiError::context_length(ids.len(), st.n_ctx));
+    }
+    Ok(ids)
+}
+
+/// How a response is shaped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A request ready for the scheduler, and how to answer it.
+struct Prepared {
+    kind: Kind,
+    prompt: Vec<u32>,
+    common: Common,
+    logprobs: Option<usize>,
+    constraint: Option<Box<dyn Constraint>>,
+    tools: bool,
+    stream: bool,
+    include_usage: bool,
+}
+
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let body = body_bytes(body, st.max_body)?;
+    let req: ChatRequest = parse_body(&body)?;
+    if req.model != st.model_id {
+        return Err(ApiError::model_not_found(&req.model, &st.model_id));
+    }
+    let (max, max_param) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => (Some(m), "max_completion_tokens"),
+        (None, m) => (m, "max_tokens"),
+    };
+    let common = common(
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.min_p,
+        req.repetition_penalty,
+        req.seed,
+        req.presence_penalty,
+        req.frequency_penalty,
+        max,
+        max_param,
+        req.stop.as_ref(),
+        req.n,
+    )?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(k)) if !(0..=20).contains(&k) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs must be between 0 and 20.",
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true.",
+            ));
+        }
+        (true, k) => Some(k.unwrap_or(0) as usize),
+        (false, None) => None,
+    };
+    let all_tools = req.tools.clone().unwrap_or_default();
+    tools::validate(&all_tools)?;
+    let choice = tools::choice(&all_tools, req.tool_choice.as_ref())?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let shown: &[crate::types::Tool] = if choice == Choice::None {
+        &[]
+    } else {
+        &all_tools
+    };
+    let text = chat_prompt(&st, &req, shown)?;
+    let prompt = tokenize(&st, &text, true)?;
+
+    let format = response_format(req.response_format.as_ref())?;
+    if format.is_some() && matches!(choice, Choice::Required | Choice::Named(_)) {
+        return Err(ApiError::invalid(
+            "response_format",
+            "response_format cannot be combined with a tool_choice that forces a call.",
+        ));
+    }
+    let schema = tools::call_schema(&all_tools, &choice);
+    let grammar_err = |param: &str| {
+        let param = param.to_string();
+        move |e: String| ApiError::invalid(param, format!("The schema cannot be used: {e}"))
+    };
+    let constraint = match (&choice, format) {
+        (Choice::Required | Choice::Named(_), _) => Some(
+            st.grammars
+                .tool_calls(&schema, parallel && choice == Choice::Required)
+                .map_err(grammar_err("tools"))?,
+        ),
+        (_, Some(schema)) => Some(
+            st.grammars
+                .json(schema)
+                .map_err(grammar_err("response_format"))?,
+        ),
+        (Choice::Auto, None) => Some(
+            st.grammars
+                .lazy_tool_calls(&schema, parallel)
+                .map_err(grammar_err("tools"))?,
+        ),
+        (Choice::None, None) => None,
+    };
+    let prepared = Prepared {
+        kind: Kind::Chat,
+        prompt,
+        common,
+        logprobs,
+        constraint,
+        tools: choice != Choice::None,
+        stream: req.stream.unwrap_or(false),
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
+    run(st, prepared, arrived).await
+}
+
+/// The JSON schema `response_format` asks for, if any.
+fn response_format(rf: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(rf) = rf else { return Ok(None) };
+    let bad = |m: &str| ApiError::invalid("response_format", m);
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => {
+            let js = rf
+                .get("json_schema")
+                .ok_or_else(|| bad("json_schema needs a `json_schema` object."))?;
+            let schema = js
+                .get("schema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            if !schema.is_object() {
+                return Err(bad("json_schema.schema must be a JSON schema object."));
+            }
+            Ok(Some(schema))
+        }
+        _ => Err(bad(
+            "response_format.type must be text, json_object or json_schema.",
+        )),
+    }
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let body = body_bytes(body, st.max_body)?;
+    let req: CompletionRequest = parse_body(&body)?;
+    if req.model != st.model_id {
+        return Err(ApiError::model_not_found(&req.model, &st.model_id));
+    }
+    if req.echo.unwrap_or(false) {
+        return Err(ApiError::invalid("echo", "echo is not supported."));
+    }
+    if req.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "suffix is not supported."));
+    }
+    if let Some(b) = req.best_of
+        && b != 1
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            "Only best_of = 1 is supported.",
+        ));
+    }
+    let common = common(
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.min_p,
+        req.repetition_penalty,
+        req.seed,
+        req.presence_penalty,
+        req.frequency_penalty,
+        Some(req.max_tokens.unwrap_or(16)),
+        "max_tokens",
+        req.stop.as_ref(),
+        req.n,
+    )?;
+    let logprobs = match req.logprobs {
+        Some(k) if !(0..=5).contains(&k) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs must be between 0 and 5.",
+            ));
+        }
+        k => k.map(|k| k as usize),
+    };
+    let prompt = match &req.prompt {
+        Value::String(s) => tokenize(&st, s, false)?,
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            tokenize(&st, a[0].as_str().unwrap_or(""), false)?
+        }
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            let vocab = st.tokenizer.vocab_size() as u64;
+            let ids: Vec<u32> = a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|t| if t < vocab { Ok(t as u32) } else { Err(t) })
+                .collect::<Result<_, _>>()
+                .map_err(|t| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!("Token id {t} is outside the vocabulary ({vocab} tokens)."),
+                    )
+                })?;
+            if ids.len() >= st.n_ctx {
+                return Err(ApiError::context_length(ids.len(), st.n_ctx));
+            }
+            ids
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt must be a string, a one-element array of strings, or an array of token ids.",
+            ));
+        }
+    };
+    let prepared = Prepared {
+        kind: Kind::Completion,
+        prompt,
+        common,
+        logprobs,
+        constraint: None,
+        tools: false,
+        stream: req.stream.unwrap_or(false),
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
+    run(st, prepared, arrived).await
+}
+
+/// Submits a prepared request and answers it, streamed or whole.
+async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Response, ApiError> {
+    let room = st.n_ctx - p.prompt.len();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        max_tokens: p.common.max_tokens.unwrap_or(room).min(room),
+        prompt: p.prompt,
+        sampling: p.common.sampling,
+        logprobs: p.logprobs,
+        constraint: p.constraint,
+        events: tx,
+        arrived,
+    };
+    let prompt_len = job.prompt.len();
+    st.scheduler.submit(job).map_err(|e| match e {
+        SubmitError::Full(n) => ApiError::queue_full(n),
+        SubmitError::Stopped => ApiError::unavailable("The model instance has stopped."),
+    })?;
+    let id = format!(
+        "{}-{:016x}",
+        if p.kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        },
+        rand_seed()
+    );
+    let answer = Answer {
+        st: Arc::clone(&st),
+        kind: p.kind,
+        id,
+        created: unix_now(),
+        decoder: StreamDecoder::new(Arc::clone(&st.tokenizer), false),
+        out: Output::new(p.common.stops, p.tools),
+        logprobs: p.logprobs.is_some(),
+        prompt_tokens: prompt_len,
+        generated: 0,
+    };
+    if p.stream {
+        Ok(stream(answer, rx, p.include_usage).into_response())
+    } else {
+        whole(answer, rx).await
+    }
+}
+
+/// The state of one answer being built.
+struct Answer {
+    st: Arc<AppState>,
+    kind: Kind,
+    id: String,
+    created: u64,
+    decoder: StreamDecoder<Arc<Tokenizer>>,
+    out: Output,
+    logprobs: bool,
+    prompt_tokens: usize,
+    /// Tokens received so far.
+    generated: usize,
+}
+
+/// How a finished generation ended, for the response.
+struct Ending {
+    reason: &'static str,
+    usage: Value,
+}
+
+impl Answer {
+    fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
+        self.generated += 1;
+        let text = self.decoder.push(id).unwrap_or_default();
+        self.out.push(&text, lp.map(|l| (id, l)))
+    }
+
+    fn on_done(
+        &mut self,
+        finish: Finish,
+        prompt: usize,
+        completion: usize,
+    ) -> (Vec<Piece>, Ending) {
+        let rest = self.decoder.finish().unwrap_or_default();
+        let pieces = self.out.finish(&rest);
+        let reason = if !self.out.calls.is_empty() {
+            "tool_calls"
+        } else if self.out.stopped {
+            "stop"
+        } else {
+            match finish {
+                Finish::Stop => "stop",
+                Finish::Length => "length",
+            }
+        };
+        (
+            pieces,
+            Ending {
+                reason,
+                usage: usage(prompt, completion),
+            },
+        )
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.st.tokenizer.token_piece(id, true)).into_owned()
+    }
+
+    /// Log-probabilities in the endpoint's format, for the given tokens.
+    fn logprobs_json(&self, items: &[(u32, TokenLogprob)]) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| {
+                    let t = self.token_text(id);
+                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = items
+                    .iter()
+                    .map(|(id, l)| {
+                        let mut e = entry(*id, l.logprob);
+                        e["top_logprobs"] =
+                            Value::Array(l.top.iter().map(|(t, p)| entry(*t, *p)).collect());
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Completion => {
+                let tokens: Vec<String> =
+                    items.iter().map(|(id, _)| self.token_text(*id)).collect();
+                let lps: Vec<f32> = items.iter().map(|(_, l)| l.logprob).collect();
+                let tops: Vec<Value> = items
+                    .iter()
+                    .map(|(_, l)| {
+                        let mut m = serde_json::Map::new();
+                        for (t, p) in &l.top {
+                            m.insert(self.token_text(*t), json!(p));
+                        }
+                        Value::Object(m)
+                    })
+                    .collect();
+                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
+            }
+        }
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+fn call_json(index: usize, call: &tools::ParsedCall, id: &str) -> Value {
+    json!({
+        "index": index,
+        "id": format!("call_{id}_{index}"),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    })
+}
+
+/// Collects the whole answer.
+async fn whole(
+    mut a: Answer,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let ending = loop {
+        match rx.recv().await {
+            Some(Event::Token { id, logprob }) => {
+                a.on_token(id, logprob);
+                if a.out.stopped {
+                    // A stop sequence matched; dropping the receiver stops the engine.
+                    let (p, n) = (a.prompt_tokens, a.generated);
+                    break a.on_done(Finish::Stop, p, n).1;
+                }
+            }
+            Some(Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            }) => break a.on_done(finish, prompt_tokens, completion_tokens).1,
+            Some(Event::Failed(m)) => {
+                return Err(ApiError::unavailable(format!("Generation failed: {m}")));
+            }
+            None => {
+                return Err(ApiError::unavailable(
+                    "The model instance stopped during generation.",
+                ));
+            }
+        }
+    };
+    drop(rx);
+    let lp = if a.logprobs {
+        a.logprobs_json(&a.out.logprobs)
+    } else {
+        Value::Null
+    };
+    let body = match a.kind {
+        Kind::Chat => {
+            let calls: Vec<Value> = a
+                .out
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut v = call_json(i, c, &a.id);
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("index");
+                    }
+                    v
+                })
+                .collect();
+            let content = if a.out.content.is_empty() && !calls.is_empty() {
+                Value::Null
+            } else {
+                json!(a.out.content)
+            };
+            let mut message = json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                message["tool_calls"] = Value::Array(calls);
+            }
+            json!({
+                "id": a.id,
+                "object": "chat.completion",
+                "created": a.created,
+                "model": a.st.model_id,
+                "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": ending.reason}],
+                "usage": ending.usage,
+            })
+        }
+        Kind::Completion => json!({
+            "id": a.id,
+            "object": "text_completion",
+            "created": a.created,
+            "model": a.st.model_id,
+            "choices": [{"index": 0, "text": a.out.content, "logprobs": lp, "finish_reason": ending.reason}],
+            "usage": ending.usage,
+        }),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// Streams the answer as server-sent events ending in `data: [DONE]`.
+fn stream(
+    mut a: Answer,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> impl IntoResponse {
+    let (tx, out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    tokio::spawn(async move {
+        let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok();
+        if a.kind == Kind::Chat
+            && !send(chunk(
+                &a,
+                json!({"role": "assistant", "content": ""}),
+                None,
+                Value::Null,
+            ))
+        {
+            return;
+        }
+        let mut lp_sent = 0;
+        loop {
+            let (pieces, ending) = match rx.recv().await {
+                Some(Event::Token { id, logprob }) => {
+                    let p = a.on_token(id, logprob);
+                    if a.out.stopped {
+                        let (pt, n) = (a.prompt_tokens, a.generated);
+                        let (mut rest, e) = a.on_done(Finish::Stop, pt, n);
+                        let mut p = p;
+                        p.append(&mut rest);
+                        (p, Some(e))
+                    } else {
+                        (p, None)
+                    }
+                }
+                Some(Event::Done {
+                    finish,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => {
+                    let (p, e) = a.on_done(finish, prompt_tokens, completion_tokens);
+                    (p, Some(e))
+                }
+                Some(Event::Failed(m)) => {
+                    let e = ApiError::unavailable(format!("Generation failed: {m}"));
+                    send(e.body());
+                    return;
+                }
+                None => {
+                    send(
+                        ApiError::unavailable("The model instance stopped during generation.")
+                            .body(),
+                    );
+                    return;
+                }
+            };
+            let lp = if a.logprobs && a.out.logprobs.len() > lp_sent {
+                let v = a.logprobs_json(&a.out.logprobs[lp_sent..]);
+                lp_sent = a.out.logprobs.len();
+                v
+            } else {
+                Value::Null
+            };
+            let mut lp = Some(lp);
+            for piece in pieces {
+                let delta = match (&piece, a.kind) {
+                    (Piece::Content(t), Kind::Chat) => json!({"content": t}),
+                    (Piece::Content(t), Kind::Completion) => json!(t),
+                    (Piece::Call(i, c), _) => {
+                        // The name first (with an empty argument string), then the arguments.
+                        let mut first = call_json(*i, c, &a.id);
+                        first["function"]["arguments"] = json!("");
+                        if !send(chunk(&a, json!({"tool_calls": [first]}), None, Value::Null)) {
+                            return;
+                        }
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]})
+                    }
+                };
+                if !send(chunk(&a, delta, None, lp.take().unwrap_or(Value::Null))) {
+                    return;
+                }
+            }
+            if let Some(e) = ending {
+                let empty = if a.kind == Kind::Chat {
+                    json!({})
+                } else {
+                    json!("")
+                };
+                if !send(chunk(
+                    &a,
+                    empty,
+                    Some(e.reason),
+                    lp.take().unwrap_or(Value::Null),
+                )) {
+                    return;
+                }
+                if include_usage {
+                    let mut u = chunk(&a, Value::Null, None, Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = e.usage;
+                    if !send(u) {
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+                return;
+            }
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    Sse::new(UnboundedReceiverStream::new(out)).keep_alive(KeepAlive::default())
+}
+
+/// One streamed chunk; `delta` is the chat delta or the completion text.
+fn chunk(a: &Answer, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
+    match a.kind {
+        Kind::Chat => json!({
+            "id": a.id,
+            "object": "chat.completion.chunk",
+            "created": a.created,
+            "model": a.st.model_id,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }),
+        Kind::Completion => json!({
+            "id": a.id,
+            "object": "text_completion",
+            "created": a.created,
+            "model": a.st.model_id,
+            "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }),
+    }
+}

@@ -1,0 +1,275 @@
+//! Tools in the prompt and tool calls in the output.
+//!
+//! A chat template that knows tools (it mentions `tools`) gets them as the `tools` variable and
+//! earlier calls as `tool_calls` on assistant messages, as transformers passes them. For a
+//! template that does not (SmolLM2's), strata adds this documented default to the system
+//! message:
+//!
+//! ```text
+//! You can call these functions:
+//! {"name": "...", "description": "...", "parameters": {...}}
+//! To call a function, answer with <tool_call>{"name": "NAME", "arguments": {ARGUMENTS}}</tool_call>
+//! (one line per call).
+//! ```
+//!
+//! and renders earlier calls as such blocks and tool results as `tool` turns.
+
+use serde_json::{Value, json};
+
+use crate::ApiError;
+use crate::grammar::{CALL_CLOSE, CALL_OPEN};
+use crate::types::{Tool, ToolCall};
+
+/// What `tool_choice` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// No call (tools are not shown to the model).
+    None,
+    /// The model decides.
+    Auto,
+    /// At least one call, of any tool.
+    Required,
+    /// A call of this function.
+    Named(String),
+}
+
+/// Parses and checks `tool_choice` against the tools given.
+pub fn choice(tools: &[Tool], raw: Option<&Value>) -> Result<Choice, ApiError> {
+    let bad = |m: &str| ApiError::invalid("tool_choice", m);
+    let c = match raw {
+        None | Some(Value::Null) => {
+            if tools.is_empty() {
+                Choice::None
+            } else {
+                Choice::Auto
+            }
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Auto,
+            "required" => Choice::Required,
+            other => {
+                return Err(bad(&format!(
+                    "Invalid tool_choice `{other}`: expected none, auto, required or a named function."
+                )));
+            }
+        },
+        Some(v) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("A named tool_choice is {\"type\": \"function\", \"function\": {\"name\": \"...\"}}."))?;
+            Choice::Named(name.to_string())
+        }
+    };
+    match &c {
+        Choice::Required | Choice::Auto if tools.is_empty() => {
+            Err(bad("tool_choice needs `tools`: no tool was given."))
+        }
+        Choice::Named(n) if !tools.iter().any(|t| t.function.name == *n) => Err(bad(&format!(
+            "tool_choice names `{n}`, which is not among the tools."
+        ))),
+        _ => Ok(c),
+    }
+}
+
+/// Checks the tool definitions.
+pub fn validate(tools: &[Tool]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        if t.kind != "function" {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!(
+                    "Tool type `{}` is not supported; only `function` is.",
+                    t.kind
+                ),
+            ));
+        }
+        let n = &t.function.name;
+        if n.is_empty()
+            || n.len() > 64
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("Invalid function name `{n}`: use 1 to 64 of a-z, A-Z, 0-9, _ and -."),
+            ));
+        }
+        if let Some(p) = &t.function.parameters
+            && !p.is_object()
+        {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.parameters"),
+                "Function parameters must be a JSON schema object.",
+            ));
+        }
+        if tools[..i].iter().any(|o| o.function.name == *n) {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("Two tools are named `{n}`."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The JSON schema of one call envelope `{"name": …, "arguments": {…}}` over `tools` (only the
+/// named one under [`Choice::Named`]). `name` comes first, so a stream names the function before
+/// its arguments.
+pub fn call_schema(tools: &[Tool], choice: &Choice) -> Value {
+    let one = |t: &Tool| {
+        let params = t
+            .function
+            .parameters
+            .clone()
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"const": t.function.name},
+                "arguments": params,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        })
+    };
+    let picked: Vec<Value> = tools
+        .iter()
+        .filter(|t| match choice {
+            Choice::Named(n) => t.function.name == *n,
+            _ => true,
+        })
+        .map(one)
+        .collect();
+    if picked.len() == 1 {
+        picked.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        json!({ "anyOf": picked })
+    }
+}
+
+/// The default tool instructions for templates without tool support.
+pub fn default_prompt(tools: &[Tool]) -> String {
+    let mut s = String::from("You can call these functions:\n");
+    for t in tools {
+        let mut f = json!({"name": t.function.name});
+        if let Some(d) = &t.function.description {
+            f["description"] = json!(d);
+        }
+        if let Some(p) = &t.function.parameters {
+            f["parameters"] = p.clone();
+        }
+        s.push_str(&f.to_string());
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "To call a function, answer with {CALL_OPEN}{{\"name\": \"NAME\", \"arguments\": {{ARGUMENTS}}}}{CALL_CLOSE} (one line per call)."
+    ));
+    s
+}
+
+/// An earlier call rendered as text, for templates without tool support.
+pub fn call_text(call: &ToolCall) -> String {
+    let args: Value = serde_json::from_str(&call.function.arguments)
+        .unwrap_or(Value::String(call.function.arguments.clone()));
+    format!(
+        "{CALL_OPEN}{}{CALL_CLOSE}",
+        json!({"name": call.function.name, "arguments": args})
+    )
+}
+
+/// A call parsed from generated text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    /// The function.
+    pub name: String,
+    /// The arguments, compact JSON text.
+    pub arguments: String,
+}
+
+/// Splits generated text into the content before the first call and the calls. Text that does
+/// not parse as a call stays content (only possible without a grammar).
+pub fn parse_calls(text: &str) -> (String, Vec<ParsedCall>) {
+    let Some(start) = text.find(CALL_OPEN) else {
+        return (text.to_string(), Vec::new());
+    };
+    let mut calls = Vec::new();
+    let mut rest = &text[start..];
+    while let Some(body) = rest.strip_prefix(CALL_OPEN) {
+        let Some(end) = body.find(CALL_CLOSE) else {
+            break;
+        };
+        let parsed: Option<ParsedCall> =
+            serde_json::from_str::<Value>(&body[..end])
+                .ok()
+                .and_then(|v| {
+                    Some(ParsedCall {
+                        name: v.get("name")?.as_str()?.to_string(),
+                        arguments: v.get("arguments")?.to_string(),
+                    })
+                });
+        match parsed {
+            Some(c) => calls.push(c),
+            None => break,
+        }
+        rest = body[end + CALL_CLOSE.len()..].trim_start();
+    }
+    if calls.is_empty() {
+        return (text.to_string(), calls);
+    }
+    (text[..start].trim_end().to_string(), calls)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn tool(name: &str) -> Tool {
+        serde_json::from_value(json!({"type": "function", "function": {"name": name,
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn parses_calls_after_content() {
+        let (content, calls) = parse_calls(
+            "Let me check.\n<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>\n<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>",
+        );
+        assert_eq!(content, "Let me check.");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, "{\"x\":1}");
+        assert_eq!(calls[1].name, "g");
+        assert_eq!(parse_calls("no calls").1, vec![]);
+        assert_eq!(parse_calls("<tool_call>{broken").0, "<tool_call>{broken");
+    }
+
+    #[test]
+    fn tool_choice_is_checked_against_the_tools() {
+        let tools = vec![tool("f")];
+        assert_eq!(choice(&tools, None).unwrap(), Choice::Auto);
+        assert_eq!(choice(&[], None).unwrap(), Choice::None);
+        assert!(choice(&[], Some(&json!("required"))).is_err());
+        assert!(choice(&tools, Some(&json!("sometimes"))).is_err());
+        assert_eq!(
+            choice(
+                &tools,
+                Some(&json!({"type": "function", "function": {"name": "f"}}))
+            )
+            .unwrap(),
+            Choice::Named("f".into())
+        );
+        assert!(
+            choice(
+                &tools,
+                Some(&json!({"type": "function", "function": {"name": "g"}}))
+            )
+            .is_err()
+        );
+        assert!(validate(&[tool("bad name")]).is_err());
+        assert!(validate(&[tool("f"), tool("f")]).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! `strata serve`: the OpenAI-compatible API on one node, with the model loaded in this process.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use strata_api::{ServeOptions, auth::Keys};
+
+use crate::cmd_run::resolve_model;
+
+/// Arguments of `strata serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Model id from the catalog (fetched on first use) or a path to a GGUF file.
+    #[arg(long, default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// Address to listen on. Anything but loopback needs --api-key-file or --insecure-no-auth.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    api_addr: SocketAddr,
+    /// API keys, one per line (`KEY [name=NAME] [rpm=N]`); clients send `Authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Requests per minute per key, for keys without their own `rpm=`.
+    #[arg(long)]
+    rate_limit: Option<f64>,
+    /// Serve a non-loopback address without keys.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 8)]
+    parallel: usize,
+    /// Requests that may wait for a free sequence slot; more get 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Context window per sequence (default: the model's, at most 8192).
+    #[arg(long)]
+    ctx_size: Option<usize>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body: usize,
+}
+
+/// The id clients name: the catalog id, or the file name without `.gguf`.
+fn model_id(spec: &str) -> String {
+    let p = Path::new(spec);
+    if spec.ends_with(".gguf") || p.components().count() > 1 {
+        p.file_stem()
+            .map_or_else(|| spec.to_string(), |s| s.to_string_lossy().into_owned())
+    } else {
+        spec.to_string()
+    }
+}
+
+pub(crate) fn serve(args: ServeArgs) -> Result<()> {
+    if args.parallel == 0 || args.queue == 0 {
+        bail!("--parallel and --queue must be at least 1");
+    }
+    let keys = match &args.api_key_file {
+        Some(f) => Some(Keys::from_file(f, args.rate_limit)?),
+        None => None,
+    };
+    strata_api::check_bind(args.api_addr, keys.is_some(), args.insecure_no_auth)?;
+    let path = resolve_model(&args.model)?;
+    let threads = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(t) => t,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let state = strata_api::start(ServeOptions {
+        model_path: path.clone(),
+        model_id: model_id(&args.model),
+        threads,
+        parallel: args.parallel,
+        queue: args.queue,
+        n_ctx: args.ctx_size,
+        keys,
+        max_body: args.max_body,
+    })
+    .with_context(|| format!("loading {}", path.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.api_addr)
+            .await
+            .with_context(|| format!("binding {}", args.api_addr))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "strata: serving {} on http://{addr} ({} slots, context {}, {})",
+            state.model_id,
+            args.parallel,
+            state.n_ctx,
+            if state.keys.is_some() {
+                "API keys required"
+            } else {
+                "no API keys"
+            }
+        );
+        strata_api::serve(listener, state, shutdown_signal()).await?;
+        eprintln!("strata: stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_from_catalog_ids_and_paths() {
+        assert_eq!(model_id("smollm2-135m-instruct"), "smollm2-135m-instruct");
+        assert_eq!(model_id("./models/tiny.gguf"), "tiny");
+        assert_eq!(model_id("/x/y/z.gguf"), "z");
+    }
+}
