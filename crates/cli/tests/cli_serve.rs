@@ -1,0 +1,166 @@
+//! `strata serve` driven by the official `openai` Python client, as a user would drive it: plain
+//! and streamed chat, tool calls and JSON output checked against their schemas, every error
+//! status, keys and rate limits, a full queue, client disconnects and hostile JSON
+//! (`crates/api/tests/py/openai_client.py`). The client is installed with pip into a venv under
+//! the cache directory on first use.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn strata() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+}
+
+/// Starts `strata serve` on a free port and waits for its "serving" line.
+fn serve(extra: &[&str]) -> Server {
+    let mut child = strata()
+        .args([
+            "serve",
+            "--model",
+            MODEL,
+            "--api-addr",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting strata serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("strata serve exited before serving")
+            .unwrap();
+        if let Some(at) = line.find("http://") {
+            break line[at..].split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, url }
+}
+
+/// A Python with `openai` and `jsonschema`, in a venv kept under the cache directory.
+fn python() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let venv = home.join(".cache/strata/test-venv-openai");
+    let py = venv.join("bin/python");
+    let ready = venv.join(".installed-openai-3.54.0");
+    if !ready.exists() {
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 -m venv")
+            .success();
+        assert!(ok, "creating the venv");
+        let ok = Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "openai==3.54.0",
+                "jsonschema==4.26.0",
+            ])
+            .status()
+            .expect("pip install")
+            .success();
+        assert!(ok, "installing the openai client");
+        std::fs::write(&ready, b"").unwrap();
+    }
+    py
+}
+
+#[test]
+fn the_openai_client_gets_what_it_expects() {
+    let py = python();
+    // The same prompt through `strata run`, greedy: the API must answer the same text.
+    let run = strata()
+        .args([
+            "run",
+            "--model",
+            MODEL,
+            "--max-tokens",
+            "24",
+            "What is the capital of France?",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let run_text = String::from_utf8(run.stdout).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(
+        &keys,
+        "# test keys\nsk-test-key-1234 name=tester\nsk-slow-key-1234 name=slow rpm=2\n",
+    )
+    .unwrap();
+    let open = serve(&[]);
+    let keyed = serve(&["--api-key-file", keys.to_str().unwrap(), "--parallel", "2"]);
+    let tiny = serve(&["--parallel", "1", "--queue", "1", "--max-body", "200000"]);
+
+    let out = Command::new(&py)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../api/tests/py/openai_client.py"
+        ))
+        .env("STRATA_URL", &open.url)
+        .env("STRATA_KEYED_URL", &keyed.url)
+        .env("STRATA_TINY_URL", &tiny.url)
+        .env("STRATA_MODEL", MODEL)
+        .env("STRATA_RUN_TEXT", run_text.trim_end_matches('\n'))
+        .env("STRATA_KEY", "sk-test-key-1234")
+        .env("STRATA_SLOW_KEY", "sk-slow-key-1234")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the client checks failed:\n{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
+
+#[test]
+fn serving_beyond_loopback_without_keys_is_refused() {
+    let out = strata()
+        .args(["serve", "--model", MODEL, "--api-addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without API keys"), "{err}");
+    let out = strata()
+        .args(["serve", "--api-key-file", "/nonexistent/keys"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/keys"));
+}
