@@ -236,7 +236,7 @@ fn common(
         repeat_penalty: repetition_penalty.unwrap_or(1.0),
         presence_penalty: presence.unwrap_or(0.0),
         frequency_penalty: frequency.unwrap_or(0.0),
-        seed: seed.map_or_else(|| rand_seed(), |s| s as u64),
+        seed: seed.map_or_else(rand_seed, |s| s as u64),
         ..SamplingParams::default()
     };
     if let Err(m) = sampling.validate() {
@@ -349,10 +349,10 @@ fn message_value(m: &Message, i: usize, native_tools: bool) -> Result<Value, Api
             }
         }
     }
-    if role == "tool" {
-        if let Some(id) = &m.tool_call_id {
-            v["tool_call_id"] = json!(id);
-        }
+    if role == "tool"
+        && let Some(id) = &m.tool_call_id
+    {
+        v["tool_call_id"] = json!(id);
     }
     if let Some(n) = &m.name {
         v["name"] = json!(n);

@@ -251,7 +251,7 @@ mod tests {
         assert_eq!(t.render(&[], false).unwrap(), "no tools");
         let opts = RenderOptions::new().tools(serde_json::json!([{"type": "function"}]));
         assert_eq!(
-            t.render_with(&[], &opts).unwrap(),
+            t.render_with::<ChatMessage>(&[], &opts).unwrap(),
             r#"[{"type": "function"}]"#
         );
     }
