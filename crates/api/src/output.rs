@@ -136,7 +136,12 @@ impl Output {
                 continue;
             }
             // Hold back a tail that could still become a stop sequence or the opening tag.
-            let keep = if end { 0 } else { self.unsafe_tail() };
+            let mut keep = if end { 0 } else { self.unsafe_tail() };
+            if self.tools && !end {
+                // Whitespace before a call is not content; hold it until text follows.
+                let before = &self.held[..self.held.len() - keep];
+                keep += before.len() - before.trim_end().len();
+            }
             let at = self.held.len() - keep;
             let text: String = self.held.drain(..at).collect();
             self.emit_content(text, &mut out);
