@@ -1,0 +1,19 @@
+//! strata's node layer: what makes separate machines one cluster.
+//!
+//! - [`key`]: the cluster key and what is derived from it (TLS authority, MACs, fingerprint).
+//! - [`identity`]: a node's stable id, host name and addresses.
+//! - [`profile`]: a node's self-description and speed measurements.
+//! - [`control`]: the zenoh control plane: discovery, membership, leader election, state and
+//!   link probes.
+#![warn(missing_docs)]
+
+pub mod control;
+mod error;
+pub mod identity;
+pub mod key;
+pub mod profile;
+
+pub use control::{Control, ControlConfig, LinkReport, NodeState, Snapshot};
+pub use error::{Error, Result};
+pub use key::ClusterKey;
+pub use profile::Profile;

@@ -1,0 +1,127 @@
+//! The control plane between real zenoh sessions on loopback: members find each other through
+//! `--peer` addresses, agree on a leader, exchange state, measure links, notice a member leaving,
+//! and never admit a process with another cluster key.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use strata_node::control::{Control, ControlConfig, NodeState};
+use strata_node::{ClusterKey, Profile};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn config(key: &ClusterKey, id: &str, port: u16, peers: &[u16]) -> ControlConfig {
+    ControlConfig {
+        key: key.clone(),
+        node_id: id.into(),
+        listen: SocketAddr::from(([127, 0, 0, 1], port)),
+        peers: peers.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+        multicast: false,
+        cert_names: vec!["127.0.0.1".into(), "localhost".into()],
+    }
+}
+
+fn state(id: &str) -> NodeState {
+    NodeState {
+        profile: Profile {
+            id: id.into(),
+            name: id.into(),
+            hostname: "test".into(),
+            version: "test".into(),
+            memory_total: 1 << 30,
+            memory_available: 1 << 29,
+            cores: 2,
+            backend: "cpu".into(),
+            matmul_gflops: 10.0,
+            mem_bandwidth: 1e10,
+            api_addr: String::new(),
+            started_at: 0,
+        },
+        links: Vec::new(),
+        draining: false,
+        extra: serde_json::Value::Null,
+    }
+}
+
+async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ids(c: &Control) -> Vec<String> {
+    c.snapshot().members.into_iter().map(|m| m.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_meet_elect_measure_and_keep_strangers_out() {
+    let key = ClusterKey::generate();
+    let (pa, pb, pr) = (free_port(), free_port(), free_port());
+    let a = Control::start(config(&key, "node-b", pa, &[]))
+        .await
+        .expect("a");
+    let b = Control::start(config(&key, "node-a", pb, &[pa]))
+        .await
+        .expect("b");
+    // A process with another key dials the same member.
+    let rogue_key = ClusterKey::generate();
+    let rogue = Control::start(config(&rogue_key, "node-0", pr, &[pa, pb]))
+        .await
+        .expect("rogue");
+
+    until(
+        "both members see each other",
+        Duration::from_secs(10),
+        || ids(&a) == ["node-a", "node-b"] && ids(&b) == ["node-a", "node-b"],
+    )
+    .await;
+    assert_eq!(
+        a.leader().as_deref(),
+        Some("node-a"),
+        "the smallest id leads"
+    );
+    assert!(b.is_leader() && !a.is_leader());
+
+    a.publish(&state("node-b")).await.expect("publish");
+    b.publish(&state("node-a")).await.expect("publish");
+    until("states arrive", Duration::from_secs(5), || {
+        a.snapshot().members.iter().all(|m| m.state.is_some())
+            && b.snapshot().members.iter().all(|m| m.state.is_some())
+    })
+    .await;
+
+    let link = b.probe("node-b").await.expect("probe");
+    assert!(link.latency_s > 0.0 && link.latency_s < 0.05, "{link:?}");
+    assert!(link.bandwidth_bps > 1e6, "{link:?}");
+    assert!(b.probe("node-zzz").await.is_err(), "no such member");
+
+    // The stranger has been dialling all along and is never a member, on either side.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(ids(&a), ["node-a", "node-b"]);
+    assert_eq!(ids(&rogue), ["node-0"], "the stranger sees nobody");
+    assert!(rogue.probe("node-b").await.is_err());
+
+    // The leader leaves: the other member notices quickly and takes over.
+    let t = Instant::now();
+    b.close().await.expect("close");
+    until(
+        "the leader's departure is seen",
+        Duration::from_secs(3),
+        || ids(&a) == ["node-b"],
+    )
+    .await;
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(a.is_leader());
+    let events: Vec<String> = a.snapshot().events.into_iter().map(|e| e.what).collect();
+    assert!(events.iter().any(|e| e == "node-a joined"), "{events:?}");
+    assert!(events.iter().any(|e| e == "node-a left"), "{events:?}");
+    rogue.close().await.expect("close");
+    a.close().await.expect("close");
+}
