@@ -108,7 +108,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

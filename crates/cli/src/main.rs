@@ -5,6 +5,7 @@
 
 mod cmd_bench;
 mod cmd_bench_scaling;
+mod cmd_cluster;
 mod cmd_models;
 mod cmd_plan;
 mod cmd_run;
@@ -40,6 +41,18 @@ enum Command {
     Plan(cmd_plan::PlanArgs),
     /// Write a random-weight Llama GGUF of chosen dimensions (for scaling benchmarks).
     Synth(cmd_synth::SynthArgs),
+    /// Run this machine's node of the cluster (discovery, membership, API).
+    Node(cmd_cluster::NodeArgs),
+    /// Write a new cluster key.
+    Keygen(cmd_cluster::KeygenArgs),
+    /// List the cluster's nodes and what they measured of themselves.
+    Devices(cmd_cluster::DevicesArgs),
+    /// Show the cluster: nodes, leader, links, events.
+    Status(cmd_cluster::StatusArgs),
+    /// Stop giving a node new work.
+    Drain(cmd_cluster::NodeCommandArgs),
+    /// Stop a node.
+    Stop(cmd_cluster::NodeCommandArgs),
     /// Serve as one rank of a sharded model, joining rank 0 (`strata run --listen`).
     Worker(cmd_shard::WorkerArgs),
 }
@@ -55,6 +68,12 @@ fn main() -> ExitCode {
         Command::Worker(args) => cmd_shard::worker(args),
         Command::Synth(args) => cmd_synth::synth(args),
         Command::Plan(args) => cmd_plan::plan(args),
+        Command::Node(args) => cmd_cluster::node(args),
+        Command::Keygen(args) => cmd_cluster::keygen(args),
+        Command::Devices(args) => cmd_cluster::devices(args),
+        Command::Status(args) => cmd_cluster::status(args),
+        Command::Drain(args) => cmd_cluster::drain(args),
+        Command::Stop(args) => cmd_cluster::stop(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

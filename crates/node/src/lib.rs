@@ -5,9 +5,12 @@
 //! - [`profile`]: a node's self-description and speed measurements.
 //! - [`control`]: the zenoh control plane: discovery, membership, leader election, state and
 //!   link probes.
+//! - [`daemon`]: `strata node`: the control plane, state publishing, link measurement and the
+//!   node's HTTP API.
 #![warn(missing_docs)]
 
 pub mod control;
+pub mod daemon;
 mod error;
 pub mod identity;
 pub mod key;

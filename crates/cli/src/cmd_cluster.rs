@@ -1,0 +1,347 @@
+//! The cluster commands: `strata keygen` and `strata node` on each machine, and `strata devices`,
+//! `status`, `drain` and `stop`, which talk to a node's HTTP API (default: the node on this host).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::de::DeserializeOwned;
+use strata_api::auth::Keys;
+use strata_node::daemon::{NodeOptions, Status};
+use strata_node::{ClusterKey, Profile, identity};
+
+/// `strata keygen`.
+#[derive(Debug, Args)]
+pub(crate) struct KeygenArgs {
+    /// Where to write the key (default: `cluster.key` in the node state directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace an existing key (every node must then get the new one).
+    #[arg(long)]
+    force: bool,
+}
+
+pub(crate) fn keygen(a: KeygenArgs) -> Result<()> {
+    let path = a
+        .out
+        .unwrap_or_else(|| identity::default_state_dir().join("cluster.key"));
+    if path.exists() {
+        if !a.force {
+            bail!(
+                "{} already exists; pass --force to replace it (every node must then get the new key)",
+                path.display()
+            );
+        }
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    }
+    let key = ClusterKey::generate();
+    key.save(&path)?;
+    println!("{}", path.display());
+    eprintln!(
+        "strata: cluster key {} written; copy it to every node (--cluster-key-file)",
+        key.fingerprint()
+    );
+    Ok(())
+}
+
+/// `strata node`.
+#[derive(Debug, Args)]
+pub(crate) struct NodeArgs {
+    /// A display name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// The HTTP API (OpenAI-compatible API, cluster view and commands).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    api_addr: SocketAddr,
+    /// The control plane (mutual TLS) listens here.
+    #[arg(long, default_value = "0.0.0.0:7447")]
+    control_addr: SocketAddr,
+    /// A node to dial (HOST:PORT of its control plane), for networks without multicast;
+    /// repeatable.
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// Do not look for nodes by LAN multicast (only --peer).
+    #[arg(long)]
+    no_multicast: bool,
+    /// The cluster key (default: `cluster.key` in the state directory, made on first start).
+    #[arg(long)]
+    cluster_key_file: Option<PathBuf>,
+    /// Where the node keeps its id (default: $XDG_STATE_HOME/strata or ~/.local/state/strata).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Most memory to offer to models, in bytes (default: what is available).
+    #[arg(long)]
+    memory_limit: Option<u64>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// API keys file (`KEY [name=NAME] [rpm=N]` per line).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Serve a non-loopback API without keys.
+    #[arg(long)]
+    insecure_no_auth: bool,
+}
+
+pub(crate) fn node(a: NodeArgs) -> Result<()> {
+    if a.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    let keys = match &a.api_key_file {
+        Some(f) => Some(Keys::from_file(f, None)?),
+        None => None,
+    };
+    let opts = NodeOptions {
+        name: a.name,
+        state_dir: a.state_dir.unwrap_or_else(identity::default_state_dir),
+        key_file: a.cluster_key_file,
+        control_addr: a.control_addr,
+        peers: a.peers,
+        multicast: !a.no_multicast,
+        api_addr: a.api_addr,
+        keys,
+        insecure_no_auth: a.insecure_no_auth,
+        memory_limit: a.memory_limit,
+        threads: a.threads,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(strata_node::daemon::run(
+        opts,
+        crate::cmd_serve::shutdown_signal(),
+    ))?;
+    Ok(())
+}
+
+/// How to reach a node's API.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct NodeAddr {
+    /// The node's API (default: $STRATA_NODE, else http://127.0.0.1:8000).
+    #[arg(long)]
+    node: Option<String>,
+    /// An API key for it (default: $STRATA_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+}
+
+impl NodeAddr {
+    fn base(&self) -> String {
+        let raw = self
+            .node
+            .clone()
+            .or_else(|| std::env::var("STRATA_NODE").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| "http://127.0.0.1:8000".into());
+        let raw = raw.trim_end_matches('/');
+        if raw.contains("://") {
+            raw.to_string()
+        } else {
+            format!("http://{raw}")
+        }
+    }
+
+    fn key(&self) -> Option<String> {
+        self.api_key.clone().or_else(|| {
+            std::env::var("STRATA_API_KEY")
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(15)))
+            .build()
+            .into()
+    }
+
+    /// GET or POST `path` and parse the JSON answer; a non-2xx answer becomes its message.
+    pub(crate) fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<T> {
+        let url = format!("{}{path}", self.base());
+        let agent = Self::agent();
+        let auth = self.key().map(|k| format!("Bearer {k}"));
+        let resp = if method == "GET" {
+            let mut r = agent.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call()
+        } else {
+            let mut r = agent.post(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            match body {
+                Some(b) => r.send_json(b),
+                None => r.send_empty(),
+            }
+        };
+        let mut resp = resp.with_context(|| {
+            format!(
+                "reaching the node at {} (is `strata node` running there?)",
+                self.base()
+            )
+        })?;
+        let status = resp.status();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .with_context(|| format!("reading the answer from {url}"))?;
+        if !status.is_success() {
+            let msg = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            bail!("{url}: {status}: {msg}");
+        }
+        serde_json::from_str(&text).with_context(|| format!("parsing the answer from {url}"))
+    }
+}
+
+/// `strata devices`.
+#[derive(Debug, Args)]
+pub(crate) struct DevicesArgs {
+    #[command(flatten)]
+    node: NodeAddr,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn devices(a: DevicesArgs) -> Result<()> {
+    let devices: Vec<Profile> = a.node.call("GET", "/v1/cluster/devices", None)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&devices)?);
+        return Ok(());
+    }
+    println!(
+        "{:<18} {:<14} {:<14} {:>5} {:>10} {:>10} {:>9} {:>9}  backend",
+        "id", "name", "host", "cores", "mem GiB", "free GiB", "GB/s", "GFLOP/s"
+    );
+    for d in devices {
+        println!(
+            "{:<18} {:<14} {:<14} {:>5} {:>10.1} {:>10.1} {:>9.1} {:>9.1}  {}",
+            d.id,
+            d.name,
+            d.hostname,
+            d.cores,
+            d.memory_total as f64 / f64::from(1u32 << 30),
+            d.memory_available as f64 / f64::from(1u32 << 30),
+            d.mem_bandwidth / 1e9,
+            d.matmul_gflops,
+            d.backend
+        );
+    }
+    Ok(())
+}
+
+/// `strata status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    node: NodeAddr,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Print again every second (stops after --watch-for, or Ctrl-C).
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: stop after this many seconds (0: never).
+    #[arg(long, default_value_t = 0)]
+    watch_for: u64,
+}
+
+pub(crate) fn status(a: StatusArgs) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let s: Status = a.node.call("GET", "/v1/cluster/status", None)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&s)?);
+        } else {
+            print_status(&s);
+        }
+        if !a.watch || (a.watch_for > 0 && start.elapsed().as_secs() >= a.watch_for) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn print_status(s: &Status) {
+    let snap = &s.snapshot;
+    println!(
+        "cluster {}: {} node(s), leader {}, answering: {}",
+        snap.cluster,
+        snap.members.len(),
+        snap.leader.as_deref().unwrap_or("-"),
+        snap.me
+    );
+    for m in &snap.members {
+        match &m.state {
+            Some(st) => println!(
+                "  {} {:<14} {:<22} {}{}",
+                if snap.leader.as_deref() == Some(m.id.as_str()) {
+                    "*"
+                } else {
+                    " "
+                },
+                st.profile.name,
+                m.id,
+                format_args!(
+                    "{:.1} GiB free, {:.1} GB/s",
+                    st.profile.memory_available as f64 / f64::from(1u32 << 30),
+                    st.profile.mem_bandwidth / 1e9
+                ),
+                if st.draining { ", draining" } else { "" }
+            ),
+            None => println!("    {:<14} {:<22} joining", "?", m.id),
+        }
+    }
+    if !s.topology.links.is_empty() {
+        println!("links:");
+        for l in &s.topology.links {
+            println!(
+                "  {} <-> {}: {:.0} us, {:.2} GB/s",
+                l.a,
+                l.b,
+                l.latency * 1e6,
+                l.bandwidth / 1e9
+            );
+        }
+    }
+    if let Some(e) = snap.events.last() {
+        println!("last event: {}", e.what);
+    }
+}
+
+/// `strata drain` / `strata stop`.
+#[derive(Debug, Args)]
+pub(crate) struct NodeCommandArgs {
+    #[command(flatten)]
+    node: NodeAddr,
+}
+
+pub(crate) fn drain(a: NodeCommandArgs) -> Result<()> {
+    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/drain", None)?;
+    eprintln!(
+        "strata: {} is draining: it takes no new work",
+        a.node.base()
+    );
+    Ok(())
+}
+
+pub(crate) fn stop(a: NodeCommandArgs) -> Result<()> {
+    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/stop", None)?;
+    eprintln!("strata: {} is stopping", a.node.base());
+    Ok(())
+}

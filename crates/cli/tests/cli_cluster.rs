@@ -1,0 +1,332 @@
+//! Several hosts on one machine: each `strata node` runs in its own network namespace, joined to
+//! the others by veth pairs on a bridge (each node its own address, real sockets, nothing shared
+//! but the network). Checked: nodes find each other with no flags (LAN multicast), measure their
+//! links, agree on a leader; a node with another cluster key is never listed; a killed node or a
+//! frozen one is noticed within 3 s and a new leader takes over; a restarted node rejoins as
+//! itself.
+//!
+//! Needs root and iproute2 (as CI has); elsewhere the test says so and passes without running.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const STRATA: &str = env!("CARGO_BIN_EXE_strata");
+
+/// Namespaces and node processes, removed on drop.
+struct Net {
+    prefix: String,
+    hosts: usize,
+    nodes: Vec<Option<Child>>,
+    dir: tempfile::TempDir,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Net {
+    /// `hosts` namespaces on one bridge, or None when this machine cannot make them.
+    fn new(hosts: usize) -> Option<Net> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
+            eprintln!("SKIPPED: network namespaces need root and iproute2");
+            return None;
+        }
+        let prefix = format!("st{}", std::process::id() % 100_000);
+        let mut net = Net {
+            prefix: prefix.clone(),
+            hosts,
+            nodes: Vec::new(),
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        let br = format!("{prefix}br");
+        let setup = || -> Result<(), String> {
+            ip(&["netns", "add", &br])?;
+            ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+            ip(&["-n", &br, "link", "set", "br0", "up"])?;
+            for i in 1..=hosts {
+                let ns = format!("{prefix}n{i}");
+                let v = format!("v{i}");
+                ip(&["netns", "add", &ns])?;
+                ip(&[
+                    "-n", &br, "link", "add", &v, "type", "veth", "peer", "name", "eth0", "netns",
+                    &ns,
+                ])?;
+                ip(&["-n", &br, "link", "set", &v, "master", "br0", "up"])?;
+                ip(&[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("10.77.0.{i}/24"),
+                    "dev",
+                    "eth0",
+                ])?;
+                ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+                ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+                ip(&["-n", &ns, "route", "add", "224.0.0.0/4", "dev", "eth0"])?;
+            }
+            Ok(())
+        };
+        if let Err(e) = setup() {
+            panic!("setting up network namespaces: {e}");
+        }
+        net.nodes.resize_with(hosts, || None);
+        Some(net)
+    }
+
+    fn ns(&self, host: usize) -> String {
+        format!("{}n{host}", self.prefix)
+    }
+
+    fn key(&self, name: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        if !path.exists() {
+            let out = Command::new(STRATA)
+                .args(["keygen", "--out"])
+                .arg(&path)
+                .output()
+                .expect("keygen");
+            assert!(out.status.success(), "{out:?}");
+        }
+        path
+    }
+
+    /// Starts `strata node` on `host` with the key file `key`.
+    fn start(&mut self, host: usize, key: &Path) {
+        let state = self.dir.path().join(format!("state{host}"));
+        let log = std::fs::File::create(self.dir.path().join(format!("node{host}.log")))
+            .expect("log file");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(host), STRATA, "node", "--name"])
+            .arg(format!("host{host}"))
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--cluster-key-file")
+            .arg(key)
+            .args(["--threads", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting a node");
+        self.nodes[host - 1] = Some(child);
+    }
+
+    fn pid(&self, host: usize) -> i32 {
+        self.nodes[host - 1].as_ref().expect("a running node").id() as i32
+    }
+
+    fn kill(&mut self, host: usize) {
+        if let Some(mut c) = self.nodes[host - 1].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&self, host: usize, sig: i32) {
+        // SAFETY: kill(2) on a child we started.
+        let rc = unsafe { libc::kill(self.pid(host), sig) };
+        assert_eq!(rc, 0);
+    }
+
+    /// `strata ARGS` inside `host`'s namespace (talking to the node there).
+    fn cli(&self, host: usize, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(host), STRATA])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn status(&self, host: usize) -> Option<Value> {
+        let text = self.cli(host, &["status", "--json"]).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Member names (`hostN`, from their published profiles) as `host` sees them, sorted.
+    fn members(&self, host: usize) -> Vec<String> {
+        let Some(s) = self.status(host) else {
+            return Vec::new();
+        };
+        let mut v: Vec<String> = s["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                m["state"]["profile"]["name"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .to_string()
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn wait_for(&self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+        let t = Instant::now();
+        loop {
+            if ok() {
+                return t.elapsed();
+            }
+            if t.elapsed() > limit {
+                self.dump_logs();
+                panic!("timed out after {limit:?} waiting until {what}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn dump_logs(&self) {
+        for h in 1..=self.hosts + 1 {
+            if let Ok(log) = std::fs::read_to_string(self.dir.path().join(format!("node{h}.log"))) {
+                eprintln!("--- node{h}.log\n{log}");
+            }
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for h in 1..=self.nodes.len() {
+            self.kill(h);
+        }
+        for h in 1..=self.hosts {
+            let _ = ip(&["netns", "del", &self.ns(h)]);
+        }
+        let _ = ip(&["netns", "del", &format!("{}br", self.prefix)]);
+    }
+}
+
+fn names(hosts: &[usize]) -> Vec<String> {
+    hosts.iter().map(|h| format!("host{h}")).collect()
+}
+
+#[test]
+fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
+    // Hosts 1-3 are the cluster; host 4 has another key.
+    let Some(mut net) = Net::new(4) else { return };
+    let key = net.key("cluster.key");
+    let other = net.key("other.key");
+    for h in 1..=3 {
+        net.start(h, &key);
+    }
+    net.start(4, &other);
+
+    // No flags: LAN multicast finds everyone.
+    net.wait_for(
+        "three nodes see each other",
+        Duration::from_secs(30),
+        || (1..=3).all(|h| net.members(h) == names(&[1, 2, 3])),
+    );
+    // Every pair's link is measured and published.
+    net.wait_for("every link is measured", Duration::from_secs(20), || {
+        net.status(1)
+            .is_some_and(|s| s["topology"]["links"].as_array().map_or(0, Vec::len) == 3)
+    });
+    let s = net.status(2).expect("status");
+    for l in s["topology"]["links"].as_array().expect("links") {
+        let lat = l["latency"].as_f64().expect("latency");
+        let bw = l["bandwidth"].as_f64().expect("bandwidth");
+        assert!(lat > 0.0 && lat < 0.05 && bw > 1e6, "{l}");
+    }
+    let leaders: Vec<Value> = (1..=3)
+        .map(|h| net.status(h).expect("status")["leader"].clone())
+        .collect();
+    assert!(
+        leaders.iter().all(|l| *l == leaders[0] && l.is_string()),
+        "{leaders:?}"
+    );
+
+    // The stranger, on the same LAN, is never listed, and sees nobody.
+    assert_eq!(net.members(4), names(&[4]));
+    assert_eq!(net.members(1), names(&[1, 2, 3]));
+    let devices = net.cli(1, &["devices", "--json"]).expect("devices");
+    let devices: Value = serde_json::from_str(&devices).expect("json");
+    assert_eq!(devices.as_array().map(Vec::len), Some(3));
+    assert!(!devices.to_string().contains("host4"));
+
+    // Kill the leader: the others notice within 3 s and agree on a new one.
+    let leader_id = leaders[0].as_str().expect("leader").to_string();
+    let status = net.status(1).expect("status");
+    let leader_host = status["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["id"] == leader_id.as_str())
+        .and_then(|m| m["state"]["profile"]["name"].as_str())
+        .and_then(|n| n.strip_prefix("host"))
+        .and_then(|n| n.parse::<usize>().ok())
+        .expect("the leader's host");
+    let rest: Vec<usize> = (1..=3).filter(|h| *h != leader_host).collect();
+    net.kill(leader_host);
+    let took = net.wait_for("the killed leader is gone", Duration::from_secs(3), || {
+        rest.iter().all(|&h| net.members(h) == names(&rest))
+    });
+    eprintln!("killed node noticed in {took:?}");
+    let new_leaders: Vec<Value> = rest
+        .iter()
+        .map(|&h| net.status(h).expect("status")["leader"].clone())
+        .collect();
+    assert!(new_leaders[0].is_string() && new_leaders[0] != leader_id.as_str());
+    assert_eq!(new_leaders[0], new_leaders[1]);
+
+    // Freeze another node (no socket closes): its lease runs out within 3 s.
+    let (frozen, watcher) = (rest[1], rest[0]);
+    net.signal(frozen, libc::SIGSTOP);
+    let took = net.wait_for("the frozen node is gone", Duration::from_secs(3), || {
+        net.members(watcher) == names(&[watcher])
+    });
+    eprintln!("frozen node noticed in {took:?}");
+    net.signal(frozen, libc::SIGCONT);
+
+    // The thawed node and the restarted leader come back, the latter with its old id.
+    net.start(leader_host, &key);
+    net.wait_for("everyone is back", Duration::from_secs(30), || {
+        net.members(watcher) == names(&[1, 2, 3])
+    });
+    let ids: Vec<String> = net.status(watcher).expect("status")["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        .collect();
+    assert!(ids.contains(&leader_id), "{ids:?} lacks {leader_id}");
+
+    // `strata stop` ends a node cleanly.
+    net.cli(watcher, &["stop"]).expect("stop");
+    let mut child = net.nodes[watcher - 1].take().expect("child");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the node did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
