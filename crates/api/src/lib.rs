@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod engine;
 mod error;
 pub mod grammar;
 pub mod metrics;
@@ -99,10 +100,44 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
         .unwrap_or(model.config().n_ctx_train.min(8192))
         .max(2);
     let batch = Batch::new(model, opts.threads.max(1), opts.parallel.max(1), n_ctx)?;
+    start_engine(
+        Box::new(batch),
+        tokenizer,
+        template,
+        EngineOptions {
+            model_id: opts.model_id,
+            queue: opts.queue,
+            keys: opts.keys,
+            max_body: opts.max_body,
+        },
+    )
+}
+
+/// How to serve an engine that is already loaded.
+#[derive(Debug)]
+pub struct EngineOptions {
+    /// The id clients name in `model`.
+    pub model_id: String,
+    /// Requests that may wait for a slot before 429.
+    pub queue: usize,
+    /// Accepted API keys.
+    pub keys: Option<auth::Keys>,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+}
+
+/// Starts the scheduler over a loaded engine (one process or rank 0 of a sharded instance).
+pub fn start_engine(
+    engine: Box<dyn engine::Engine>,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    opts: EngineOptions,
+) -> Result<Arc<server::AppState>, StartError> {
+    let n_ctx = engine.n_ctx();
     let grammars = grammar::Grammars::new(Arc::clone(&tokenizer)).map_err(StartError::Grammar)?;
     let metrics = Arc::new(metrics::Metrics::new());
     let scheduler = scheduler::Scheduler::start(
-        batch,
+        engine,
         Arc::clone(&tokenizer),
         opts.queue,
         Arc::clone(&metrics),

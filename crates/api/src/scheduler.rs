@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use strata_engine::{Batch, Sampler, SamplingParams, SlotId};
+use strata_engine::{Sampler, SamplingParams};
+
+use crate::engine::Engine;
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -115,7 +117,7 @@ pub enum SubmitError {
 impl Scheduler {
     /// Starts the engine thread over `batch`; at most `queue` requests wait for a slot.
     pub fn start(
-        batch: Batch,
+        batch: Box<dyn Engine>,
         tokenizer: Arc<Tokenizer>,
         queue: usize,
         metrics: Arc<Metrics>,
@@ -148,7 +150,7 @@ impl Scheduler {
 /// A sequence in a slot.
 struct Seq {
     job: Job,
-    slot: SlotId,
+    slot: usize,
     sampler: Sampler,
     history: Vec<u32>,
     generated: usize,
@@ -254,10 +256,10 @@ fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f
     )
 }
 
-fn run(mut batch: Batch, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
+fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
     let n_ctx = batch.n_ctx();
     let mut active: Vec<Seq> = Vec::new();
-    let mut steps: Vec<(SlotId, u32)> = Vec::new();
+    let mut steps: Vec<(usize, u32)> = Vec::new();
     loop {
         // Admit waiting requests into free slots; sleep only when nothing is running.
         while batch.free_slots() > 0 {
@@ -295,7 +297,7 @@ fn run(mut batch: Batch, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metri
                     }
                 }
                 Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    let _ = job.events.send(Event::Failed(e));
                 }
             }
         }
@@ -332,7 +334,7 @@ fn run(mut batch: Batch, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metri
             }
             Err(e) => {
                 for s in active.drain(..) {
-                    let _ = s.job.events.send(Event::Failed(e.to_string()));
+                    let _ = s.job.events.send(Event::Failed(e.clone()));
                     batch.release(s.slot);
                 }
             }

@@ -83,6 +83,10 @@ pub(crate) struct NodeArgs {
     /// Serve a non-loopback API without keys.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// The address peers use to reach this node's data plane (default: its first non-loopback
+    /// IPv4 address).
+    #[arg(long)]
+    advertise_addr: Option<std::net::IpAddr>,
 }
 
 pub(crate) fn node(a: NodeArgs) -> Result<()> {
@@ -105,6 +109,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         insecure_no_auth: a.insecure_no_auth,
         memory_limit: a.memory_limit,
         threads: a.threads,
+        advertise: a.advertise_addr,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -319,6 +324,28 @@ fn print_status(s: &Status) {
             );
         }
     }
+    if !s.instances.is_empty() {
+        println!("instances:");
+    }
+    for i in &s.instances {
+        match &i.placement {
+            Some(p) => println!(
+                "  {} {} (epoch {}): {:?} on {} -> {:.1} tok/s predicted",
+                i.id,
+                i.request.model,
+                i.epoch,
+                p.strategy,
+                p.nodes.join(", "),
+                p.predicted_decode_tok_s
+            ),
+            None => println!(
+                "  {} {}: not placed: {}",
+                i.id,
+                i.request.model,
+                i.problem.as_deref().unwrap_or("-")
+            ),
+        }
+    }
     if let Some(e) = snap.events.last() {
         println!("last event: {}", e.what);
     }
@@ -343,5 +370,149 @@ pub(crate) fn drain(a: NodeCommandArgs) -> Result<()> {
 pub(crate) fn stop(a: NodeCommandArgs) -> Result<()> {
     let _: serde_json::Value = a.node.call("POST", "/v1/cluster/stop", None)?;
     eprintln!("strata: {} is stopping", a.node.base());
+    Ok(())
+}
+
+/// `strata load`.
+#[derive(Debug, Args)]
+pub(crate) struct LoadArgs {
+    /// Model id from the catalog (or a path present on every node).
+    model: String,
+    #[command(flatten)]
+    node: NodeAddr,
+    /// How to split it (default: the fastest predicted).
+    #[arg(long, value_enum, default_value_t = StrategyPick::Auto)]
+    strategy: StrategyPick,
+    /// Nodes per pipeline stage with `--strategy hybrid`.
+    #[arg(long, default_value_t = 2)]
+    tp_size: usize,
+    /// Use exactly these nodes (ids or names), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Option<Vec<String>>,
+    /// Context positions per sequence.
+    #[arg(long)]
+    ctx_size: Option<usize>,
+    /// Print the plan and its predicted speed; load nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Return once the leader accepts, without waiting for the ranks to load.
+    #[arg(long)]
+    no_wait: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--strategy` of `strata load`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum StrategyPick {
+    /// The fastest the planner predicts.
+    Auto,
+    /// Every node on every layer.
+    Tensor,
+    /// Each node a range of layers.
+    Pipeline,
+    /// Pipeline stages of `--tp-size` tensor-parallel nodes.
+    Hybrid,
+}
+
+pub(crate) fn load(a: LoadArgs) -> Result<()> {
+    use strata_cluster::StrategyChoice;
+    let req = strata_node::instances::LoadRequest {
+        model: a.model.clone(),
+        strategy: match a.strategy {
+            StrategyPick::Auto => None,
+            StrategyPick::Tensor => Some(StrategyChoice::Tensor),
+            StrategyPick::Pipeline => Some(StrategyChoice::Pipeline),
+            StrategyPick::Hybrid => Some(StrategyChoice::Hybrid { tp: a.tp_size }),
+        },
+        nodes: a.nodes.clone(),
+        context: a.ctx_size,
+        dry_run: a.dry_run,
+    };
+    let body = serde_json::to_value(&req)?;
+    let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/load", Some(&body))?;
+    if a.dry_run {
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        } else {
+            let p: strata_cluster::Placement = serde_json::from_value(answer["placement"].clone())?;
+            println!("{}", p.explanation);
+            println!(
+                "plan: {:?} on {} -> {:.1} tok/s predicted (nothing loaded: --dry-run)",
+                p.strategy,
+                p.nodes.join(", "),
+                p.predicted_decode_tok_s
+            );
+        }
+        return Ok(());
+    }
+    let spec: strata_node::instances::InstanceSpec = serde_json::from_value(answer)?;
+    if !a.no_wait {
+        wait_ready(&a.node, &spec.id, Duration::from_secs(180))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&spec)?);
+    } else if let Some(p) = &spec.placement {
+        println!(
+            "{}: {} as {:?} on {} ({:.1} tok/s predicted){}",
+            spec.id,
+            spec.request.model,
+            p.strategy,
+            p.nodes.join(", "),
+            p.predicted_decode_tok_s,
+            if a.no_wait { ", loading" } else { ", ready" }
+        );
+    }
+    Ok(())
+}
+
+/// Waits until rank 0 of the newest epoch of `instance` reports ready (or failed).
+fn wait_ready(node: &NodeAddr, instance: &str, limit: Duration) -> Result<()> {
+    let t = std::time::Instant::now();
+    loop {
+        let s: Status = node.call("GET", "/v1/cluster/status", None)?;
+        if let Some(spec) = s.instances.iter().find(|i| i.id == instance) {
+            let rank0 = spec.placement.as_ref().and_then(|p| p.nodes.first());
+            let report = s
+                .snapshot
+                .members
+                .iter()
+                .filter(|m| Some(&m.id) == rank0)
+                .filter_map(|m| m.state.as_ref()?.extra.get("hosted").cloned())
+                .filter_map(|h| {
+                    serde_json::from_value::<Vec<strata_node::instances::Hosted>>(h).ok()
+                })
+                .flatten()
+                .find(|h| h.instance == instance && h.epoch == spec.epoch);
+            if let Some(h) = report {
+                if h.status == "ready" {
+                    return Ok(());
+                }
+                if let Some(why) = h.status.strip_prefix("failed: ") {
+                    bail!("instance {instance} failed to start: {why}");
+                }
+            }
+        }
+        if t.elapsed() > limit {
+            bail!("instance {instance} was not ready after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `strata unload`.
+#[derive(Debug, Args)]
+pub(crate) struct UnloadArgs {
+    /// The instance id (from `strata load` or `strata status`).
+    instance: String,
+    #[command(flatten)]
+    node: NodeAddr,
+}
+
+pub(crate) fn unload(a: UnloadArgs) -> Result<()> {
+    let body = serde_json::json!({ "instance": a.instance });
+    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/unload", Some(&body))?;
+    eprintln!("strata: unloaded {}", a.instance);
     Ok(())
 }

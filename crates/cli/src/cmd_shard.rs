@@ -296,7 +296,7 @@ pub(crate) fn launch(
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-            die_with_parent(&mut cmd);
+            strata_node::process::die_with_parent(&mut cmd);
             let child = cmd.spawn().context("starting a worker process")?;
             workers.children.push((r, child));
         }
@@ -325,7 +325,7 @@ pub(crate) fn launch(
         max_seqs,
         numerics: numerics_name(numerics).to_string(),
     };
-    let rank = start_rank0(comm, &file, &assignment)?;
+    let rank = Rank::start_coordinator(comm, &file, &assignment).context("loading the shards")?;
     let tokenizer = Tokenizer::from_gguf(file.metadata())?;
     let template = ChatTemplate::from_gguf(file.metadata())?;
     Ok(Session {
@@ -333,56 +333,6 @@ pub(crate) fn launch(
         workers,
     })
 }
-
-/// Sends the assignment, loads rank 0's shard, and waits for every worker to report its own.
-fn start_rank0(
-    mut comm: strata_net::Communicator,
-    file: &GgufFile,
-    a: &Assignment,
-) -> Result<Rank> {
-    let json = serde_json::to_vec(a)?;
-    for r in 1..comm.world() {
-        comm.post_send(r, &[&json])?;
-    }
-    comm.wait().context("sending the shard plan")?;
-    let world = comm.world();
-    let shard = Rank::prepare(file, a, 0).context("loading rank 0's shard")?;
-    let mut rank = Rank::new(comm, shard, &a.plan)?;
-    let mut statuses = Vec::with_capacity(world);
-    for r in 1..world {
-        let msg = rank
-            .comm_mut()
-            .recv(r)
-            .with_context(|| format!("waiting for rank {r} to load its shard"))?;
-        statuses.push((r, String::from_utf8_lossy(msg).into_owned()));
-    }
-    let failed: Vec<String> = statuses
-        .into_iter()
-        .filter(|(_, s)| s != "ok")
-        .map(|(r, s)| format!("rank {r}: {s}"))
-        .collect();
-    if !failed.is_empty() {
-        bail!("{}", failed.join("; "));
-    }
-    Ok(rank)
-}
-
-#[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_cmd: &mut Command) {}
 
 /// `strata worker`.
 #[derive(Debug, Args)]

@@ -49,6 +49,10 @@ enum Command {
     Devices(cmd_cluster::DevicesArgs),
     /// Show the cluster: nodes, leader, links, events.
     Status(cmd_cluster::StatusArgs),
+    /// Place a model on the cluster and load it (or, with --dry-run, show the plan).
+    Load(cmd_cluster::LoadArgs),
+    /// Stop a model instance and free its memory on every node.
+    Unload(cmd_cluster::UnloadArgs),
     /// Stop giving a node new work.
     Drain(cmd_cluster::NodeCommandArgs),
     /// Stop a node.
@@ -72,6 +76,8 @@ fn main() -> ExitCode {
         Command::Keygen(args) => cmd_cluster::keygen(args),
         Command::Devices(args) => cmd_cluster::devices(args),
         Command::Status(args) => cmd_cluster::status(args),
+        Command::Load(args) => cmd_cluster::load(args),
+        Command::Unload(args) => cmd_cluster::unload(args),
         Command::Drain(args) => cmd_cluster::drain(args),
         Command::Stop(args) => cmd_cluster::stop(args),
     };

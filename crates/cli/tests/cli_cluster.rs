@@ -139,6 +139,11 @@ impl Net {
         }
     }
 
+    /// Kills a node without reaping it here (for use while another thread holds `self`).
+    fn kill_quietly(&self, host: usize) {
+        self.signal(host, libc::SIGKILL);
+    }
+
     fn signal(&self, host: usize, sig: i32) {
         // SAFETY: kill(2) on a child we started.
         let rc = unsafe { libc::kill(self.pid(host), sig) };
@@ -329,4 +334,175 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+impl Net {
+    /// `curl` inside `host`'s namespace against its node's API; returns (HTTP status, body).
+    fn http(&self, host: usize, path: &str, body: &str) -> (u16, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(host), "curl", "-s", "-m", "120"])
+            .args([
+                "-w",
+                "\n%{http_code}",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args(["-d", body])
+            .arg(format!("http://127.0.0.1:8000{path}"))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or((&text, "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// Which host runs the node with this id.
+    fn host_of(&self, id: &str) -> usize {
+        let s = self.status(1).or_else(|| self.status(2)).expect("status");
+        s["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .find(|m| m["id"] == id)
+            .and_then(|m| m["state"]["profile"]["name"].as_str())
+            .and_then(|n| n.strip_prefix("host"))
+            .and_then(|n| n.parse().ok())
+            .expect("a host for the id")
+    }
+
+    fn load(&self, host: usize, args: &[&str]) -> Value {
+        let mut all = vec!["load", "smollm2-135m-instruct", "--json"];
+        all.extend_from_slice(args);
+        let out = self.cli(host, &all).unwrap_or_else(|e| {
+            self.dump_logs();
+            panic!("strata load {args:?}: {e}")
+        });
+        serde_json::from_str(&out).expect("load json")
+    }
+}
+
+fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
+    let body = format!(
+        r#"{{"model":"smollm2-135m-instruct","prompt":"The three most important inventions of the last century are","max_tokens":{max_tokens},"temperature":0}}"#
+    );
+    net.http(host, "/v1/completions", &body)
+}
+
+#[test]
+fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
+    let Some(mut net) = Net::new(3) else { return };
+    let key = net.key("cluster.key");
+    for h in 1..=3 {
+        net.start(h, &key);
+    }
+    net.wait_for(
+        "three nodes with measured links",
+        Duration::from_secs(30),
+        || {
+            net.status(1).is_some_and(|s| {
+                s["topology"]["nodes"].as_array().map_or(0, Vec::len) == 3
+                    && s["topology"]["links"].as_array().map_or(0, Vec::len) == 3
+            })
+        },
+    );
+
+    // A dry run plans and loads nothing.
+    let plan = net.load(
+        2,
+        &[
+            "--dry-run",
+            "--nodes",
+            "host1,host2",
+            "--strategy",
+            "tensor",
+        ],
+    );
+    assert_eq!(plan["placement"]["strategy"], "tensor", "{plan}");
+    assert!(
+        net.status(1).expect("status")["instances"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
+
+    // The reference: the whole model on one node.
+    let single = net.load(2, &["--nodes", "host3"]);
+    assert_eq!(single["placement"]["strategy"], "single", "{single}");
+    let (code, reference) = complete(&net, 3, 24);
+    assert_eq!(code, 200, "{reference}");
+    let reference: Value = serde_json::from_str(&reference).expect("json");
+    let reference = reference["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    assert!(!reference.is_empty());
+    let id = single["id"].as_str().expect("id");
+    net.cli(1, &["unload", id]).expect("unload");
+    net.wait_for("host3 stops serving", Duration::from_secs(10), || {
+        complete(&net, 3, 1).0 == 503
+    });
+
+    // Tensor parallel over host1 and host2: the same greedy text.
+    let tp = net.load(3, &["--nodes", "host1,host2", "--strategy", "tensor"]);
+    assert_eq!(tp["placement"]["strategy"], "tensor", "{tp}");
+    let nodes: Vec<String> = tp["placement"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect();
+    let (rank0, rank1) = (net.host_of(&nodes[0]), net.host_of(&nodes[1]));
+    let (code, body) = complete(&net, rank0, 24);
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
+    // The other node says where the instance is served.
+    let (code, body) = complete(&net, rank1, 4);
+    assert_eq!(code, 503, "{body}");
+
+    // Kill the worker's node during a long generation: the request fails within 3 s...
+    let long = std::thread::scope(|s| {
+        let req = s.spawn(|| {
+            let t = Instant::now();
+            let r = complete(&net, rank0, 4000);
+            (r, t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let killed_at = Instant::now();
+        net.kill_quietly(rank1);
+        let ((code, body), total) = req.join().expect("request thread");
+        (code, body, total, killed_at.elapsed())
+    });
+    let (code, body, _total, since_kill) = long;
+    assert_ne!(
+        code, 200,
+        "the request must fail, not return a partial answer: {body}"
+    );
+    assert!(body.contains("error"), "{body}");
+    assert!(
+        since_kill < Duration::from_secs(3),
+        "took {since_kill:?}: {body}"
+    );
+
+    // ...and the instance is placed again on the nodes left, and answers the same.
+    net.wait_for("the instance is back", Duration::from_secs(60), || {
+        net.status(rank0).is_some_and(|s| {
+            s["instances"]
+                .as_array()
+                .and_then(|a| a.first())
+                .is_some_and(|i| i["epoch"].as_u64() == Some(2) && i["placement"].is_object())
+        })
+    });
+    let survivors: Vec<usize> = (1..=3).filter(|h| *h != rank1).collect();
+    net.wait_for("a survivor answers", Duration::from_secs(60), || {
+        survivors.iter().any(|&h| complete(&net, h, 1).0 == 200)
+    });
+    let serving = survivors
+        .iter()
+        .copied()
+        .find(|&h| complete(&net, h, 1).0 == 200)
+        .expect("a serving node");
+    let (code, body) = complete(&net, serving, 24);
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
 }

@@ -18,6 +18,11 @@ impl SlotId {
     pub fn index(self) -> usize {
         self.0
     }
+
+    /// The slot with this index (a [`Batch`] checks that it holds a sequence before use).
+    pub fn from_index(index: usize) -> SlotId {
+        SlotId(index)
+    }
 }
 
 /// A model with `slots` independent KV caches of `n_ctx` positions each.

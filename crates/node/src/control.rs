@@ -182,7 +182,7 @@ fn lock(view: &Mutex<View>) -> MutexGuard<'_, View> {
 fn zenoh_config(cfg: &ControlConfig) -> Result<zenoh::Config> {
     let tls = cfg.key.tls_identity(&cfg.cert_names)?;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    let endpoint = |addr: &str| format!("tls/{addr}");
+    let endpoint = |addr: &str| format!("quic/{addr}");
     let json = serde_json::json!({
         "mode": "peer",
         "listen": { "endpoints": [endpoint(&cfg.listen.to_string())] },
@@ -203,7 +203,7 @@ fn zenoh_config(cfg: &ControlConfig) -> Result<zenoh::Config> {
         "adminspace": { "enabled": false },
         "transport": {
             "link": {
-                "protocols": ["tls"],
+                "protocols": ["quic"],
                 "tx": { "lease": LEASE_MS, "keep_alive": 4 },
                 "tls": {
                     "root_ca_certificate_base64": b64(&tls.ca_pem),

@@ -20,6 +20,7 @@ use strata_api::auth::{Keys, Verdict};
 use strata_cluster as placement;
 
 use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
+use crate::instances::{self, Hosted, InstanceSpec, LoadRequest, Running};
 use crate::key::ClusterKey;
 use crate::profile::{self, Profile};
 use crate::{Error, Result, identity};
@@ -54,6 +55,9 @@ pub struct NodeOptions {
     pub memory_limit: Option<u64>,
     /// Compute threads (default: all cores).
     pub threads: Option<usize>,
+    /// The address peers use for this node's data plane (default: its first non-loopback
+    /// IPv4 address).
+    pub advertise: Option<std::net::IpAddr>,
 }
 
 /// What the node's lifecycle commands changed.
@@ -71,6 +75,29 @@ struct Shared {
     keys: Option<Keys>,
     memory_limit: Option<u64>,
     stop: tokio::sync::Notify,
+    key: ClusterKey,
+    /// The address peers reach this node's data plane at.
+    data_host: std::net::IpAddr,
+    threads: usize,
+    /// The instance table, while this node leads.
+    table: Mutex<Vec<InstanceSpec>>,
+    /// The last table seen from any leader (a new leader starts from it).
+    last_table: Mutex<Vec<InstanceSpec>>,
+    was_leader: AtomicBool,
+    /// Ranks this node runs, by (instance, epoch).
+    hosted: Mutex<BTreeMap<(String, u64), Host>>,
+    /// The API of the instance whose rank 0 runs here.
+    served: Mutex<Option<(String, Router)>>,
+}
+
+/// A rank this node runs, and what it says about it.
+struct Host {
+    info: Hosted,
+    running: Option<Running>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The cluster as the planner sees it: live members with a state, and their links (each link
@@ -91,6 +118,8 @@ pub struct Status {
     pub snapshot: Snapshot,
     /// The planner's inputs derived from it.
     pub topology: Topology,
+    /// The leader's instance table.
+    pub instances: Vec<InstanceSpec>,
 }
 
 /// Derives the planner's view from a snapshot.
@@ -175,6 +204,12 @@ pub async fn run(
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
     };
+    let data_host = opts.advertise.unwrap_or_else(|| {
+        identity::local_addresses()
+            .into_iter()
+            .find(|a| a.is_ipv4() && !a.is_loopback())
+            .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]))
+    });
     let mut cert_names: Vec<String> = identity::local_addresses()
         .iter()
         .map(ToString::to_string)
@@ -182,7 +217,7 @@ pub async fn run(
     cert_names.push(hostname.clone());
     cert_names.push("localhost".into());
     let control = Control::start(ControlConfig {
-        key,
+        key: key.clone(),
         node_id: id.clone(),
         listen: opts.control_addr,
         peers: opts.peers.clone(),
@@ -213,11 +248,31 @@ pub async fn run(
         keys: opts.keys,
         memory_limit: opts.memory_limit,
         stop: tokio::sync::Notify::new(),
+        key,
+        data_host,
+        threads,
+        table: Mutex::new(Vec::new()),
+        last_table: Mutex::new(Vec::new()),
+        was_leader: AtomicBool::new(false),
+        hosted: Mutex::new(BTreeMap::new()),
+        served: Mutex::new(None),
     });
     publish(&shared).await?;
     let publisher = tokio::spawn(publish_loop(Arc::clone(&shared)));
     let prober = tokio::spawn(probe_loop(Arc::clone(&shared)));
     let watcher = tokio::spawn(log_membership(Arc::clone(&shared)));
+    let rpc = shared
+        .control
+        .session()
+        .declare_queryable(format!(
+            "{}/rpc/{}/*",
+            shared.control.prefix(),
+            shared.control.me()
+        ))
+        .await
+        .map_err(Error::control)?;
+    let rpc_task = tokio::spawn(rpc_loop(Arc::clone(&shared), rpc));
+    let instances_task = tokio::spawn(instances_loop(Arc::clone(&shared)));
 
     let stop = {
         let shared = Arc::clone(&shared);
@@ -234,7 +289,13 @@ pub async fn run(
     publisher.abort();
     prober.abort();
     watcher.abort();
-    let _ = tokio::join!(publisher, prober, watcher);
+    rpc_task.abort();
+    instances_task.abort();
+    let _ = tokio::join!(publisher, prober, watcher, rpc_task, instances_task);
+    // Ranks stop with the node: workers are killed, rank 0's engine ends with its state.
+    locked(&shared.served).take();
+    let hosted = std::mem::take(&mut *locked(&shared.hosted));
+    drop(hosted);
     served.map_err(Error::control)?;
     match Arc::try_unwrap(shared) {
         Ok(s) => s.control.close().await?,
@@ -268,7 +329,14 @@ async fn publish(shared: &Shared) -> Result<()> {
             profile: p.clone(),
             links,
             draining: shared.flags.draining.load(Ordering::Relaxed),
-            extra: serde_json::Value::Null,
+            extra: serde_json::json!({
+                "table": if shared.control.is_leader() {
+                    Some(locked(&shared.table).clone())
+                } else {
+                    None
+                },
+                "hosted": locked(&shared.hosted).values().map(|h| h.info.clone()).collect::<Vec<_>>(),
+            }),
         }
     };
     shared.control.publish(&state).await
@@ -353,6 +421,9 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/cluster/devices", get(devices))
         .route("/v1/cluster/drain", post(drain))
         .route("/v1/cluster/stop", post(stop))
+        .route("/v1/cluster/load", post(load))
+        .route("/v1/cluster/unload", post(unload))
+        .fallback(to_instance)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             guard,
@@ -388,6 +459,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {
     let snapshot = shared.control.snapshot();
     Json(Status {
         topology: topology(&snapshot),
+        instances: leader_table(&snapshot).unwrap_or_default(),
         snapshot,
     })
 }
@@ -413,4 +485,444 @@ async fn drain(State(shared): State<Arc<Shared>>, _h: HeaderMap) -> Response {
 async fn stop(State(shared): State<Arc<Shared>>) -> Response {
     shared.stop.notify_one();
     Json(serde_json::json!({ "stopping": true })).into_response()
+}
+
+/// The leader's instance table, from a snapshot.
+fn leader_table(s: &Snapshot) -> Option<Vec<InstanceSpec>> {
+    let leader = s.leader.as_deref()?;
+    let m = s.members.iter().find(|m| m.id == leader)?;
+    let st = m.state.as_ref()?;
+    serde_json::from_value(st.extra.get("table")?.clone()).ok()
+}
+
+/// What each member says it hosts, by node id.
+fn hosted_by(s: &Snapshot) -> BTreeMap<String, Vec<Hosted>> {
+    s.members
+        .iter()
+        .filter_map(|m| {
+            let st = m.state.as_ref()?;
+            let h: Vec<Hosted> = serde_json::from_value(st.extra.get("hosted")?.clone()).ok()?;
+            Some((m.id.clone(), h))
+        })
+        .collect()
+}
+
+fn names(s: &Snapshot) -> BTreeMap<String, String> {
+    s.members
+        .iter()
+        .filter_map(|m| Some((m.id.clone(), m.state.as_ref()?.profile.name.clone())))
+        .collect()
+}
+
+/// Answers `load` and `unload` sent to this node as leader.
+async fn rpc_loop(
+    shared: Arc<Shared>,
+    rpc: zenoh::query::Queryable<zenoh::handlers::FifoChannelHandler<zenoh::query::Query>>,
+) {
+    while let Ok(q) = rpc.recv_async().await {
+        let op = q
+            .key_expr()
+            .as_str()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let body = q
+            .payload()
+            .map(|p| p.to_bytes().to_vec())
+            .unwrap_or_default();
+        let answer: std::result::Result<serde_json::Value, String> = if !shared.control.is_leader()
+        {
+            Err("this node is not the leader".into())
+        } else {
+            match op.as_str() {
+                "load" => match serde_json::from_slice::<LoadRequest>(&body) {
+                    Ok(req) => leader_load(&shared, req)
+                        .await
+                        .map(|s| serde_json::to_value(s).unwrap_or_default()),
+                    Err(e) => Err(format!("bad load request: {e}")),
+                },
+                "unload" => match serde_json::from_slice::<String>(&body) {
+                    Ok(id) => leader_unload(&shared, &id).map(|()| serde_json::json!({})),
+                    Err(e) => Err(format!("bad unload request: {e}")),
+                },
+                other => Err(format!("unknown request {other:?}")),
+            }
+        };
+        let bytes = serde_json::to_vec(&match answer {
+            Ok(v) => serde_json::json!({ "ok": v }),
+            Err(e) => serde_json::json!({ "error": e }),
+        })
+        .unwrap_or_default();
+        let _ = q.reply(q.key_expr().clone(), bytes).await;
+    }
+}
+
+async fn leader_load(
+    shared: &Arc<Shared>,
+    req: LoadRequest,
+) -> std::result::Result<InstanceSpec, String> {
+    let snap = shared.control.snapshot();
+    let topo = topology(&snap);
+    let names = names(&snap);
+    let r = req.clone();
+    let (placement, _) = tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let spec = InstanceSpec {
+        id: format!("i-{}", crate::key::encode_hex(&rand::random::<[u8; 3]>())),
+        epoch: 1,
+        request: req,
+        placement: Some(placement),
+        problem: None,
+    };
+    locked(&shared.table).push(spec.clone());
+    let _ = publish(shared).await;
+    Ok(spec)
+}
+
+fn leader_unload(shared: &Shared, id: &str) -> std::result::Result<(), String> {
+    let mut t = locked(&shared.table);
+    let before = t.len();
+    t.retain(|s| s.id != id);
+    if t.len() == before {
+        return Err(format!("no instance {id:?}"));
+    }
+    Ok(())
+}
+
+/// Sends a request to the leader (which may be this node) and returns its answer.
+async fn ask_leader(
+    shared: &Shared,
+    op: &str,
+    body: Vec<u8>,
+) -> std::result::Result<serde_json::Value, String> {
+    let leader = shared
+        .control
+        .leader()
+        .ok_or("the cluster has no leader yet")?;
+    let key = format!("{}/rpc/{leader}/{op}", shared.control.prefix());
+    let replies = shared
+        .control
+        .session()
+        .get(key)
+        .payload(body)
+        .timeout(Duration::from_secs(120))
+        .await
+        .map_err(|e| e.to_string())?;
+    let reply = replies
+        .recv_async()
+        .await
+        .map_err(|_| format!("the leader {leader} did not answer"))?;
+    let sample = reply
+        .result()
+        .map_err(|_| format!("the leader {leader} failed"))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&sample.payload().to_bytes()).map_err(|e| e.to_string())?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(e.to_string()),
+        None => Ok(v["ok"].clone()),
+    }
+}
+
+/// Every 300 ms: as leader, place again what lost a node; as any node, start and stop ranks to
+/// match the leader's table.
+async fn instances_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(300));
+    loop {
+        tick.tick().await;
+        let snap = shared.control.snapshot();
+        if let Some(t) = leader_table(&snap) {
+            *locked(&shared.last_table) = t;
+        }
+        if shared.control.is_leader() {
+            if !shared.was_leader.swap(true, Ordering::Relaxed) {
+                let inherited = locked(&shared.last_table).clone();
+                let mut t = locked(&shared.table);
+                for spec in inherited {
+                    if !t.iter().any(|s| s.id == spec.id) {
+                        t.push(spec);
+                    }
+                }
+            }
+            replace_lost(&shared, &snap).await;
+        } else {
+            shared.was_leader.store(false, Ordering::Relaxed);
+        }
+        let table = if shared.control.is_leader() {
+            locked(&shared.table).clone()
+        } else {
+            leader_table(&snap).unwrap_or_default()
+        };
+        host(&shared, &snap, &table);
+    }
+}
+
+/// Leader: instances on a node that left are placed again on the nodes left (a new epoch).
+async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
+    let topo = topology(snap);
+    let alive: Vec<&str> = topo.nodes.iter().map(|n| n.id.as_str()).collect();
+    let lost: Vec<InstanceSpec> = locked(&shared.table)
+        .iter()
+        .filter(|s| {
+            s.placement
+                .as_ref()
+                .is_none_or(|p| p.nodes.iter().any(|n| !alive.contains(&n.as_str())))
+        })
+        .cloned()
+        .collect();
+    for spec in lost {
+        let mut req = spec.request.clone();
+        // The nodes and strategy asked for may be gone: let the planner choose again.
+        req.nodes = None;
+        req.strategy = None;
+        let (topo, names) = (topo.clone(), names(snap));
+        let planned =
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names)).await;
+        let mut t = locked(&shared.table);
+        let Some(s) = t
+            .iter_mut()
+            .find(|s| s.id == spec.id && s.epoch == spec.epoch)
+        else {
+            continue;
+        };
+        match planned {
+            Ok(Ok((p, _))) => {
+                s.epoch += 1;
+                s.placement = Some(p);
+                s.problem = None;
+            }
+            Ok(Err(e)) => {
+                if s.placement.is_some() {
+                    s.epoch += 1;
+                }
+                s.placement = None;
+                s.problem = Some(e.to_string());
+            }
+            Err(e) => s.problem = Some(e.to_string()),
+        }
+    }
+}
+
+/// Starts the ranks the table gives this node and stops those it no longer does.
+fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
+    let me = shared.control.me().to_string();
+    let mut wanted: Vec<(String, u64)> = Vec::new();
+    let hosted = hosted_by(snap);
+    for spec in table {
+        let Some(p) = &spec.placement else { continue };
+        let Some(rank) = p.nodes.iter().position(|n| *n == me) else {
+            continue;
+        };
+        let k = (spec.id.clone(), spec.epoch);
+        wanted.push(k.clone());
+        if locked(&shared.hosted).contains_key(&k) {
+            continue;
+        }
+        let token = instances::token(&shared.key, &spec.id, spec.epoch);
+        if rank == 0 {
+            start_rank0(shared, spec, p, token);
+        } else {
+            // Workers join rank 0 once it listens.
+            let coordinator = hosted.get(&p.nodes[0]).and_then(|list| {
+                list.iter()
+                    .find(|h| h.instance == spec.id && h.epoch == spec.epoch)
+                    .and_then(|h| h.coordinator.as_deref()?.parse::<SocketAddr>().ok())
+            });
+            let Some(coordinator) = coordinator else {
+                continue;
+            };
+            let (running, status) =
+                match instances::start_worker(spec, rank, p.nodes.len(), coordinator, &token) {
+                    Ok(c) => (Some(Running::Worker(c)), "ready".to_string()),
+                    Err(e) => (None, format!("failed: {e}")),
+                };
+            locked(&shared.hosted).insert(
+                k,
+                Host {
+                    info: Hosted {
+                        instance: spec.id.clone(),
+                        epoch: spec.epoch,
+                        rank,
+                        coordinator: None,
+                        status,
+                    },
+                    running,
+                },
+            );
+        }
+    }
+    let mut h = locked(&shared.hosted);
+    let gone: Vec<(String, u64)> = h.keys().filter(|k| !wanted.contains(k)).cloned().collect();
+    for k in gone {
+        if locked(&shared.served)
+            .as_ref()
+            .is_some_and(|(id, _)| *id == format!("{}@{}", k.0, k.1))
+        {
+            locked(&shared.served).take();
+        }
+        h.remove(&k);
+    }
+    // A worker that exited is reported failed.
+    for host in h.values_mut() {
+        if let Some(Running::Worker(c)) = &mut host.running
+            && let Ok(Some(st)) = c.try_wait()
+        {
+            host.info.status = format!("failed: the worker exited ({st})");
+            host.running = None;
+        }
+    }
+}
+
+fn start_rank0(
+    shared: &Arc<Shared>,
+    spec: &InstanceSpec,
+    p: &strata_cluster::Placement,
+    token: String,
+) {
+    let k = (spec.id.clone(), spec.epoch);
+    let listener = match std::net::TcpListener::bind((shared.data_host, 0)) {
+        Ok(l) => l,
+        Err(e) => {
+            locked(&shared.hosted).insert(
+                k,
+                Host {
+                    info: Hosted {
+                        instance: spec.id.clone(),
+                        epoch: spec.epoch,
+                        rank: 0,
+                        coordinator: None,
+                        status: format!("failed: listening for ranks: {e}"),
+                    },
+                    running: None,
+                },
+            );
+            return;
+        }
+    };
+    let coordinator = listener.local_addr().ok().map(|a| a.to_string());
+    locked(&shared.hosted).insert(
+        k.clone(),
+        Host {
+            info: Hosted {
+                instance: spec.id.clone(),
+                epoch: spec.epoch,
+                rank: 0,
+                coordinator,
+                status: "starting".into(),
+            },
+            running: None,
+        },
+    );
+    let shared = Arc::clone(shared);
+    let spec = spec.clone();
+    let p = p.clone();
+    std::thread::spawn(move || {
+        let result = instances::start_rank0(instances::Rank0Start {
+            spec: &spec,
+            placement: &p,
+            listener,
+            token,
+            threads: shared.threads,
+            keys: None,
+        });
+        let mut hosted = locked(&shared.hosted);
+        let Some(h) = hosted.get_mut(&k) else {
+            // Unloaded or placed again meanwhile: the state drops here.
+            return;
+        };
+        match result {
+            Ok(state) => {
+                eprintln!(
+                    "strata: instance {} (epoch {}) of {} is ready",
+                    spec.id, spec.epoch, spec.request.model
+                );
+                *locked(&shared.served) = Some((
+                    format!("{}@{}", k.0, k.1),
+                    strata_api::server::router(Arc::clone(&state)),
+                ));
+                h.info.status = "ready".into();
+                h.running = Some(Running::Rank0(state));
+            }
+            Err(e) => {
+                eprintln!(
+                    "strata: instance {} (epoch {}) failed to start: {e}",
+                    spec.id, spec.epoch
+                );
+                h.info.status = format!("failed: {e}");
+            }
+        }
+    });
+}
+
+async fn load(State(shared): State<Arc<Shared>>, Json(req): Json<LoadRequest>) -> Response {
+    if req.dry_run {
+        let snap = shared.control.snapshot();
+        let (topo, names) = (topology(&snap), names(&snap));
+        let planned =
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names)).await;
+        return match planned {
+            Ok(Ok((p, facts))) => {
+                Json(serde_json::json!({ "placement": p, "model": facts })).into_response()
+            }
+            Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        };
+    }
+    let body = serde_json::to_vec(&req).unwrap_or_default();
+    match ask_leader(&shared, "load", body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+#[derive(Deserialize)]
+struct UnloadBody {
+    instance: String,
+}
+
+async fn unload(State(shared): State<Arc<Shared>>, Json(b): Json<UnloadBody>) -> Response {
+    let body = serde_json::to_vec(&b.instance).unwrap_or_default();
+    match ask_leader(&shared, "unload", body).await {
+        Ok(_) => Json(serde_json::json!({ "unloaded": b.instance })).into_response(),
+        Err(e) => error(StatusCode::NOT_FOUND, &e),
+    }
+}
+
+/// Everything else goes to the API of the instance whose rank 0 runs here.
+async fn to_instance(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    use tower::ServiceExt as _;
+    let router = locked(&shared.served).as_ref().map(|(_, r)| r.clone());
+    match router {
+        Some(r) => match r.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(e) => match e {},
+        },
+        None => {
+            let snap = shared.control.snapshot();
+            let elsewhere: Vec<String> = hosted_by(&snap)
+                .into_iter()
+                .filter(|(_, hs)| hs.iter().any(|h| h.rank == 0 && h.status == "ready"))
+                .filter_map(|(id, _)| {
+                    let m = snap.members.iter().find(|m| m.id == id)?;
+                    Some(format!("{} ({})", id, m.state.as_ref()?.profile.api_addr))
+                })
+                .collect();
+            if elsewhere.is_empty() {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no model instance is loaded; run `strata load MODEL`",
+                )
+            } else {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "no instance is served by this node; ask {}",
+                        elsewhere.join(", ")
+                    ),
+                )
+            }
+        }
+    }
 }

@@ -22,6 +22,9 @@ pub enum Error {
     /// The control plane failed.
     #[error("control plane: {0}")]
     Control(String),
+    /// An instance could not be planned, loaded or run.
+    #[error("{0}")]
+    Instance(String),
     /// A message from a peer was malformed.
     #[error("malformed message from {peer}: {why}")]
     Message {

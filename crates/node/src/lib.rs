@@ -5,6 +5,7 @@
 //! - [`profile`]: a node's self-description and speed measurements.
 //! - [`control`]: the zenoh control plane: discovery, membership, leader election, state and
 //!   link probes.
+//! - [`instances`]: the leader's table of model instances and how a node runs its ranks.
 //! - [`daemon`]: `strata node`: the control plane, state publishing, link measurement and the
 //!   node's HTTP API.
 #![warn(missing_docs)]
@@ -13,7 +14,9 @@ pub mod control;
 pub mod daemon;
 mod error;
 pub mod identity;
+pub mod instances;
 pub mod key;
+pub mod process;
 pub mod profile;
 
 pub use control::{Control, ControlConfig, LinkReport, NodeState, Snapshot};

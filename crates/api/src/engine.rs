@@ -1,0 +1,183 @@
+//! What the scheduler drives: a set of sequence slots that take a prompt, then one token per
+//! step, and give back a vocabulary-long row of logits for each. Two engines implement it: the
+//! engine's [`Batch`] (the whole model in this process, every live sequence in one forward pass)
+//! and [`Sharded`] (rank 0 of a model split across nodes, sequences stepped one after another
+//! through the ranks).
+
+use strata_engine::{Batch, SamplingParams, SlotId};
+use strata_parallel::Rank;
+
+/// A model the scheduler can run sequences on.
+pub trait Engine: Send + 'static {
+    /// Context positions per sequence.
+    fn n_ctx(&self) -> usize;
+    /// Slots free for a new sequence.
+    fn free_slots(&self) -> usize;
+    /// Takes a free slot, runs `prompt` through it, and returns the slot and the logits that
+    /// follow the prompt.
+    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String>;
+    /// Appends one token to each listed slot and returns the logits that follow, one row per
+    /// step in the same order.
+    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String>;
+    /// Frees a slot.
+    fn release(&mut self, slot: usize);
+}
+
+impl Engine for Batch {
+    fn n_ctx(&self) -> usize {
+        Batch::n_ctx(self)
+    }
+
+    fn free_slots(&self) -> usize {
+        Batch::free_slots(self)
+    }
+
+    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String> {
+        Batch::start(self, prompt)
+            .map(|(slot, logits)| (slot.index(), logits))
+            .map_err(|e| e.to_string())
+    }
+
+    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String> {
+        let steps: Vec<(SlotId, u32)> = steps
+            .iter()
+            .map(|&(s, t)| (SlotId::from_index(s), t))
+            .collect();
+        Batch::step(self, &steps).map_err(|e| e.to_string())
+    }
+
+    fn release(&mut self, slot: usize) {
+        Batch::release(self, SlotId::from_index(slot));
+    }
+}
+
+/// Prompt tokens per prefill step through the ranks.
+const PREFILL_CHUNK: usize = 512;
+
+/// Rank 0 of a sharded model as a scheduler engine. The last pipeline stage returns every logit
+/// of its vocabulary shard (sampling settings that keep all candidates), so the scheduler sees
+/// the same full rows as with one process and samples, constrains and scores them the same way.
+#[derive(Debug)]
+pub struct Sharded {
+    rank: Rank,
+    vocab: usize,
+    busy: Vec<bool>,
+    lens: Vec<usize>,
+    logits: Vec<f32>,
+    cands: Vec<(u32, f32)>,
+}
+
+impl Sharded {
+    /// Wraps rank 0 of an instance whose vocabulary has `vocab` entries.
+    pub fn new(rank: Rank, vocab: usize) -> Sharded {
+        let slots = rank.max_seqs();
+        Sharded {
+            rank,
+            vocab,
+            busy: vec![false; slots],
+            lens: vec![0; slots],
+            logits: Vec::new(),
+            cands: Vec::new(),
+        }
+    }
+
+    /// Settings under which the ranks return raw logits for the whole vocabulary.
+    fn raw() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Takes the candidates of the oldest step and writes them as row `row` of the logits.
+    fn collect_row(&mut self, row: usize) -> Result<(), String> {
+        self.rank
+            .collect(&mut self.cands)
+            .map_err(|e| e.to_string())?;
+        let dst = &mut self.logits[row * self.vocab..(row + 1) * self.vocab];
+        dst.fill(f32::NEG_INFINITY);
+        for &(id, l) in &self.cands {
+            if let Some(x) = dst.get_mut(id as usize) {
+                *x = l;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every rank to stop (the instance is being unloaded).
+    pub fn shutdown(&mut self) -> Result<(), String> {
+        self.rank.shutdown().map_err(|e| e.to_string())
+    }
+}
+
+impl Engine for Sharded {
+    fn n_ctx(&self) -> usize {
+        self.rank.n_ctx()
+    }
+
+    fn free_slots(&self) -> usize {
+        self.busy.iter().filter(|b| !**b).count()
+    }
+
+    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String> {
+        if prompt.is_empty() {
+            return Err(strata_engine::Error::EmptyPrompt.to_string());
+        }
+        if prompt.len() >= self.n_ctx() {
+            return Err(strata_engine::Error::ContextOverflow {
+                needed: prompt.len() + 1,
+                limit: self.n_ctx(),
+            }
+            .to_string());
+        }
+        let slot = self
+            .busy
+            .iter()
+            .position(|b| !*b)
+            .ok_or("every sequence slot is in use")?;
+        let raw = Self::raw();
+        let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+            self.rank
+                .submit(slot, i * PREFILL_CHUNK, chunk, i + 1 == chunks, &raw, &[])
+                .map_err(|e| e.to_string())?;
+        }
+        self.logits.resize(self.vocab, 0.0);
+        self.collect_row(0)?;
+        self.busy[slot] = true;
+        self.lens[slot] = prompt.len();
+        Ok((slot, &mut self.logits[..self.vocab]))
+    }
+
+    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String> {
+        let raw = Self::raw();
+        for &(slot, _) in steps {
+            if !self.busy.get(slot).copied().unwrap_or(false) {
+                return Err(format!("slot {slot} holds no sequence"));
+            }
+        }
+        // One step at a time: rank 0 keeps only the latest step's own candidates, so each is
+        // collected before the next is submitted.
+        self.logits.resize(steps.len() * self.vocab, 0.0);
+        for (row, &(slot, token)) in steps.iter().enumerate() {
+            self.rank
+                .submit(slot, self.lens[slot], &[token], true, &raw, &[])
+                .map_err(|e| e.to_string())?;
+            self.lens[slot] += 1;
+            self.collect_row(row)?;
+        }
+        Ok(&mut self.logits[..steps.len() * self.vocab])
+    }
+
+    fn release(&mut self, slot: usize) {
+        if let Some(b) = self.busy.get_mut(slot) {
+            *b = false;
+        }
+    }
+}

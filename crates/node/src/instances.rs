@@ -1,0 +1,264 @@
+//! Model instances across the cluster.
+//!
+//! The leader owns the table of instances: `strata load` reaches it (from whichever node the
+//! CLI talked to), it places the model with the planner on the measured topology, and publishes
+//! the table in its state. When a member leaves, the leader places every instance that used it
+//! again on the members left (a new epoch). Every node follows the leader's table: it starts
+//! the ranks it was given and stops those it no longer has.
+//!
+//! Rank 0 runs inside the node and serves the OpenAI API for the instance; other ranks are
+//! `strata worker` processes the node starts and watches (they die with it). The data plane's
+//! session token is derived from the cluster key, the instance and its epoch, so only key
+//! holders can compute it.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use strata_cluster as placement;
+use strata_cluster::{ModelFacts, Placement, StrategyChoice};
+use strata_gguf::GgufFile;
+
+use crate::key::ClusterKey;
+use crate::{Error, Result};
+
+/// What `strata load` asks for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadRequest {
+    /// Catalog id or path of the model (resolved on every node that hosts a rank).
+    pub model: String,
+    /// Force a strategy (default: the fastest predicted).
+    #[serde(default)]
+    pub strategy: Option<StrategyChoice>,
+    /// Use exactly these nodes (ids or names).
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
+    /// Context positions per sequence (default 4096).
+    #[serde(default)]
+    pub context: Option<usize>,
+    /// Only plan.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// An instance in the leader's table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceSpec {
+    /// Instance id.
+    pub id: String,
+    /// Bumped each time the instance is placed again.
+    pub epoch: u64,
+    /// What was asked (kept to place it again).
+    pub request: LoadRequest,
+    /// Where and how it runs; `None` while it fits nowhere.
+    pub placement: Option<Placement>,
+    /// Why it is not placed, if it is not.
+    pub problem: Option<String>,
+}
+
+/// What a node hosts of an instance, published in its state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hosted {
+    /// Instance id.
+    pub instance: String,
+    /// Its epoch.
+    pub epoch: u64,
+    /// This node's rank in it.
+    pub rank: usize,
+    /// Rank 0's data-plane address, once listening.
+    pub coordinator: Option<String>,
+    /// `starting`, `ready` or `failed: why`.
+    pub status: String,
+}
+
+/// The default context of a loaded instance.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// Places `req` on the topology; the answer names nodes by id.
+pub fn plan(
+    req: &LoadRequest,
+    topo: &crate::daemon::Topology,
+    names: &BTreeMap<String, String>,
+) -> Result<(Placement, ModelFacts)> {
+    let path = resolve(&req.model)?;
+    let file = GgufFile::open(&path).map_err(|e| Error::Instance(e.to_string()))?;
+    let facts = ModelFacts::from_gguf(&file).map_err(|e| Error::Instance(e.to_string()))?;
+    // Nodes may be named by id or by name.
+    let nodes = req.nodes.as_ref().map(|list| {
+        list.iter()
+            .map(|n| {
+                names
+                    .iter()
+                    .find(|(_, name)| *name == n)
+                    .map_or_else(|| n.clone(), |(id, _)| id.clone())
+            })
+            .collect()
+    });
+    let p = placement::place(
+        &facts,
+        &topo.nodes,
+        &topo.links,
+        &placement::Request {
+            context: req.context.unwrap_or(DEFAULT_CONTEXT),
+            strategy: req.strategy,
+            nodes,
+        },
+    )
+    .map_err(|e| Error::Instance(e.to_string()))?;
+    Ok((p, facts))
+}
+
+/// The model file for `spec` on this node (fetched into the store if it is a catalog id).
+pub fn resolve(spec: &str) -> Result<PathBuf> {
+    let store = strata_store::Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
+    let resolved = store
+        .resolve_with(spec, &mut |_| {})
+        .map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
+    Ok(resolved.path)
+}
+
+/// The data-plane session token of an instance epoch.
+pub fn token(key: &ClusterKey, instance: &str, epoch: u64) -> String {
+    crate::key::encode_hex(&key.mac(
+        "instance token",
+        &[instance.as_bytes(), &epoch.to_le_bytes()],
+    ))
+}
+
+/// The strategy the sharded runtime uses for a placement.
+pub fn strategy(p: &Placement) -> strata_parallel::Strategy {
+    match p.strategy {
+        StrategyChoice::Single | StrategyChoice::Tensor => strata_parallel::Strategy::Tensor,
+        StrategyChoice::Pipeline => strata_parallel::Strategy::Pipeline,
+        StrategyChoice::Hybrid { tp } => strata_parallel::Strategy::Hybrid { tp },
+    }
+}
+
+/// A rank this node runs.
+pub enum Running {
+    /// Rank 0: the API state serving the instance (dropping it stops the engine thread, which
+    /// closes the links and so ends the workers).
+    Rank0(Arc<strata_api::server::AppState>),
+    /// A worker process.
+    Worker(Child),
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Running::Worker(c) = self {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// How rank 0 of an instance starts on this node.
+pub struct Rank0Start<'a> {
+    /// The instance.
+    pub spec: &'a InstanceSpec,
+    /// Its placement.
+    pub placement: &'a Placement,
+    /// The listener workers join (already bound, so its address could be published).
+    pub listener: TcpListener,
+    /// The data-plane token.
+    pub token: String,
+    /// Compute threads.
+    pub threads: usize,
+    /// API keys for the instance's routes.
+    pub keys: Option<strata_api::auth::Keys>,
+}
+
+/// Starts rank 0 (blocking: waits for every worker to join and load).
+pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
+    let err = |e: &dyn std::fmt::Display| Error::Instance(e.to_string());
+    let path = resolve(&s.spec.request.model)?;
+    let context = s.spec.request.context.unwrap_or(DEFAULT_CONTEXT);
+    let opts = strata_api::EngineOptions {
+        model_id: s.spec.request.model.clone(),
+        queue: 64,
+        keys: s.keys,
+        max_body: 4 << 20,
+    };
+    let world = s.placement.nodes.len();
+    if world == 1 {
+        return strata_api::start(strata_api::ServeOptions {
+            model_path: path,
+            model_id: opts.model_id,
+            threads: s.threads,
+            parallel: 4,
+            queue: opts.queue,
+            n_ctx: Some(context),
+            keys: opts.keys,
+            max_body: opts.max_body,
+        })
+        .map_err(|e| err(&e));
+    }
+    let file = GgufFile::open(&path).map_err(|e| err(&e))?;
+    let cfg = strata_engine::ModelConfig::from_gguf(&file).map_err(|e| err(&e))?;
+    let plan = strata_parallel::make_plan(
+        &file,
+        &cfg,
+        strategy(s.placement),
+        world,
+        Some(&s.placement.weights),
+        strata_parallel::CombineStyle::Gather,
+    )
+    .map_err(|e| err(&e))?;
+    let coordinator = s.listener.local_addr().map_err(|e| err(&e))?;
+    let mesh = strata_net::MeshConfig {
+        rank: 0,
+        world,
+        coordinator,
+        listen: None,
+        token: s.token,
+        transport: strata_net::Transport::Tcp,
+        shape: strata_net::LinkShape::default(),
+        join_timeout: Duration::from_secs(60),
+        stall_timeout: Duration::from_millis(1500),
+    };
+    let comm = strata_net::coordinate(&mesh, s.listener).map_err(|e| err(&e))?;
+    let assignment = strata_parallel::Assignment {
+        plan,
+        model_path: path,
+        model_bytes: file.bytes().len() as u64,
+        threads: s.threads,
+        n_ctx: context,
+        max_seqs: 4,
+        numerics: strata_parallel::numerics_name(strata_kernels::attn::Flavour::native()).into(),
+    };
+    let rank =
+        strata_parallel::Rank::start_coordinator(comm, &file, &assignment).map_err(|e| err(&e))?;
+    let tokenizer =
+        Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata()).map_err(|e| err(&e))?);
+    let template =
+        strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).map_err(|e| err(&e))?;
+    let engine = strata_api::engine::Sharded::new(rank, cfg.n_vocab);
+    strata_api::start_engine(Box::new(engine), tokenizer, template, opts).map_err(|e| err(&e))
+}
+
+/// Starts rank `rank` as a `strata worker` process joining `coordinator`; it dies with this
+/// node.
+pub fn start_worker(
+    spec: &InstanceSpec,
+    rank: usize,
+    world: usize,
+    coordinator: SocketAddr,
+    token: &str,
+) -> Result<Child> {
+    let exe = std::env::current_exe().map_err(|e| Error::Instance(e.to_string()))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["worker", "--coordinator", &coordinator.to_string()])
+        .args(["--rank", &rank.to_string(), "--world", &world.to_string()])
+        .args(["--model", &spec.request.model])
+        .env("STRATA_TOKEN", token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    crate::process::die_with_parent(&mut cmd);
+    cmd.spawn()
+        .map_err(|e| Error::Instance(format!("starting a worker: {e}")))
+}
