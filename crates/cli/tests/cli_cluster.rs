@@ -47,7 +47,9 @@ impl Net {
             eprintln!("SKIPPED: network namespaces need root and iproute2");
             return None;
         }
-        let prefix = format!("st{}", std::process::id() % 100_000);
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prefix = format!("st{}x{n}", std::process::id() % 100_000);
         let mut net = Net {
             prefix: prefix.clone(),
             hosts,
@@ -463,16 +465,23 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     let long = std::thread::scope(|s| {
         let req = s.spawn(|| {
             let t = Instant::now();
-            let r = complete(&net, rank0, 4000);
+            // A schema that forces a 6000-character answer: the model cannot stop early.
+            let body = r#"{"model":"smollm2-135m-instruct","max_tokens":4000,"temperature":0,
+                "messages":[{"role":"user","content":"Write a long story."}],
+                "response_format":{"type":"json_schema","json_schema":{"name":"story","schema":
+                {"type":"object","properties":{"story":{"type":"string","minLength":6000}},
+                "required":["story"],"additionalProperties":false}}}}"#;
+            let r = net.http(rank0, "/v1/chat/completions", body);
             (r, t.elapsed())
         });
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(Duration::from_millis(1000));
         let killed_at = Instant::now();
         net.kill_quietly(rank1);
         let ((code, body), total) = req.join().expect("request thread");
         (code, body, total, killed_at.elapsed())
     });
     let (code, body, _total, since_kill) = long;
+    eprintln!("request ended {since_kill:?} after the kill: {code} {body}");
     assert_ne!(
         code, 200,
         "the request must fail, not return a partial answer: {body}"

@@ -5,9 +5,12 @@
 //! maps it, and rank 0 removes its name once all have: nothing is left behind even if a process
 //! is killed later. The TCP connections stay open beside the rings so a dead peer is noticed.
 //!
-//! Every connection starts with a versioned hello carrying the session token: a process that
-//! does not know the token, speaks another protocol version, or claims a rank that is taken is
-//! turned away with a clear error on both sides.
+//! Every connection starts with a mutual proof of the session token, which never crosses the
+//! wire: the accepting side sends a fresh challenge, the dialer answers with its hello and an
+//! HMAC over the challenge, its own nonce and the hello (checked before the hello is parsed), and
+//! the acceptor's verdict carries an HMAC over both nonces in turn. A process that does not know
+//! the token, speaks another protocol version, or claims a rank that is taken is turned away
+//! with a clear error on both sides, and a recorded handshake is useless to replay.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -22,8 +25,8 @@ use crate::link::{Control, Link, ShmLink, ShmRegion, TcpLink};
 use crate::{Communicator, Error, LinkShape, Result};
 
 /// The wire protocol version; ranks of different versions refuse each other.
-pub const PROTOCOL_VERSION: u32 = 1;
-const MAGIC: &[u8; 8] = b"STRATA\x00\x01";
+pub const PROTOCOL_VERSION: u32 = 2;
+const MAGIC: &[u8; 8] = b"STRATA\x00\x02";
 /// Largest bootstrap message accepted before the peer is trusted.
 const MAX_HELLO: usize = 64 << 10;
 /// Bytes of each shared-memory ring.
@@ -78,7 +81,6 @@ pub struct MeshConfig {
 #[derive(Serialize, Deserialize)]
 struct Hello {
     version: u32,
-    token: String,
     rank: usize,
     world: usize,
     /// Where the sender listens (workers registering with rank 0).
@@ -208,9 +210,6 @@ fn check_hello(h: &Hello, cfg: &MeshConfig) -> std::result::Result<(), String> {
             h.version
         ));
     }
-    if !same_secret(h.token.as_bytes(), cfg.token.as_bytes()) {
-        return Err("wrong session token".into());
-    }
     if h.world != cfg.world {
         return Err(format!(
             "world size {} does not match {}",
@@ -221,6 +220,114 @@ fn check_hello(h: &Hello, cfg: &MeshConfig) -> std::result::Result<(), String> {
         return Err(format!("rank {} is outside 1..{}", h.rank, cfg.world));
     }
     Ok(())
+}
+
+/// Bytes of a challenge or nonce.
+const NONCE: usize = 32;
+/// Bytes of a handshake MAC.
+const MAC: usize = 32;
+
+/// HMAC-SHA-256 of `parts` under the session token.
+fn mac(token: &str, parts: &[&[u8]]) -> [u8; MAC] {
+    use hmac::Mac as _;
+    let mut m = <hmac::Hmac<sha2::Sha256>>::new_from_slice(token.as_bytes())
+        .expect("HMAC takes any key length");
+    for p in parts {
+        m.update(&(p.len() as u64).to_le_bytes());
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// The nonces of one handshake: the acceptor's challenge and the dialer's nonce.
+struct Nonces {
+    challenge: [u8; NONCE],
+    dialer: [u8; NONCE],
+}
+
+/// Acceptor: sends a challenge, then reads the dialer's hello and checks its proof of the token
+/// before parsing it. A connection that fails gets a (plain) refusal and is dropped.
+fn accept_hello(s: &mut TcpStream, cfg: &MeshConfig) -> std::result::Result<(Hello, Nonces), ()> {
+    let challenge: [u8; NONCE] = rand::random();
+    write_frame(usize::MAX, s, &challenge).map_err(|_| ())?;
+    let frame = read_frame(usize::MAX, s).map_err(|_| ())?;
+    if frame.len() < MAC + NONCE {
+        return Err(());
+    }
+    let (proof, rest) = frame.split_at(MAC);
+    let (nonce, body) = rest.split_at(NONCE);
+    let expected = mac(&cfg.token, &[b"strata dial", &challenge, nonce, body]);
+    if !same_secret(proof, &expected) {
+        let _ = send_answer(
+            s,
+            cfg,
+            None,
+            &Verdict::Refused("wrong session token".into()),
+        );
+        return Err(());
+    }
+    let hello: Hello = serde_json::from_slice(body).map_err(|_| ())?;
+    let mut dialer = [0u8; NONCE];
+    dialer.copy_from_slice(nonce);
+    Ok((hello, Nonces { challenge, dialer }))
+}
+
+/// Acceptor: the verdict on a hello, with a MAC that proves this side knows the token (none
+/// for a dialer that could not prove it either).
+fn send_answer(
+    s: &mut TcpStream,
+    cfg: &MeshConfig,
+    nonces: Option<&Nonces>,
+    verdict: &Verdict,
+) -> Result<()> {
+    let body = serde_json::to_vec(verdict).map_err(|e| Error::Handshake(e.to_string()))?;
+    let proof = match nonces {
+        Some(n) => mac(
+            &cfg.token,
+            &[b"strata accept", &n.dialer, &n.challenge, &body],
+        ),
+        None => [0; MAC],
+    };
+    let mut frame = proof.to_vec();
+    frame.extend_from_slice(&body);
+    write_frame(usize::MAX, s, &frame)
+}
+
+/// Dialer: answers the challenge with `hello` and its proof, then reads the verdict and checks
+/// the acceptor's proof before trusting a welcome.
+fn dial_hello(s: &mut TcpStream, peer: usize, cfg: &MeshConfig, hello: &Hello) -> Result<()> {
+    let challenge = read_frame(peer, s)?;
+    if challenge.len() != NONCE {
+        return Err(Error::Handshake(format!(
+            "rank {peer} sent a malformed challenge"
+        )));
+    }
+    let nonce: [u8; NONCE] = rand::random();
+    let body = serde_json::to_vec(hello).map_err(|e| Error::Handshake(e.to_string()))?;
+    let mut frame = mac(&cfg.token, &[b"strata dial", &challenge, &nonce, &body]).to_vec();
+    frame.extend_from_slice(&nonce);
+    frame.extend_from_slice(&body);
+    write_frame(peer, s, &frame)?;
+    let answer = read_frame(peer, s)?;
+    if answer.len() < MAC {
+        return Err(Error::Handshake(format!(
+            "rank {peer} sent a malformed verdict"
+        )));
+    }
+    let (proof, body) = answer.split_at(MAC);
+    let authentic = same_secret(
+        proof,
+        &mac(&cfg.token, &[b"strata accept", &nonce, &challenge, body]),
+    );
+    let verdict: Verdict = serde_json::from_slice(body)
+        .map_err(|e| Error::Handshake(format!("malformed verdict from rank {peer}: {e}")))?;
+    match (verdict, authentic) {
+        (Verdict::Welcome, true) => Ok(()),
+        (Verdict::Welcome, false) => Err(Error::Handshake(format!(
+            "rank {peer} could not prove it knows the session token"
+        ))),
+        (Verdict::Refused(why), _) => Err(Error::Handshake(format!("rank {peer} refused: {why}"))),
+    }
 }
 
 /// Compares secrets in time that does not depend on where they differ.
@@ -241,7 +348,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     while joined < n {
         let mut s = accept_until(&listener, deadline, 0)?;
         // A stray or hostile connection is refused and does not stop the bootstrap.
-        let Ok(hello) = recv_json::<Hello>(usize::MAX, &mut s) else {
+        let Ok((hello, nonces)) = accept_hello(&mut s, cfg) else {
             continue;
         };
         let verdict = check_hello(&hello, cfg).and_then(|()| {
@@ -257,13 +364,13 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         });
         match verdict {
             Ok(()) => {
-                send_json(hello.rank, &mut s, &Verdict::Welcome)?;
+                send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
                 addrs[hello.rank] = hello.addr;
                 streams[hello.rank] = Some(s);
                 joined += 1;
             }
             Err(why) => {
-                let _ = send_json(hello.rank, &mut s, &Verdict::Refused(why));
+                let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
             }
         }
     }
@@ -291,7 +398,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         if cfg.transport == Transport::Tcp {
             while controls.iter().skip(1).any(Option::is_none) {
                 let mut s = accept_until(&listener, deadline, 0)?;
-                let Ok(h) = recv_json::<Hello>(usize::MAX, &mut s) else {
+                let Ok((h, nonces)) = accept_hello(&mut s, cfg) else {
                     continue;
                 };
                 let verdict = check_hello(&h, cfg).and_then(|()| {
@@ -303,11 +410,11 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
                 });
                 match verdict {
                     Ok(()) => {
-                        send_json(h.rank, &mut s, &Verdict::Welcome)?;
+                        send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
                         controls[h.rank] = Some(s);
                     }
                     Err(why) => {
-                        let _ = send_json(h.rank, &mut s, &Verdict::Refused(why));
+                        let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
                     }
                 }
             }
@@ -400,12 +507,12 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         let local = to_root.local_addr().map_err(io(me, "reading an address"))?;
         addr.set_ip(local.ip());
     }
-    send_json(
-        0,
+    dial_hello(
         &mut to_root,
+        0,
+        cfg,
         &Hello {
             version: PROTOCOL_VERSION,
-            token: cfg.token.clone(),
             rank: me,
             world: n,
             addr: Some(addr),
@@ -413,10 +520,6 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
             control: false,
         },
     )?;
-    match recv_json::<Verdict>(0, &mut to_root)? {
-        Verdict::Welcome => {}
-        Verdict::Refused(why) => return Err(Error::Handshake(format!("rank 0 refused: {why}"))),
-    }
     let table: Table = recv_json(0, &mut to_root)?;
     if table.addrs.len() != n {
         return Err(Error::Handshake("the rank table has the wrong size".into()));
@@ -428,12 +531,12 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
     let setup = (|| {
         let dial = |j: usize, control: bool| -> Result<TcpStream> {
             let mut s = dial_until(table.addrs[j], deadline, j)?;
-            send_json(
-                j,
+            dial_hello(
                 &mut s,
+                j,
+                cfg,
                 &Hello {
                     version: PROTOCOL_VERSION,
-                    token: cfg.token.clone(),
                     rank: me,
                     world: n,
                     addr: None,
@@ -441,10 +544,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
                     control,
                 },
             )?;
-            match recv_json::<Verdict>(j, &mut s)? {
-                Verdict::Welcome => Ok(s),
-                Verdict::Refused(why) => Err(Error::Handshake(format!("rank {j} refused: {why}"))),
-            }
+            Ok(s)
         };
         for (j, slot) in streams.iter_mut().enumerate().take(me).skip(1) {
             *slot = Some(dial(j, false)?);
@@ -460,7 +560,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         };
         while missing(&streams, &controls) {
             let mut s = accept_until(&listener, deadline, me)?;
-            let Ok(h) = recv_json::<Hello>(usize::MAX, &mut s) else {
+            let Ok((h, nonces)) = accept_hello(&mut s, cfg) else {
                 continue;
             };
             let verdict = check_hello(&h, cfg).and_then(|()| {
@@ -477,7 +577,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
             });
             match verdict {
                 Ok(()) => {
-                    send_json(h.rank, &mut s, &Verdict::Welcome)?;
+                    send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
                     if h.control {
                         controls[h.rank] = Some(s);
                     } else {
@@ -485,7 +585,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
                     }
                 }
                 Err(why) => {
-                    let _ = send_json(h.rank, &mut s, &Verdict::Refused(why));
+                    let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
                 }
             }
         }
