@@ -444,10 +444,15 @@ pub fn place(
     }
     // The fewest nodes that fit (all of the requested ones, if the request names them); among
     // sets of that size, the fastest predicted.
+    // A forced multi-node strategy starts at two nodes: tensor parallel on one node is no
+    // request anyone makes.
+    let multi = req
+        .strategy
+        .is_some_and(|s| s != StrategyChoice::Single && pool.len() > 1);
     let sizes: Vec<usize> = if req.nodes.is_some() {
         vec![pool.len()]
     } else {
-        (1..=pool.len()).collect()
+        (if multi { 2 } else { 1 }..=pool.len()).collect()
     };
     let mut best: Option<Placement> = None;
     for k in sizes {

@@ -40,6 +40,22 @@ fn link(a: &str, b: &str, latency_us: f64) -> Link {
     }
 }
 
+/// Three equal nodes, every pair linked alike.
+fn triangle(mem_gb: f64, bw_gbs: f64, latency_us: f64) -> ([Node; 3], [Link; 3]) {
+    (
+        [
+            node("a", mem_gb, bw_gbs),
+            node("b", mem_gb, bw_gbs),
+            node("c", mem_gb, bw_gbs),
+        ],
+        [
+            link("a", "b", latency_us),
+            link("a", "c", latency_us),
+            link("b", "c", latency_us),
+        ],
+    )
+}
+
 fn req() -> Request {
     Request {
         context: 4096,
@@ -62,6 +78,23 @@ fn a_model_that_fits_on_one_node_stays_there() {
 }
 
 #[test]
+fn a_forced_multi_node_strategy_uses_at_least_two_nodes() {
+    let (nodes, links) = triangle(64.0, 100.0, 10.0);
+    for s in [StrategyChoice::Tensor, StrategyChoice::Pipeline] {
+        let r = Request {
+            strategy: Some(s),
+            ..req()
+        };
+        let p = place(&model(), &nodes, &links, &r).expect("placement");
+        assert_eq!(p.strategy, s);
+        assert_eq!(p.nodes.len(), 2, "{p:?}");
+    }
+    // Unforced, the model stays on one node.
+    let p = place(&model(), &nodes, &links, &req()).expect("placement");
+    assert_eq!(p.nodes.len(), 1);
+}
+
+#[test]
 fn too_little_memory_is_refused_with_the_shortfall() {
     let nodes = [node("a", 0.3, 30.0), node("b", 0.2, 30.0)];
     let err = place(&model(), &nodes, &[link("a", "b", 5.0)], &req()).unwrap_err();
@@ -75,16 +108,7 @@ fn too_little_memory_is_refused_with_the_shortfall() {
 #[test]
 fn the_fewest_nodes_that_fit_are_used() {
     // No node alone holds 0.6 GB of weights plus 0.27 GB of cache; two do.
-    let nodes = [
-        node("a", 0.6, 30.0),
-        node("b", 0.6, 30.0),
-        node("c", 0.6, 30.0),
-    ];
-    let links = [
-        link("a", "b", 5.0),
-        link("a", "c", 5.0),
-        link("b", "c", 5.0),
-    ];
+    let (nodes, links) = triangle(0.6, 30.0, 5.0);
     let p = place(&model(), &nodes, &links, &req()).unwrap();
     assert_eq!(p.nodes.len(), 2, "{p:?}");
 }
