@@ -111,6 +111,11 @@ impl Net {
 
     /// Starts `strata node` on `host` with the key file `key`.
     fn start(&mut self, host: usize, key: &Path) {
+        self.start_env(host, key, &[]);
+    }
+
+    /// Starts `strata node` on `host` with extra environment variables.
+    fn start_env(&mut self, host: usize, key: &Path, env: &[(&str, &Path)]) {
         let state = self.dir.path().join(format!("state{host}"));
         let log = std::fs::File::create(self.dir.path().join(format!("node{host}.log")))
             .expect("log file");
@@ -122,6 +127,7 @@ impl Net {
             .arg("--cluster-key-file")
             .arg(key)
             .args(["--threads", "1"])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -394,8 +400,17 @@ fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
 fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     let Some(mut net) = Net::new(3) else { return };
     let key = net.key("cluster.key");
-    for h in 1..=3 {
-        net.start(h, &key);
+    // Only host 1 has the model; hosts 2 and 3 have empty stores and no way to download, so
+    // they must get it from a peer.
+    net.start(1, &key);
+    for h in 2..=3 {
+        let home = net.dir.path().join(format!("store{h}"));
+        let no_pip = net.dir.path().join("no-python-here");
+        net.start_env(
+            h,
+            &key,
+            &[("STRATA_HOME", &home), ("STRATA_PYTHON", &no_pip)],
+        );
     }
     net.wait_for(
         "every node sees three nodes and their links",
@@ -428,7 +443,7 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
             .is_some_and(Vec::is_empty)
     );
 
-    // The reference: the whole model on one node.
+    // The reference: the whole model on one node (host 3 copies it from a peer first).
     let single = net.load(2, &["--nodes", "host3"]);
     assert_eq!(single["placement"]["strategy"], "single", "{single}");
     let (code, reference) = complete(&net, 3, 24);
@@ -459,6 +474,14 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
+    // Host 2 holds a verified copy now.
+    let copy = net.dir.path().join("store2/models/smollm2-135m-instruct");
+    assert!(
+        std::fs::read_dir(&copy).is_ok_and(|mut d| d.next().is_some()),
+        "{} is empty",
+        copy.display()
+    );
+
     // Any node serves the API: the other node forwards to rank 0 over the control plane,
     // whole answers and streams alike.
     let (code, body) = complete(&net, rank1, 24);

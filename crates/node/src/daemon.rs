@@ -23,7 +23,7 @@ use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, no
 use crate::instances::{self, Hosted, InstanceSpec, LoadRequest, Running};
 use crate::key::ClusterKey;
 use crate::profile::{self, Profile};
-use crate::{Error, Result, identity};
+use crate::{Error, Result, identity, transfer};
 
 /// How often a node republishes its state.
 const STATE_EVERY: Duration = Duration::from_secs(1);
@@ -531,6 +531,10 @@ async fn rpc_loop(
             tokio::spawn(serve_forwarded(Arc::clone(&shared), q));
             continue;
         }
+        if op == "model" {
+            tokio::task::spawn_blocking(move || transfer::serve(&q));
+            continue;
+        }
         let body = q
             .payload()
             .map(|p| p.to_bytes().to_vec())
@@ -570,10 +574,12 @@ async fn leader_load(
     let topo = topology(&snap);
     let names = names(&snap);
     let r = req.clone();
-    let (placement, _) = tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let peers = peers_of(shared);
+    let (placement, _) =
+        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, Some(&peers)))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
     let spec = InstanceSpec {
         id: format!("i-{}", crate::key::encode_hex(&rand::random::<[u8; 3]>())),
         epoch: 1,
@@ -663,6 +669,15 @@ async fn instances_loop(shared: Arc<Shared>) {
     }
 }
 
+/// This node's peers, as a source of models.
+fn peers_of(shared: &Shared) -> transfer::Peers {
+    transfer::Peers {
+        session: shared.control.session().clone(),
+        prefix: shared.control.prefix().to_string(),
+        ids: shared.control.peers(),
+    }
+}
+
 /// Leader: instances on a node that left are placed again on the nodes left (a new epoch).
 async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
     let topo = topology(snap);
@@ -681,9 +696,10 @@ async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
         // The nodes and strategy asked for may be gone: let the planner choose again.
         req.nodes = None;
         req.strategy = None;
-        let (topo, names) = (topo.clone(), names(snap));
+        let (topo, names, peers) = (topo.clone(), names(snap), peers_of(shared));
         let planned =
-            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names)).await;
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, Some(&peers)))
+                .await;
         let mut t = locked(&shared.table);
         let Some(s) = t
             .iter_mut()
@@ -737,24 +753,53 @@ fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
             let Some(coordinator) = coordinator else {
                 continue;
             };
-            let (running, status) =
-                match instances::start_worker(spec, rank, p.nodes.len(), coordinator, &token) {
-                    Ok(c) => (Some(Running::Worker(c)), "ready".to_string()),
-                    Err(e) => (None, format!("failed: {e}")),
-                };
             locked(&shared.hosted).insert(
-                k,
+                k.clone(),
                 Host {
                     info: Hosted {
                         instance: spec.id.clone(),
                         epoch: spec.epoch,
                         rank,
                         coordinator: None,
-                        status,
+                        status: "starting".into(),
                     },
-                    running,
+                    running: None,
                 },
             );
+            // Resolving may mean copying the model from a peer: off the async threads.
+            let (shared, model, world) = (
+                Arc::clone(shared),
+                spec.request.model.clone(),
+                p.nodes.len(),
+            );
+            let peers = peers_of(&shared);
+            std::thread::spawn(move || {
+                let started = transfer::resolve(&model, Some(&peers)).and_then(|path| {
+                    instances::start_worker(&path, rank, world, coordinator, &token)
+                });
+                let started = started.map(|c| Arc::new(Mutex::new(c)));
+                {
+                    let mut hosted = locked(&shared.hosted);
+                    let Some(h) = hosted.get_mut(&k) else {
+                        // Gone meanwhile; the child (if any) is killed as it drops.
+                        drop(started.map(Running::Worker));
+                        return;
+                    };
+                    match &started {
+                        Ok(c) => {
+                            h.info.status = "ready".into();
+                            h.running = Some(Running::Worker(Arc::clone(c)));
+                        }
+                        Err(e) => {
+                            eprintln!("strata: rank {rank} of {} failed to start: {e}", k.0);
+                            h.info.status = format!("failed: {e}");
+                        }
+                    }
+                }
+                if let Ok(c) = started {
+                    instances::watch(&c);
+                }
+            });
         }
     }
     let mut h = locked(&shared.hosted);
@@ -770,9 +815,11 @@ fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
     }
     // A worker that exited is reported failed.
     for host in h.values_mut() {
-        if let Some(Running::Worker(c)) = &mut host.running
-            && let Ok(Some(st)) = c.try_wait()
-        {
+        if let Some(st) = host.running.as_ref().and_then(Running::exited) {
+            eprintln!(
+                "strata: rank {} of {} exited ({st})",
+                host.info.rank, host.info.instance
+            );
             host.info.status = format!("failed: the worker exited ({st})");
             host.running = None;
         }
@@ -830,6 +877,7 @@ fn start_rank0(
             token,
             threads: shared.threads,
             keys: None,
+            peers: peers_of(&shared),
         });
         let mut hosted = locked(&shared.hosted);
         let Some(h) = hosted.get_mut(&k) else {
@@ -864,8 +912,10 @@ async fn load(State(shared): State<Arc<Shared>>, Json(req): Json<LoadRequest>) -
     if req.dry_run {
         let snap = shared.control.snapshot();
         let (topo, names) = (topology(&snap), names(&snap));
+        let peers = peers_of(&shared);
         let planned =
-            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names)).await;
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, Some(&peers)))
+                .await;
         return match planned {
             Ok(Ok((p, facts))) => {
                 Json(serde_json::json!({ "placement": p, "model": facts })).into_response()

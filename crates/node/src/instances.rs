@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +23,7 @@ use strata_cluster::{ModelFacts, Placement, StrategyChoice};
 use strata_gguf::GgufFile;
 
 use crate::key::ClusterKey;
+use crate::transfer::{Peers, resolve};
 use crate::{Error, Result};
 
 /// What `strata load` asks for.
@@ -83,8 +83,9 @@ pub fn plan(
     req: &LoadRequest,
     topo: &crate::daemon::Topology,
     names: &BTreeMap<String, String>,
+    peers: Option<&Peers>,
 ) -> Result<(Placement, ModelFacts)> {
-    let path = resolve(&req.model)?;
+    let path = resolve(&req.model, peers)?;
     let file = GgufFile::open(&path).map_err(|e| Error::Instance(e.to_string()))?;
     let facts = ModelFacts::from_gguf(&file).map_err(|e| Error::Instance(e.to_string()))?;
     // Nodes may be named by id or by name.
@@ -112,15 +113,6 @@ pub fn plan(
     Ok((p, facts))
 }
 
-/// The model file for `spec` on this node (fetched into the store if it is a catalog id).
-pub fn resolve(spec: &str) -> Result<PathBuf> {
-    let store = strata_store::Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
-    let resolved = store
-        .resolve_with(spec, &mut |_| {})
-        .map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
-    Ok(resolved.path)
-}
-
 /// The data-plane session token of an instance epoch.
 pub fn token(key: &ClusterKey, instance: &str, epoch: u64) -> String {
     crate::key::encode_hex(&key.mac(
@@ -143,16 +135,42 @@ pub enum Running {
     /// Rank 0: the API state serving the instance (dropping it stops the engine thread, which
     /// closes the links and so ends the workers).
     Rank0(Arc<strata_api::server::AppState>),
-    /// A worker process.
-    Worker(Child),
+    /// A worker process, watched by the thread that started it.
+    Worker(Arc<std::sync::Mutex<Child>>),
+}
+
+impl Running {
+    /// The exit status of a worker that has ended.
+    pub fn exited(&self) -> Option<std::process::ExitStatus> {
+        match self {
+            Running::Rank0(_) => None,
+            Running::Worker(c) => lock_child(c).try_wait().ok().flatten(),
+        }
+    }
+}
+
+fn lock_child(c: &std::sync::Mutex<Child>) -> std::sync::MutexGuard<'_, Child> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         if let Running::Worker(c) = self {
+            let mut c = lock_child(c);
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Keeps the calling thread alive as long as the worker runs: a child started with
+/// PR_SET_PDEATHSIG is killed when the *thread* that started it ends, not the process.
+pub fn watch(child: &Arc<std::sync::Mutex<Child>>) {
+    loop {
+        if !matches!(lock_child(child).try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -170,12 +188,14 @@ pub struct Rank0Start<'a> {
     pub threads: usize,
     /// API keys for the instance's routes.
     pub keys: Option<strata_api::auth::Keys>,
+    /// Where to get the model if this node lacks it.
+    pub peers: Peers,
 }
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
     let err = |e: &dyn std::fmt::Display| Error::Instance(e.to_string());
-    let path = resolve(&s.spec.request.model)?;
+    let path = resolve(&s.spec.request.model, Some(&s.peers))?;
     let context = s.spec.request.context.unwrap_or(DEFAULT_CONTEXT);
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),
@@ -243,7 +263,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
 /// Starts rank `rank` as a `strata worker` process joining `coordinator`; it dies with this
 /// node.
 pub fn start_worker(
-    spec: &InstanceSpec,
+    model: &std::path::Path,
     rank: usize,
     world: usize,
     coordinator: SocketAddr,
@@ -253,7 +273,8 @@ pub fn start_worker(
     let mut cmd = Command::new(exe);
     cmd.args(["worker", "--coordinator", &coordinator.to_string()])
         .args(["--rank", &rank.to_string(), "--world", &world.to_string()])
-        .args(["--model", &spec.request.model])
+        .arg("--model")
+        .arg(model)
         .env("STRATA_TOKEN", token)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

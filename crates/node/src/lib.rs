@@ -6,6 +6,7 @@
 //! - [`control`]: the zenoh control plane: discovery, membership, leader election, state and
 //!   link probes.
 //! - [`instances`]: the leader's table of model instances and how a node runs its ranks.
+//! - [`transfer`]: models copied between nodes, verified against the catalog.
 //! - [`daemon`]: `strata node`: the control plane, state publishing, link measurement and the
 //!   node's HTTP API.
 #![warn(missing_docs)]
@@ -18,6 +19,7 @@ pub mod instances;
 pub mod key;
 pub mod process;
 pub mod profile;
+pub mod transfer;
 
 pub use control::{Control, ControlConfig, LinkReport, NodeState, Snapshot};
 pub use error::{Error, Result};

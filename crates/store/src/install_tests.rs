@@ -470,3 +470,32 @@ fn a_second_puller_waits_for_the_lock_holder() {
     });
     assert!(waited);
 }
+
+#[test]
+fn install_from_a_stream_checks_like_a_pull() {
+    let fx = fixture();
+    let content = bytes(300_000, 5);
+    let c = card("peer", &[("peer-model", "peer_model/p.gguf")], &content);
+    // No wheel anywhere: the bytes come from the stream alone.
+    let store = store(&fx, TestFetcher::new(&fx.wheels));
+    let origin = Path::new("peer node");
+
+    let mut wrong = bytes(300_000, 6);
+    let err = store
+        .install_from(&c, &mut wrong.as_slice(), origin, &mut ignore)
+        .unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    wrong.push(0);
+    let err = store
+        .install_from(&c, &mut wrong.as_slice(), origin, &mut ignore)
+        .unwrap_err();
+    assert!(matches!(err, Error::SizeMismatch { .. }), "{err}");
+    assert!(!fx.root.join("models/peer/peer.gguf").exists());
+    assert_tmp_empty(&fx.root);
+
+    let path = store
+        .install_from(&c, &mut content.as_slice(), origin, &mut ignore)
+        .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), content);
+    assert_tmp_empty(&fx.root);
+}
