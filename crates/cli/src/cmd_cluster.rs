@@ -356,21 +356,30 @@ fn print_status(s: &Status) {
 pub(crate) struct NodeCommandArgs {
     #[command(flatten)]
     node: NodeAddr,
+    /// Print the node's JSON answer.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints the node's answer as JSON, or `line` on stderr.
+fn report(json: bool, answer: &serde_json::Value, line: &str) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(answer)?);
+    } else {
+        eprintln!("strata: {line}");
+    }
+    Ok(())
 }
 
 pub(crate) fn drain(a: NodeCommandArgs) -> Result<()> {
-    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/drain", None)?;
-    eprintln!(
-        "strata: {} is draining: it takes no new work",
-        a.node.base()
-    );
-    Ok(())
+    let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/drain", None)?;
+    let line = format!("{} is draining: it takes no new work", a.node.base());
+    report(a.json, &answer, &line)
 }
 
 pub(crate) fn stop(a: NodeCommandArgs) -> Result<()> {
-    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/stop", None)?;
-    eprintln!("strata: {} is stopping", a.node.base());
-    Ok(())
+    let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/stop", None)?;
+    report(a.json, &answer, &format!("{} is stopping", a.node.base()))
 }
 
 /// `strata load`.
@@ -508,11 +517,13 @@ pub(crate) struct UnloadArgs {
     instance: String,
     #[command(flatten)]
     node: NodeAddr,
+    /// Print the node's JSON answer.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) fn unload(a: UnloadArgs) -> Result<()> {
     let body = serde_json::json!({ "instance": a.instance });
-    let _: serde_json::Value = a.node.call("POST", "/v1/cluster/unload", Some(&body))?;
-    eprintln!("strata: unloaded {}", a.instance);
-    Ok(())
+    let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/unload", Some(&body))?;
+    report(a.json, &answer, &format!("unloaded {}", a.instance))
 }

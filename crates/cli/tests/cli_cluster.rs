@@ -328,7 +328,8 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
     assert!(ids.contains(&leader_id), "{ids:?} lacks {leader_id}");
 
     // `strata stop` ends a node cleanly.
-    net.cli(watcher, &["stop"]).expect("stop");
+    let out = net.cli(watcher, &["stop", "--json"]).expect("stop");
+    assert!(out.contains("\"stopping\":true"), "{out}");
     let mut child = net.nodes[watcher - 1].take().expect("child");
     let t = Instant::now();
     let status = loop {
@@ -455,7 +456,9 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
         .to_string();
     assert!(!reference.is_empty());
     let id = single["id"].as_str().expect("id");
-    net.cli(1, &["unload", id]).expect("unload");
+    let out = net.cli(1, &["unload", id, "--json"]).expect("unload");
+    let out: Value = serde_json::from_str(&out).expect("unload json");
+    assert_eq!(out["unloaded"], id);
     net.wait_for("the instance is gone", Duration::from_secs(10), || {
         (1..=3).all(|h| complete(&net, h, 1).0 == 503)
     });

@@ -22,6 +22,8 @@ const ALLOWED: &[&str] = &[
     "BSL-1.0",
     "Unlicense",
     "MPL-2.0",
+    // webpki-roots' CA list (zenoh's QUIC link): a permissive data licence.
+    "CDLA-Permissive-2.0",
 ];
 
 /// Whether an SPDX expression allows use under [`ALLOWED`] licences: every `AND` term needs one
