@@ -468,7 +468,7 @@ impl Control {
     }
 
     /// Leaves the cluster (the liveliness token goes with the session).
-    pub async fn close(self) -> Result<()> {
+    pub async fn close(&self) -> Result<()> {
         self.session.close().await.map_err(Error::control)
     }
 }
