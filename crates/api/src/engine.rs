@@ -15,12 +15,12 @@ pub trait Engine: Send + 'static {
     fn free_slots(&self) -> usize;
     /// Takes a free slot, runs `prompt` through it, and returns the slot and the logits that
     /// follow the prompt.
-    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String>;
+    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String>;
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
-    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String>;
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
     /// Frees a slot.
-    fn release(&mut self, slot: usize);
+    fn release(&mut self, slot: SlotId);
 }
 
 impl Engine for Batch {
@@ -32,22 +32,16 @@ impl Engine for Batch {
         Batch::free_slots(self)
     }
 
-    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String> {
-        Batch::start(self, prompt)
-            .map(|(slot, logits)| (slot.index(), logits))
-            .map_err(|e| e.to_string())
+    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+        Batch::start(self, prompt).map_err(|e| e.to_string())
     }
 
-    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String> {
-        let steps: Vec<(SlotId, u32)> = steps
-            .iter()
-            .map(|&(s, t)| (SlotId::from_index(s), t))
-            .collect();
-        Batch::step(self, &steps).map_err(|e| e.to_string())
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        Batch::step(self, steps).map_err(|e| e.to_string())
     }
 
-    fn release(&mut self, slot: usize) {
-        Batch::release(self, SlotId::from_index(slot));
+    fn release(&mut self, slot: SlotId) {
+        Batch::release(self, slot);
     }
 }
 
@@ -83,14 +77,10 @@ impl Sharded {
 
     /// Settings under which the ranks return raw logits for the whole vocabulary.
     fn raw() -> SamplingParams {
+        // The defaults (no top-k, top-p, min-p or penalties) with sampling on: every logit of
+        // the shard comes back, raw.
         SamplingParams {
             temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
             ..SamplingParams::default()
         }
     }
@@ -125,7 +115,7 @@ impl Engine for Sharded {
         self.busy.iter().filter(|b| !**b).count()
     }
 
-    fn start(&mut self, prompt: &[u32]) -> Result<(usize, &mut [f32]), String> {
+    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.to_string());
         }
@@ -152,12 +142,13 @@ impl Engine for Sharded {
         self.collect_row(0)?;
         self.busy[slot] = true;
         self.lens[slot] = prompt.len();
-        Ok((slot, &mut self.logits[..self.vocab]))
+        Ok((SlotId::from_index(slot), &mut self.logits[..self.vocab]))
     }
 
-    fn step(&mut self, steps: &[(usize, u32)]) -> Result<&mut [f32], String> {
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
         let raw = Self::raw();
         for &(slot, _) in steps {
+            let slot = slot.index();
             if !self.busy.get(slot).copied().unwrap_or(false) {
                 return Err(format!("slot {slot} holds no sequence"));
             }
@@ -166,6 +157,7 @@ impl Engine for Sharded {
         // collected before the next is submitted.
         self.logits.resize(steps.len() * self.vocab, 0.0);
         for (row, &(slot, token)) in steps.iter().enumerate() {
+            let slot = slot.index();
             self.rank
                 .submit(slot, self.lens[slot], &[token], true, &raw, &[])
                 .map_err(|e| e.to_string())?;
@@ -175,8 +167,8 @@ impl Engine for Sharded {
         Ok(&mut self.logits[..steps.len() * self.vocab])
     }
 
-    fn release(&mut self, slot: usize) {
-        if let Some(b) = self.busy.get_mut(slot) {
+    fn release(&mut self, slot: SlotId) {
+        if let Some(b) = self.busy.get_mut(slot.index()) {
             *b = false;
         }
     }

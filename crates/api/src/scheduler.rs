@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use strata_engine::{Sampler, SamplingParams};
+use strata_engine::{Sampler, SamplingParams, SlotId};
 
 use crate::engine::Engine;
 use strata_tokenizer::Tokenizer;
@@ -150,7 +150,7 @@ impl Scheduler {
 /// A sequence in a slot.
 struct Seq {
     job: Job,
-    slot: usize,
+    slot: SlotId,
     sampler: Sampler,
     history: Vec<u32>,
     generated: usize,
@@ -259,7 +259,7 @@ fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f
 fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
     let n_ctx = batch.n_ctx();
     let mut active: Vec<Seq> = Vec::new();
-    let mut steps: Vec<(usize, u32)> = Vec::new();
+    let mut steps: Vec<(SlotId, u32)> = Vec::new();
     loop {
         // Admit waiting requests into free slots; sleep only when nothing is running.
         while batch.free_slots() > 0 {

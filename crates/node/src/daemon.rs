@@ -96,6 +96,22 @@ struct Host {
     running: Option<Running>,
 }
 
+impl Host {
+    /// A rank of `spec` that is not running (yet).
+    fn new(spec: &InstanceSpec, rank: usize, coordinator: Option<String>, status: String) -> Host {
+        Host {
+            info: Hosted {
+                instance: spec.id.clone(),
+                epoch: spec.epoch,
+                rank,
+                coordinator,
+                status,
+            },
+            running: None,
+        }
+    }
+}
+
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -752,19 +768,8 @@ fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
             let Some(coordinator) = coordinator else {
                 continue;
             };
-            locked(&shared.hosted).insert(
-                k.clone(),
-                Host {
-                    info: Hosted {
-                        instance: spec.id.clone(),
-                        epoch: spec.epoch,
-                        rank,
-                        coordinator: None,
-                        status: "starting".into(),
-                    },
-                    running: None,
-                },
-            );
+            locked(&shared.hosted)
+                .insert(k.clone(), Host::new(spec, rank, None, "starting".into()));
             // Resolving may mean copying the model from a peer: off the async threads.
             let (shared, model, world) = (
                 Arc::clone(shared),
@@ -837,16 +842,7 @@ fn start_rank0(
         Err(e) => {
             locked(&shared.hosted).insert(
                 k,
-                Host {
-                    info: Hosted {
-                        instance: spec.id.clone(),
-                        epoch: spec.epoch,
-                        rank: 0,
-                        coordinator: None,
-                        status: format!("failed: listening for ranks: {e}"),
-                    },
-                    running: None,
-                },
+                Host::new(spec, 0, None, format!("failed: listening for ranks: {e}")),
             );
             return;
         }
@@ -854,16 +850,7 @@ fn start_rank0(
     let coordinator = listener.local_addr().ok().map(|a| a.to_string());
     locked(&shared.hosted).insert(
         k.clone(),
-        Host {
-            info: Hosted {
-                instance: spec.id.clone(),
-                epoch: spec.epoch,
-                rank: 0,
-                coordinator,
-                status: "starting".into(),
-            },
-            running: None,
-        },
+        Host::new(spec, 0, coordinator, "starting".into()),
     );
     let shared = Arc::clone(shared);
     let spec = spec.clone();
