@@ -13,10 +13,10 @@ import argparse
 import concurrent.futures
 import json
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
+
+from serve_process import serving
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper.",
@@ -80,22 +80,9 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
-    srv = subprocess.Popen([a.strata, "serve", "--model", a.model, "--api-addr", "127.0.0.1:0",
-                            "--threads", str(a.threads), "--parallel", str(max(levels))],
-                           stderr=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in srv.stderr:
-            if "http://" in line:
-                url = line[line.index("http://"):].split()[0]
-                break
-        if not url:
-            sys.exit("strata serve did not start")
+    with serving(a.strata, a.model, "--threads", str(a.threads), "--parallel", str(max(levels))) as url:
         stream_one(url, a.model, PROMPTS[0], 8)  # warm-up
         rows = [level(url, a.model, n, a.rounds, a.max_tokens) for n in levels]
-    finally:
-        srv.terminate()
-        srv.wait()
     base = rows[0]["aggregate_tok_s"]
     print("| clients | requests | aggregate tok/s | vs 1 client | per-stream tok/s | TTFT median ms | TTFT p90 ms |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

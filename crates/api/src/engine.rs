@@ -19,6 +19,9 @@ pub trait Engine: Send + 'static {
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
+    /// Appends several tokens to one slot in one pass and returns the logits that follow the
+    /// last (the fast path for tokens a grammar forces).
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String>;
     /// Frees a slot.
     fn release(&mut self, slot: SlotId);
 }
@@ -38,6 +41,10 @@ impl Engine for Batch {
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
         Batch::step(self, steps).map_err(|e| e.to_string())
+    }
+
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+        Batch::extend(self, slot, tokens).map_err(|e| e.to_string())
     }
 
     fn release(&mut self, slot: SlotId) {
@@ -100,6 +107,27 @@ impl Sharded {
         Ok(())
     }
 
+    /// Runs `tokens` through `slot` from position `at` in prefill chunks, and takes the logits
+    /// that follow the last as row 0.
+    fn submit_chunks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> Result<(), String> {
+        let raw = Self::raw();
+        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            self.rank
+                .submit(
+                    slot,
+                    at + i * PREFILL_CHUNK,
+                    chunk,
+                    i + 1 == chunks,
+                    &raw,
+                    &[],
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
+        self.collect_row(0)
+    }
+
     /// Tells every rank to stop (the instance is being unloaded).
     pub fn shutdown(&mut self) -> Result<(), String> {
         self.rank.shutdown().map_err(|e| e.to_string())
@@ -131,15 +159,7 @@ impl Engine for Sharded {
             .iter()
             .position(|b| !*b)
             .ok_or("every sequence slot is in use")?;
-        let raw = Self::raw();
-        let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-            self.rank
-                .submit(slot, i * PREFILL_CHUNK, chunk, i + 1 == chunks, &raw, &[])
-                .map_err(|e| e.to_string())?;
-        }
-        self.logits.resize(self.vocab, 0.0);
-        self.collect_row(0)?;
+        self.submit_chunks(slot, 0, prompt)?;
         self.busy[slot] = true;
         self.lens[slot] = prompt.len();
         Ok((SlotId::from_index(slot), &mut self.logits[..self.vocab]))
@@ -165,6 +185,24 @@ impl Engine for Sharded {
             self.collect_row(row)?;
         }
         Ok(&mut self.logits[..steps.len() * self.vocab])
+    }
+
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+        let at = slot.index();
+        if !self.busy.get(at).copied().unwrap_or(false) {
+            return Err(format!("slot {at} holds no sequence"));
+        }
+        if tokens.is_empty() || self.lens[at] + tokens.len() >= self.n_ctx() {
+            return Err(format!(
+                "cannot append {} tokens to a sequence of {} in a context of {}",
+                tokens.len(),
+                self.lens[at],
+                self.n_ctx()
+            ));
+        }
+        self.submit_chunks(at, self.lens[at], tokens)?;
+        self.lens[at] += tokens.len();
+        Ok(&mut self.logits[..self.vocab])
     }
 
     fn release(&mut self, slot: SlotId) {

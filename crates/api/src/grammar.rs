@@ -185,7 +185,28 @@ fn apply_mask(m: &mut Matcher, logits: &mut [f32]) -> Result<(), String> {
 
 fn follow(m: &mut Matcher, token: u32) -> Result<bool, String> {
     m.consume_token(token).map_err(|e| e.to_string())?;
-    Ok(m.is_stopped() || m.compute_mask().map(|v| v.is_zero()).unwrap_or(false))
+    Ok(complete(m))
+}
+
+/// Whether the grammar can take no more tokens.
+fn complete(m: &mut Matcher) -> bool {
+    m.is_stopped() || m.compute_mask().map(|v| v.is_zero()).unwrap_or(false)
+}
+
+/// Follows the tokens the grammar forces from here (a tool call's `{"name": "` and the
+/// properties a schema requires in order are most of a call's tokens).
+fn follow_forced(m: &mut Matcher, max: usize) -> Result<(Vec<u32>, bool), String> {
+    let mut forced = m.compute_ff_tokens();
+    if let Some(e) = m.get_error() {
+        return Err(e);
+    }
+    forced.truncate(max);
+    if forced.is_empty() {
+        return Ok((forced, false));
+    }
+    m.consume_tokens(&forced).map_err(|e| e.to_string())?;
+    let done = complete(m);
+    Ok((forced, done))
 }
 
 impl Constraint for Grammar {
@@ -195,6 +216,10 @@ impl Constraint for Grammar {
 
     fn commit(&mut self, token: u32) -> Result<bool, String> {
         follow(&mut self.m, token)
+    }
+
+    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), String> {
+        follow_forced(&mut self.m, max)
     }
 }
 
@@ -246,5 +271,12 @@ impl Constraint for Lazy {
             self.tail.drain(..cut);
         }
         Ok(false)
+    }
+
+    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), String> {
+        match self.active.as_mut() {
+            Some(m) => follow_forced(m, max),
+            None => Ok((Vec::new(), false)),
+        }
     }
 }

@@ -1,17 +1,26 @@
 //! From generated tokens to what a client sees: text decoded as soon as it is complete UTF-8,
 //! stop sequences cut (text that may be the start of one is held back until it is not), and,
 //! when tools are on, tool calls split from the content.
+//!
+//! Tool calls stream as OpenAI streams them: the function's name as soon as it is known, then
+//! the arguments' JSON text piece by piece as the tokens arrive, and the finished call once its
+//! closing tag does. The arguments are the model's own text (the grammar makes it valid JSON),
+//! so the streamed pieces join into exactly the arguments of the whole answer.
 
 use crate::grammar::{CALL_CLOSE, CALL_OPEN};
 use crate::scheduler::TokenLogprob;
-use crate::tools::{ParsedCall, parse_calls};
+use crate::tools::ParsedCall;
 
 /// One thing to tell the client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     /// More content text.
     Content(String),
-    /// A complete tool call (index in the answer, call).
+    /// A tool call begins: its index in the answer and the function's name.
+    CallStart(usize, String),
+    /// More of the arguments text of the call at this index.
+    CallArgs(usize, String),
+    /// The call at this index is complete (its name and arguments were given out before).
     Call(usize, ParsedCall),
 }
 
@@ -28,6 +37,14 @@ pub struct Output {
     pub calls: Vec<ParsedCall>,
     /// Inside a tool call block (tools on and the opening tag seen).
     in_calls: bool,
+    /// The call being read.
+    call: CallProgress,
+    /// A call ended; the next text may open another.
+    between_calls: bool,
+    /// The text after the calls is not part of the answer.
+    ignore_rest: bool,
+    /// Generation ended inside a call (the budget ran out): that call is incomplete.
+    pub cut_call: bool,
     /// A stop sequence matched: no more output.
     pub stopped: bool,
     /// Log-probabilities of the tokens so far (with their ids), when asked for.
@@ -73,33 +90,9 @@ impl Output {
                 return out;
             }
             if self.in_calls {
-                // Calls are given out whole, when their closing tag arrives.
-                let Some(close) = self.held.find(CALL_CLOSE) else {
-                    if end {
-                        // A call cut short (token budget): whatever parses is kept, the rest
-                        // is dropped rather than returned as a broken call.
-                        self.held.clear();
-                    }
-                    return out;
-                };
-                let block = format!("{}{}", &self.held[..close], CALL_CLOSE);
-                let (_, calls) = parse_calls(&block);
-                self.held.drain(..close + CALL_CLOSE.len());
-                let trimmed = self.held.trim_start().len();
-                let cut = self.held.len() - trimmed;
-                self.held.drain(..cut);
-                for c in calls {
-                    out.push(Piece::Call(self.calls.len(), c.clone()));
-                    self.calls.push(c);
-                }
-                if self.held.starts_with(CALL_OPEN) {
+                if self.drain_call(end, &mut out) {
                     continue;
                 }
-                if self.held.is_empty() {
-                    return out;
-                }
-                // Text after the calls is not part of the answer (the grammar forbids it).
-                self.held.clear();
                 return out;
             }
             // Content: cut at the earliest stop sequence, or switch to calls at the opening tag.
@@ -131,7 +124,6 @@ impl Output {
                     return out;
                 }
                 self.held.drain(..at + CALL_OPEN.len());
-                self.held.insert_str(0, CALL_OPEN);
                 self.in_calls = true;
                 continue;
             }
@@ -147,6 +139,108 @@ impl Output {
             self.emit_content(text, &mut out);
             return out;
         }
+    }
+
+    /// Reads the held text of the call block as far as it goes. Returns `true` when another
+    /// call was opened and reading should go on.
+    fn drain_call(&mut self, end: bool, out: &mut Vec<Piece>) -> bool {
+        if self.ignore_rest {
+            self.held.clear();
+            return false;
+        }
+        let index = self.calls.len();
+        if self.between_calls {
+            // Only another call may follow (the grammar allows nothing else).
+            match Literals::match_all(&self.held, &[CALL_OPEN]) {
+                Match::Partial => return self.wait(end),
+                Match::No => {
+                    self.ignore_rest = true;
+                    self.held.clear();
+                    return false;
+                }
+                Match::Yes(at) => {
+                    self.held.drain(..at);
+                    self.between_calls = false;
+                }
+            }
+        }
+        let cp = &mut self.call;
+        if cp.head.is_none() {
+            match parse_head(&self.held) {
+                Match::Partial => return self.wait(end),
+                Match::No => {
+                    // Not a call in the grammar's layout (only possible without a grammar).
+                    self.ignore_rest = true;
+                    self.held.clear();
+                    return false;
+                }
+                Match::Yes((name, at)) => {
+                    out.push(Piece::CallStart(index, name.clone()));
+                    cp.head = Some((name, at));
+                    cp.scanned = at;
+                    cp.emitted = at;
+                }
+            }
+        }
+        if cp.end.is_none() {
+            let bytes = self.held.as_bytes();
+            while cp.scanned < bytes.len() {
+                match cp.scan.feed(bytes[cp.scanned]) {
+                    Scan::More => cp.scanned += 1,
+                    Scan::EndWith => {
+                        cp.scanned += 1;
+                        cp.end = Some(cp.scanned);
+                        break;
+                    }
+                    Scan::EndBefore => {
+                        cp.end = Some(cp.scanned);
+                        break;
+                    }
+                }
+            }
+            if cp.scanned > cp.emitted {
+                // Every stop is after an ASCII byte or at the end, so on a char boundary.
+                let piece = self.held[cp.emitted..cp.scanned].to_string();
+                cp.emitted = cp.scanned;
+                out.push(Piece::CallArgs(index, piece));
+            }
+            if cp.end.is_none() {
+                return self.wait(end);
+            }
+        }
+        let (Some((name, args_at)), Some(args_end)) = (cp.head.clone(), cp.end) else {
+            return false;
+        };
+        // The envelope's closing brace, then the closing tag.
+        let tail = match Literals::match_all(&self.held[args_end..], &["}", CALL_CLOSE]) {
+            Match::Partial => return self.wait(end),
+            Match::No => {
+                self.ignore_rest = true;
+                self.held.clear();
+                return false;
+            }
+            Match::Yes(n) => args_end + n,
+        };
+        let arguments = self.held[args_at..args_end].to_string();
+        let call = ParsedCall { name, arguments };
+        out.push(Piece::Call(index, call.clone()));
+        self.calls.push(call);
+        self.call = CallProgress::default();
+        self.held.drain(..tail);
+        self.between_calls = true;
+        !self.held.is_empty()
+    }
+
+    /// The call block needs more text. At the end of generation a call begun and not finished
+    /// is marked cut; the held text is dropped rather than returned as a broken call.
+    fn wait(&mut self, end: bool) -> bool {
+        if end {
+            if !self.between_calls && (self.call.head.is_some() || !self.held.is_empty()) {
+                self.cut_call = true;
+            }
+            self.held.clear();
+        }
+        false
     }
 
     fn emit_content(&mut self, text: String, out: &mut Vec<Piece>) {
@@ -180,6 +274,161 @@ impl Output {
     }
 }
 
+/// How far a piece of text matches an expected shape.
+#[derive(Debug, PartialEq)]
+enum Match<T> {
+    /// It matches; with what was read.
+    Yes(T),
+    /// It is a proper prefix of a match: more text is needed.
+    Partial,
+    /// It cannot match.
+    No,
+}
+
+/// Matching a sequence of literals separated by optional JSON whitespace.
+struct Literals;
+
+impl Literals {
+    /// Matches `lits` in order, each after optional whitespace; `Yes` holds the bytes read.
+    fn match_all(s: &str, lits: &[&str]) -> Match<usize> {
+        let mut at = 0;
+        for lit in lits {
+            match Self::one(s, at, lit) {
+                Match::Yes(n) => at = n,
+                Match::Partial => return Match::Partial,
+                Match::No => return Match::No,
+            }
+        }
+        Match::Yes(at)
+    }
+
+    fn one(s: &str, at: usize, lit: &str) -> Match<usize> {
+        let rest = &s[at..];
+        let trimmed = rest.trim_start_matches(is_json_ws);
+        let at = at + rest.len() - trimmed.len();
+        if trimmed.starts_with(lit) {
+            Match::Yes(at + lit.len())
+        } else if lit.starts_with(trimmed) {
+            Match::Partial
+        } else {
+            Match::No
+        }
+    }
+}
+
+fn is_json_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r')
+}
+
+/// Reads a call's head `{"name": "NAME", "arguments": ` (the grammar writes the name first);
+/// `Yes` holds the name and where the arguments start.
+fn parse_head(s: &str) -> Match<(String, usize)> {
+    let at = match Literals::match_all(s, &["{", "\"name\"", ":", "\""]) {
+        Match::Yes(at) => at,
+        Match::Partial => return Match::Partial,
+        Match::No => return Match::No,
+    };
+    let Some(len) = s[at..].find('"') else {
+        return Match::Partial;
+    };
+    let name = &s[at..at + len];
+    if name.contains('\\') {
+        return Match::No;
+    }
+    let after = at + len + 1;
+    let rest = match Literals::match_all(&s[after..], &[",", "\"arguments\"", ":"]) {
+        Match::Yes(n) => after + n,
+        Match::Partial => return Match::Partial,
+        Match::No => return Match::No,
+    };
+    // The arguments start at their first character, not at whitespace before it.
+    let value = s[rest..].trim_start_matches(is_json_ws);
+    if value.is_empty() {
+        return Match::Partial;
+    }
+    Match::Yes((name.to_string(), s.len() - value.len()))
+}
+
+/// The call being read: its head, then its arguments scanned byte by byte.
+#[derive(Debug, Default)]
+struct CallProgress {
+    /// The function's name and where the arguments start in the held text.
+    head: Option<(String, usize)>,
+    scan: ValueScan,
+    /// Bytes of the held text scanned, and given out, as arguments.
+    scanned: usize,
+    emitted: usize,
+    /// Where the arguments end, once they have.
+    end: Option<usize>,
+}
+
+/// What one more byte does to a JSON value being scanned.
+#[derive(Debug, PartialEq)]
+enum Scan {
+    /// The value goes on.
+    More,
+    /// The value ends with this byte.
+    EndWith,
+    /// The value ended before this byte (a number or literal, which has no closing mark).
+    EndBefore,
+}
+
+/// Finds where one JSON value ends, byte by byte (strings, escapes and nesting).
+#[derive(Debug, Default)]
+struct ValueScan {
+    started: bool,
+    depth: usize,
+    in_str: bool,
+    escaped: bool,
+    scalar: bool,
+}
+
+impl ValueScan {
+    fn feed(&mut self, b: u8) -> Scan {
+        if !self.started {
+            self.started = true;
+            match b {
+                b'{' | b'[' => self.depth = 1,
+                b'"' => self.in_str = true,
+                _ => self.scalar = true,
+            }
+            return Scan::More;
+        }
+        if self.in_str {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_str = false;
+                if self.depth == 0 {
+                    return Scan::EndWith;
+                }
+            }
+            return Scan::More;
+        }
+        if self.scalar {
+            return if matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace() {
+                Scan::EndBefore
+            } else {
+                Scan::More
+            };
+        }
+        match b {
+            b'"' => self.in_str = true,
+            b'{' | b'[' => self.depth += 1,
+            b'}' | b']' => {
+                self.depth = self.depth.saturating_sub(1);
+                if self.depth == 0 {
+                    return Scan::EndWith;
+                }
+            }
+            _ => {}
+        }
+        Scan::More
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -198,7 +447,7 @@ mod tests {
         v
     }
 
-    fn text(v: &[Piece]) -> String {
+    fn text_of(v: &[Piece]) -> String {
         v.iter()
             .filter_map(|p| match p {
                 Piece::Content(t) => Some(t.as_str()),
@@ -211,11 +460,11 @@ mod tests {
     fn stop_sequences_cut_even_across_tokens() {
         let mut o = out(&["END"], false);
         let v = feed(&mut o, &["hello E", "N", "D world"]);
-        assert_eq!(text(&v), "hello ");
+        assert_eq!(text_of(&v), "hello ");
         assert!(o.stopped);
         let mut o = out(&["END"], false);
         let v = feed(&mut o, &["hello E", "N", "d"]);
-        assert_eq!(text(&v), "hello ENd");
+        assert_eq!(text_of(&v), "hello ENd");
     }
 
     #[test]
@@ -229,7 +478,7 @@ mod tests {
                 "\"arguments\": {}}</tool_call>",
             ],
         );
-        assert_eq!(text(&v), "Sure.");
+        assert_eq!(text_of(&v), "Sure.");
         let calls: Vec<_> = v
             .iter()
             .filter_map(|p| match p {
@@ -246,5 +495,113 @@ mod tests {
         let v = feed(&mut o, &["<tool_call>{\"name\": \"f\", \"argu"]);
         assert!(v.is_empty(), "{v:?}");
         assert!(o.calls.is_empty());
+        assert!(o.cut_call);
+    }
+
+    /// Per call index: the name given out and the joined argument pieces.
+    fn streamed_calls(v: &[Piece]) -> Vec<(String, String)> {
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for p in v {
+            match p {
+                Piece::CallStart(i, name) => {
+                    assert_eq!(*i, calls.len(), "calls start in order");
+                    calls.push((name.clone(), String::new()));
+                }
+                Piece::CallArgs(i, t) => calls[*i].1.push_str(t),
+                _ => {}
+            }
+        }
+        calls
+    }
+
+    #[test]
+    fn call_arguments_stream_piece_by_piece_and_join_into_the_call() {
+        let args0 = r#"{"a": "}\"{ é", "b": [1, {"c": 2}], "d": -1.5e3}"#;
+        let args1 = "{}";
+        let text = format!(
+            "Let me see. <tool_call>{{\"name\": \"f\", \"arguments\": {args0}}}</tool_call>\n<tool_call>{{\"name\": \"g-2\", \"arguments\": {args1}}}</tool_call>"
+        );
+        // One character at a time, as the smallest tokens would arrive.
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let parts: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let mut o = out(&[], true);
+        let v = feed(&mut o, &parts);
+        assert_eq!(text_of(&v), "Let me see.");
+        let args_pieces = v
+            .iter()
+            .filter(|p| matches!(p, Piece::CallArgs(0, _)))
+            .count();
+        assert!(args_pieces > 10, "arguments arrive in pieces: {v:?}");
+        assert_eq!(
+            streamed_calls(&v),
+            vec![("f".into(), args0.into()), ("g-2".into(), args1.into())]
+        );
+        assert_eq!(o.calls.len(), 2);
+        assert_eq!(o.calls[0].arguments, args0);
+        assert_eq!(o.calls[1].name, "g-2");
+        assert!(!o.cut_call);
+        // Each call's name comes before its arguments, and the finished call after both.
+        let first_start = v.iter().position(|p| matches!(p, Piece::CallStart(0, _)));
+        let first_args = v.iter().position(|p| matches!(p, Piece::CallArgs(0, _)));
+        let first_done = v.iter().position(|p| matches!(p, Piece::Call(0, _)));
+        assert!(first_start < first_args && first_args < first_done);
+    }
+
+    #[test]
+    fn a_call_cut_inside_its_arguments_is_marked_cut() {
+        let mut o = out(&[], true);
+        let v = feed(
+            &mut o,
+            &["<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": \"ab"],
+        );
+        assert_eq!(
+            streamed_calls(&v),
+            vec![("f".into(), "{\"x\": \"ab".into())]
+        );
+        assert!(o.calls.is_empty());
+        assert!(o.cut_call);
+    }
+
+    #[test]
+    fn text_after_the_calls_is_not_given_out() {
+        let mut o = out(&[], true);
+        let v = feed(
+            &mut o,
+            &[
+                "<tool_call>{\"name\": \"f\", \"arguments\": 7}</tool_call>",
+                " and more",
+            ],
+        );
+        assert_eq!(streamed_calls(&v), vec![("f".into(), "7".into())]);
+        assert_eq!(text_of(&v), "");
+        assert!(!o.cut_call);
+    }
+
+    #[test]
+    fn the_value_scanner_ends_where_the_json_value_does() {
+        for (text, end) in [
+            (r#"{"a": "}"} x"#, 10),
+            (r#"[1, [2], "]"], 3"#, 13),
+            (r#""a\"b" x"#, 6),
+            ("12.5}", 4),
+            ("true ", 4),
+        ] {
+            let mut scan = ValueScan::default();
+            let mut at = None;
+            for (i, b) in text.bytes().enumerate() {
+                match scan.feed(b) {
+                    Scan::More => {}
+                    Scan::EndWith => {
+                        at = Some(i + 1);
+                        break;
+                    }
+                    Scan::EndBefore => {
+                        at = Some(i);
+                        break;
+                    }
+                }
+            }
+            assert_eq!(at, Some(end), "{text}");
+        }
     }
 }

@@ -26,6 +26,12 @@ pub trait Constraint: Send {
     /// Follows the sampled token; returns `true` when the grammar is complete and generation
     /// must end.
     fn commit(&mut self, token: u32) -> Result<bool, String>;
+    /// Up to `max` of the tokens the grammar allows no choice over from here (followed
+    /// already, as if committed), and whether the grammar is then complete. Empty when there is
+    /// a choice.
+    fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), String> {
+        Ok((Vec::new(), false))
+    }
 }
 
 /// Log-probability of a generated token and of the most likely alternatives.
@@ -156,6 +162,9 @@ struct Seq {
     generated: usize,
     last: u32,
     last_at: Instant,
+    /// Tokens the grammar forced after `last`, given out already and waiting to be run through
+    /// the model in one pass.
+    forced: Vec<u32>,
 }
 
 impl Seq {
@@ -186,6 +195,25 @@ impl Seq {
                 }
             }
         }
+        if !self.emit(id, lp.map(|(chosen, top)| (chosen(id), top)), tok, m) {
+            return false;
+        }
+        let eog = tok.is_eog(id);
+        if self.finish(eog || grammar_done, n_ctx) {
+            return false;
+        }
+        self.take_forced(tok, n_ctx, m)
+    }
+
+    /// Counts and reports a generated token (end-of-generation tokens are counted, not sent);
+    /// `false` when the client is gone.
+    fn emit(
+        &mut self,
+        id: u32,
+        logprob: Option<(f32, Vec<(u32, f32)>)>,
+        tok: &Tokenizer,
+        m: &Metrics,
+    ) -> bool {
         let now = Instant::now();
         if self.generated == 0 {
             m.ttft
@@ -199,17 +227,19 @@ impl Seq {
         m.completion_tokens.inc();
         self.history.push(id);
         self.last = id;
-        let eog = tok.is_eog(id);
-        if !eog {
-            let logprob = lp.map(|(chosen, top)| TokenLogprob {
-                logprob: chosen(id),
-                top,
-            });
-            if self.job.events.send(Event::Token { id, logprob }).is_err() {
-                return false;
-            }
+        if self.job.events.is_closed() {
+            return false;
         }
-        let finish = if eog || grammar_done {
+        if tok.is_eog(id) {
+            return true;
+        }
+        let logprob = logprob.map(|(logprob, top)| TokenLogprob { logprob, top });
+        self.job.events.send(Event::Token { id, logprob }).is_ok()
+    }
+
+    /// Ends the sequence if `done` or the budget or context ran out; `true` when it ended.
+    fn finish(&mut self, done: bool, n_ctx: usize) -> bool {
+        let finish = if done {
             Some(Finish::Stop)
         } else if self.generated >= self.job.max_tokens
             || self.job.prompt.len() + self.generated >= n_ctx
@@ -218,17 +248,53 @@ impl Seq {
         } else {
             None
         };
-        match finish {
-            Some(finish) => {
-                let _ = self.job.events.send(Event::Done {
-                    finish,
-                    prompt_tokens: self.job.prompt.len(),
-                    completion_tokens: self.generated,
-                });
-                false
-            }
-            None => true,
+        let Some(finish) = finish else {
+            return false;
+        };
+        let _ = self.job.events.send(Event::Done {
+            finish,
+            prompt_tokens: self.job.prompt.len(),
+            completion_tokens: self.generated,
+        });
+        true
+    }
+
+    /// Gives out the tokens the grammar now forces and queues them to run through the model in
+    /// one pass, instead of a decode step each. Not taken when log-probabilities are asked for:
+    /// forced tokens have no logits of their own. Returns whether the sequence goes on.
+    fn take_forced(&mut self, tok: &Tokenizer, n_ctx: usize, m: &Metrics) -> bool {
+        if self.job.logprobs.is_some() {
+            return true;
         }
+        let Some(c) = self.job.constraint.as_mut() else {
+            return true;
+        };
+        let (forced, grammar_done) = match c.forced(MAX_FORCED) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                return false;
+            }
+        };
+        if forced.is_empty() {
+            return true;
+        }
+        let n = forced.len();
+        // The model has not seen the sampled token yet: it runs first, then the forced ones.
+        let mut run = Vec::with_capacity(n + 1);
+        run.push(self.last);
+        run.extend_from_slice(&forced);
+        for (i, &id) in forced.iter().enumerate() {
+            if !self.emit(id, None, tok, m) {
+                return false;
+            }
+            let last = i + 1 == n;
+            if self.finish(tok.is_eog(id) || (last && grammar_done), n_ctx) {
+                return false;
+            }
+        }
+        self.forced = run;
+        true
     }
 }
 
@@ -254,6 +320,39 @@ fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f
         Box::new(move |id| table.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY)),
         best,
     )
+}
+
+/// Most forced tokens run in one pass: a grammar may force thousands (a fixed string), and a
+/// pass that long would stall every other sequence in the batch.
+const MAX_FORCED: usize = 32;
+
+/// Runs the tokens each sequence's grammar forced through the model, one pass per sequence,
+/// and samples what follows. A sequence whose grammar then forces more waits for the next
+/// round, after the other sequences' step. Sequences that end leave their slots.
+fn run_forced(
+    batch: &mut dyn Engine,
+    active: &mut Vec<Seq>,
+    tok: &Tokenizer,
+    n_ctx: usize,
+    m: &Metrics,
+) {
+    active.retain_mut(|s| {
+        if s.forced.is_empty() {
+            return true;
+        }
+        let tokens = std::mem::take(&mut s.forced);
+        let keep = match batch.extend(s.slot, &tokens) {
+            Ok(logits) => s.advance(logits, tok, n_ctx, m),
+            Err(e) => {
+                let _ = s.job.events.send(Event::Failed(e));
+                false
+            }
+        };
+        if !keep {
+            batch.release(s.slot);
+        }
+        keep
+    });
 }
 
 fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
@@ -289,6 +388,7 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
                         generated: 0,
                         last: 0,
                         last_at: Instant::now(),
+                        forced: Vec::new(),
                     };
                     if seq.advance(logits, tok, n_ctx, m) {
                         active.push(seq);
@@ -301,6 +401,7 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
                 }
             }
         }
+        run_forced(batch.as_mut(), &mut active, tok, n_ctx, m);
         active.retain(|s| {
             let gone = s.job.events.is_closed();
             if gone {
@@ -313,13 +414,25 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
             continue;
         }
         steps.clear();
-        steps.extend(active.iter().map(|s| (s.slot, s.last)));
+        // Sequences with forced tokens waiting take their own pass instead (next round).
+        steps.extend(
+            active
+                .iter()
+                .filter(|s| s.forced.is_empty())
+                .map(|s| (s.slot, s.last)),
+        );
+        if steps.is_empty() {
+            continue;
+        }
         match batch.step(&steps) {
             Ok(logits) => {
                 let vocab = logits.len() / steps.len();
                 let mut i = 0;
                 let mut ended = Vec::new();
                 active.retain_mut(|s| {
+                    if !s.forced.is_empty() {
+                        return true;
+                    }
                     let row = &mut logits[i * vocab..(i + 1) * vocab];
                     i += 1;
                     let keep = s.advance(row, tok, n_ctx, m);
@@ -347,6 +460,157 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    use std::sync::Mutex;
+    use strata_gguf::{Array, GgufFile, GgufWriter, Value};
+
+    /// Eight tokens; `</s>` (2) ends generation.
+    fn tokenizer() -> Tokenizer {
+        let tokens = ["<unk>", "<s>", "</s>", "a", "b", "c", "d", "e"];
+        let mut w = GgufWriter::new();
+        w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+        w.kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::String(
+                tokens.iter().map(|t| t.to_string()).collect(),
+            )),
+        );
+        w.kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1, 1, 1])),
+        );
+        w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
+        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        Tokenizer::from_gguf(file.metadata()).unwrap()
+    }
+
+    /// What the scripted engine was asked to do.
+    #[derive(Debug, Default, PartialEq)]
+    struct Calls {
+        steps: usize,
+        extends: Vec<Vec<u32>>,
+    }
+
+    /// An engine whose logits always favour token 3 ("a"), recording its calls.
+    struct Scripted {
+        calls: Arc<Mutex<Calls>>,
+        busy: bool,
+        logits: Vec<f32>,
+    }
+
+    impl Scripted {
+        fn row(&mut self, rows: usize) -> &mut [f32] {
+            self.logits = (0..rows)
+                .flat_map(|_| (0..8).map(|i| if i == 3 { 1.0 } else { 0.0 }))
+                .collect();
+            &mut self.logits
+        }
+    }
+
+    impl Engine for Scripted {
+        fn n_ctx(&self) -> usize {
+            64
+        }
+        fn free_slots(&self) -> usize {
+            usize::from(!self.busy)
+        }
+        fn start(&mut self, _prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+            self.busy = true;
+            Ok((SlotId::from_index(0), self.row(1)))
+        }
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+            self.calls.lock().unwrap().steps += 1;
+            Ok(self.row(steps.len()))
+        }
+        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+            self.calls.lock().unwrap().extends.push(tokens.to_vec());
+            Ok(self.row(1))
+        }
+        fn release(&mut self, _slot: SlotId) {
+            self.busy = false;
+        }
+    }
+
+    /// A grammar that forces "c d" (5, 6) once, after the first token.
+    struct ForcesOnce(bool);
+
+    impl Constraint for ForcesOnce {
+        fn mask(&mut self, _logits: &mut [f32]) -> Result<(), String> {
+            Ok(())
+        }
+        fn commit(&mut self, _token: u32) -> Result<bool, String> {
+            Ok(false)
+        }
+        fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), String> {
+            let first = !self.0;
+            self.0 = true;
+            Ok((if first { vec![5, 6] } else { Vec::new() }, false))
+        }
+    }
+
+    /// Runs one job of at most 6 tokens; returns the tokens it got and the engine's calls.
+    fn generate(logprobs: Option<usize>) -> (Vec<u32>, Calls) {
+        let calls = Arc::new(Mutex::new(Calls::default()));
+        let engine = Scripted {
+            calls: Arc::clone(&calls),
+            busy: false,
+            logits: Vec::new(),
+        };
+        let metrics = Arc::new(Metrics::new());
+        let sched = Scheduler::start(Box::new(engine), Arc::new(tokenizer()), 4, metrics).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        sched
+            .submit(Job {
+                prompt: vec![1, 4],
+                max_tokens: 6,
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    ..SamplingParams::default()
+                },
+                logprobs,
+                constraint: Some(Box::new(ForcesOnce(false))),
+                events: tx,
+                arrived: Instant::now(),
+            })
+            .unwrap();
+        let mut tokens = Vec::new();
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Token { id, .. } => tokens.push(id),
+                Event::Done {
+                    finish,
+                    completion_tokens,
+                    ..
+                } => {
+                    assert_eq!(finish, Finish::Length);
+                    assert_eq!(completion_tokens, 6);
+                    break;
+                }
+                Event::Failed(e) => panic!("{e}"),
+            }
+        }
+        let calls = std::mem::take(&mut *calls.lock().unwrap());
+        (tokens, calls)
+    }
+
+    #[test]
+    fn forced_tokens_run_in_one_pass_instead_of_a_step_each() {
+        let (tokens, calls) = generate(None);
+        assert_eq!(tokens, vec![3, 5, 6, 3, 3, 3]);
+        // The sampled "a" and the forced "c d" go through the model together; then two steps.
+        assert_eq!(
+            calls,
+            Calls {
+                steps: 2,
+                extends: vec![vec![3, 5, 6]],
+            }
+        );
+        // With log-probabilities asked for, every token gets its own step (and its logits).
+        let (tokens, calls) = generate(Some(0));
+        assert_eq!(tokens, vec![3, 3, 3, 3, 3, 3]);
+        assert_eq!(calls.steps, 5);
+        assert!(calls.extends.is_empty());
+    }
 
     #[test]
     fn logprobs_are_a_log_softmax_with_the_best_first() {

@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::output::{Output, Piece};
 use crate::scheduler::{Constraint, Event, Finish, Job, Scheduler, SubmitError, TokenLogprob};
 use crate::tools::{self, Choice};
-use crate::types::{ChatRequest, CompletionRequest, Message, Stop, parse_body};
+use crate::types::{ChatRequest, CompletionRequest, Message, Sampling, parse_body};
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -196,34 +196,20 @@ struct Common {
     stops: Vec<String>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn common(
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    seed: Option<i64>,
-    presence: Option<f32>,
-    frequency: Option<f32>,
-    max_tokens: Option<i64>,
-    max_param: &str,
-    stop: Option<&Stop>,
-    n: Option<i64>,
-) -> Result<Common, ApiError> {
-    if let Some(n) = n
+fn common(req: &Sampling, max_tokens: Option<i64>, max_param: &str) -> Result<Common, ApiError> {
+    if let Some(n) = req.n
         && n != 1
     {
         return Err(ApiError::invalid("n", "Only n = 1 is supported."));
     }
-    let t = temperature.unwrap_or(1.0);
+    let t = req.temperature.unwrap_or(1.0);
     if !t.is_finite() || !(0.0..=2.0).contains(&t) {
         return Err(ApiError::invalid(
             "temperature",
             format!("temperature must be between 0 and 2, got {t}."),
         ));
     }
-    let top_k = match top_k {
+    let top_k = match req.top_k {
         Some(k) if k < 0 => return Err(ApiError::invalid("top_k", "top_k must be >= 0.")),
         Some(k) => k as usize,
         None => 0,
@@ -231,12 +217,12 @@ fn common(
     let sampling = SamplingParams {
         temperature: t,
         top_k,
-        top_p: top_p.unwrap_or(1.0),
-        min_p: min_p.unwrap_or(0.0),
-        repeat_penalty: repetition_penalty.unwrap_or(1.0),
-        presence_penalty: presence.unwrap_or(0.0),
-        frequency_penalty: frequency.unwrap_or(0.0),
-        seed: seed.map_or_else(rand_seed, |s| s as u64),
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.0),
+        repeat_penalty: req.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        seed: req.seed.map_or_else(rand_seed, |s| s as u64),
         ..SamplingParams::default()
     };
     if let Err(m) = sampling.validate() {
@@ -261,7 +247,7 @@ fn common(
         Some(m) => Some(m as usize),
         None => None,
     };
-    let stops = match stop {
+    let stops = match &req.stop {
         Some(s) => s.strings()?,
         None => Vec::new(),
     };
@@ -409,20 +395,7 @@ async fn chat(
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
-    let common = common(
-        req.temperature,
-        req.top_p,
-        req.top_k,
-        req.min_p,
-        req.repetition_penalty,
-        req.seed,
-        req.presence_penalty,
-        req.frequency_penalty,
-        max,
-        max_param,
-        req.stop.as_ref(),
-        req.n,
-    )?;
+    let common = common(&req.sampling, max, max_param)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(k)) if !(0..=20).contains(&k) => {
             return Err(ApiError::invalid(
@@ -549,18 +522,9 @@ async fn completions(
         ));
     }
     let common = common(
-        req.temperature,
-        req.top_p,
-        req.top_k,
-        req.min_p,
-        req.repetition_penalty,
-        req.seed,
-        req.presence_penalty,
-        req.frequency_penalty,
+        &req.sampling,
         Some(req.max_tokens.unwrap_or(16)),
         "max_tokens",
-        req.stop.as_ref(),
-        req.n,
     )?;
     let logprobs = match req.logprobs {
         Some(k) if !(0..=5).contains(&k) => {
@@ -698,7 +662,10 @@ impl Answer {
     ) -> (Vec<Piece>, Ending) {
         let rest = self.decoder.finish().unwrap_or_default();
         let pieces = self.out.finish(&rest);
-        let reason = if !self.out.calls.is_empty() {
+        let reason = if self.out.cut_call {
+            // A call was cut short by the token budget; a streamed answer has sent part of it.
+            "length"
+        } else if !self.out.calls.is_empty() {
             "tool_calls"
         } else if self.out.stopped {
             "stop"
@@ -922,18 +889,20 @@ fn stream(
             };
             let mut lp = Some(lp);
             for piece in pieces {
-                let delta = match (&piece, a.kind) {
+                // As OpenAI streams calls: the name with an empty argument string first, then
+                // the arguments in pieces.
+                let delta = match (piece, a.kind) {
                     (Piece::Content(t), Kind::Chat) => json!({"content": t}),
                     (Piece::Content(t), Kind::Completion) => json!(t),
-                    (Piece::Call(i, c), _) => {
-                        // The name first (with an empty argument string), then the arguments.
-                        let mut first = call_json(*i, c, &a.id);
-                        first["function"]["arguments"] = json!("");
-                        if !send(chunk(&a, json!({"tool_calls": [first]}), None, Value::Null)) {
-                            return;
-                        }
-                        json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]})
+                    (Piece::CallStart(i, name), _) => json!({"tool_calls": [call_json(
+                        i,
+                        &tools::ParsedCall { name, arguments: String::new() },
+                        &a.id,
+                    )]}),
+                    (Piece::CallArgs(i, t), _) => {
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": t}}]})
                     }
+                    (Piece::Call(..), _) => continue,
                 };
                 if !send(chunk(&a, delta, None, lp.take().unwrap_or(Value::Null))) {
                     return;

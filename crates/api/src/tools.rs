@@ -190,39 +190,6 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
-/// Splits generated text into the content before the first call and the calls. Text that does
-/// not parse as a call stays content (only possible without a grammar).
-pub fn parse_calls(text: &str) -> (String, Vec<ParsedCall>) {
-    let Some(start) = text.find(CALL_OPEN) else {
-        return (text.to_string(), Vec::new());
-    };
-    let mut calls = Vec::new();
-    let mut rest = &text[start..];
-    while let Some(body) = rest.strip_prefix(CALL_OPEN) {
-        let Some(end) = body.find(CALL_CLOSE) else {
-            break;
-        };
-        let parsed: Option<ParsedCall> =
-            serde_json::from_str::<Value>(&body[..end])
-                .ok()
-                .and_then(|v| {
-                    Some(ParsedCall {
-                        name: v.get("name")?.as_str()?.to_string(),
-                        arguments: v.get("arguments")?.to_string(),
-                    })
-                });
-        match parsed {
-            Some(c) => calls.push(c),
-            None => break,
-        }
-        rest = body[end + CALL_CLOSE.len()..].trim_start();
-    }
-    if calls.is_empty() {
-        return (text.to_string(), calls);
-    }
-    (text[..start].trim_end().to_string(), calls)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -232,19 +199,6 @@ mod tests {
         serde_json::from_value(json!({"type": "function", "function": {"name": name,
             "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}))
         .unwrap()
-    }
-
-    #[test]
-    fn parses_calls_after_content() {
-        let (content, calls) = parse_calls(
-            "Let me check.\n<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>\n<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>",
-        );
-        assert_eq!(content, "Let me check.");
-        assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0].arguments, "{\"x\":1}");
-        assert_eq!(calls[1].name, "g");
-        assert_eq!(parse_calls("no calls").1, vec![]);
-        assert_eq!(parse_calls("<tool_call>{broken").0, "<tool_call>{broken");
     }
 
     #[test]

@@ -20,6 +20,56 @@ pub struct ChatRequest {
     pub max_tokens: Option<i64>,
     /// Most tokens to generate.
     pub max_completion_tokens: Option<i64>,
+    /// Sampling and stopping.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    /// Return log-probabilities of the chosen tokens.
+    pub logprobs: Option<bool>,
+    /// And of this many alternatives per position (0..=20).
+    pub top_logprobs: Option<i64>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Tool>>,
+    /// `none`, `auto`, `required`, or `{"type":"function","function":{"name":…}}`.
+    pub tool_choice: Option<Value>,
+    /// Allow more than one call in a turn (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type":"text"|"json_object"|"json_schema", …}`.
+    pub response_format: Option<Value>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The model id.
+    pub model: String,
+    /// A string, a one-element array of strings, or an array of token ids.
+    pub prompt: Value,
+    /// Most tokens to generate (OpenAI's default: 16).
+    pub max_tokens: Option<i64>,
+    /// Sampling and stopping.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    /// Number of top alternatives to return per token (0..=5).
+    pub logprobs: Option<i64>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Echo the prompt (unsupported when true).
+    pub echo: Option<bool>,
+    /// Insertion suffix (unsupported).
+    pub suffix: Option<String>,
+    /// Server-side best-of (only 1 is supported).
+    pub best_of: Option<i64>,
+}
+
+/// The sampling and stopping settings both endpoints take.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Sampling {
     /// Sampling temperature, 0..=2.
     pub temperature: Option<f32>,
     /// Nucleus sampling, (0, 1].
@@ -38,67 +88,8 @@ pub struct ChatRequest {
     pub presence_penalty: Option<f32>,
     /// -2..=2.
     pub frequency_penalty: Option<f32>,
-    /// Return log-probabilities of the chosen tokens.
-    pub logprobs: Option<bool>,
-    /// And of this many alternatives per position (0..=20).
-    pub top_logprobs: Option<i64>,
-    /// Stream server-sent events.
-    pub stream: Option<bool>,
-    /// Streaming options.
-    pub stream_options: Option<StreamOptions>,
-    /// Functions the model may call.
-    pub tools: Option<Vec<Tool>>,
-    /// `none`, `auto`, `required`, or `{"type":"function","function":{"name":…}}`.
-    pub tool_choice: Option<Value>,
-    /// Allow more than one call in a turn (default true).
-    pub parallel_tool_calls: Option<bool>,
-    /// `{"type":"text"|"json_object"|"json_schema", …}`.
-    pub response_format: Option<Value>,
     /// Choices to generate; only 1 is supported.
     pub n: Option<i64>,
-}
-
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    /// The model id.
-    pub model: String,
-    /// A string, a one-element array of strings, or an array of token ids.
-    pub prompt: Value,
-    /// Most tokens to generate (OpenAI's default: 16).
-    pub max_tokens: Option<i64>,
-    /// Sampling temperature.
-    pub temperature: Option<f32>,
-    /// Nucleus sampling.
-    pub top_p: Option<f32>,
-    /// Top-k (extension).
-    pub top_k: Option<i64>,
-    /// Min-p (extension).
-    pub min_p: Option<f32>,
-    /// Repetition penalty (extension).
-    pub repetition_penalty: Option<f32>,
-    /// Random seed.
-    pub seed: Option<i64>,
-    /// Stop sequences.
-    pub stop: Option<Stop>,
-    /// -2..=2.
-    pub presence_penalty: Option<f32>,
-    /// -2..=2.
-    pub frequency_penalty: Option<f32>,
-    /// Number of top alternatives to return per token (0..=5).
-    pub logprobs: Option<i64>,
-    /// Stream server-sent events.
-    pub stream: Option<bool>,
-    /// Streaming options.
-    pub stream_options: Option<StreamOptions>,
-    /// Echo the prompt (unsupported when true).
-    pub echo: Option<bool>,
-    /// Insertion suffix (unsupported).
-    pub suffix: Option<String>,
-    /// Choices to generate; only 1 is supported.
-    pub n: Option<i64>,
-    /// Server-side best-of (only 1 is supported).
-    pub best_of: Option<i64>,
 }
 
 /// One stop string or several.

@@ -102,9 +102,40 @@ impl Batch {
             .iter()
             .position(|b| !*b)
             .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
+        self.caches[slot].clear();
+        self.prefill(slot, prompt)?;
+        self.busy[slot] = true;
+        Ok((SlotId(slot), self.scratch.logits_mut()))
+    }
+
+    /// Appends several tokens to the sequence in `slot` in one prefill pass (tokens a grammar
+    /// forces need no sampling, so they need no step each). Returns the logits that follow the
+    /// last token.
+    pub fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32]> {
+        if !self.busy.get(slot.0).copied().unwrap_or(false) {
+            return Err(Error::InvalidShard(format!(
+                "slot {} holds no sequence",
+                slot.0
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let needed = self.caches[slot.0].len() + tokens.len();
+        if needed >= self.n_ctx() {
+            return Err(Error::ContextOverflow {
+                needed: needed + 1,
+                limit: self.n_ctx(),
+            });
+        }
+        self.prefill(slot.0, tokens)?;
+        Ok(self.scratch.logits_mut())
+    }
+
+    /// Runs `tokens` through slot `slot`'s cache, in chunks of the prefill batch.
+    fn prefill(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
         let cache = &mut self.caches[slot];
-        cache.clear();
-        for chunk in prompt.chunks(PREFILL_BATCH) {
+        for chunk in tokens.chunks(PREFILL_BATCH) {
             self.model.forward(
                 &self.pool,
                 cache,
@@ -113,8 +144,7 @@ impl Batch {
                 &mut NoComm,
             )?;
         }
-        self.busy[slot] = true;
-        Ok((SlotId(slot), self.scratch.logits_mut()))
+        Ok(())
     }
 
     /// Appends `steps[i].1` to the sequence in slot `steps[i].0`, all in one forward pass, and

@@ -217,13 +217,14 @@ def tool_calls_required_named_and_auto_are_schema_valid():
 
 @check
 def streamed_tool_calls_arrive_as_deltas():
-    calls, finish = {}, None
-    for c in client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo in fahrenheit?"}], tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, temperature=0,
-            stream=True):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo in fahrenheit?"}], tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, temperature=0)
+    calls, finish, pieces = {}, None, 0
+    for c in client.chat.completions.create(stream=True, **args):
         for ch in c.choices:
             for d in ch.delta.tool_calls or []:
+                if d.function and d.function.arguments:
+                    pieces += 1
                 slot = calls.setdefault(d.index, {"name": "", "arguments": "", "id": None})
                 if d.id:
                     slot["id"] = d.id
@@ -237,6 +238,27 @@ def streamed_tool_calls_arrive_as_deltas():
     call = calls[0]
     assert call["id"] and call["name"] == "get_weather"
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["get_weather"])
+    # The arguments stream token by token, and join into the whole answer's arguments.
+    assert pieces > 3, pieces
+    whole = client.chat.completions.create(**args).choices[0].message.tool_calls[0]
+    assert whole.function.arguments == call["arguments"], (whole.function.arguments, call["arguments"])
+
+
+@check
+def a_call_cut_by_max_tokens_ends_with_length():
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Book a trip for Ann to Rome."}], tools=TOOLS,
+                tool_choice={"type": "function", "function": {"name": "book_trip"}}, max_tokens=26, temperature=0)
+    r = client.chat.completions.create(**args)
+    assert r.choices[0].finish_reason == "length", r
+    assert not r.choices[0].message.tool_calls, "an incomplete call is not given out whole"
+    finish, names = None, []
+    for c in client.chat.completions.create(stream=True, **args):
+        for ch in c.choices:
+            for d in ch.delta.tool_calls or []:
+                if d.function and d.function.name:
+                    names.append(d.function.name)
+            finish = ch.finish_reason or finish
+    assert finish == "length" and names == ["book_trip"], (finish, names)
 
 
 @check
@@ -414,10 +436,11 @@ def a_client_that_disconnects_stops_its_generation():
     import urllib.parse
     u = urllib.parse.urlparse(URL)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    # The grammar forbids ending before 6000 characters, so only the disconnect can stop it.
+    # The grammar forbids ending before 6000 characters, so only the disconnect can stop it
+    # (and leaves a choice at every character, so no token is forced).
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say a."}], "max_tokens": 4000, "stream": True,
             "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
-                "type": "string", "pattern": "^a{6000}$"}}}}
+                "type": "string", "pattern": "^[ab]{6000}$"}}}}
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200
