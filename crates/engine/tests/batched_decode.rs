@@ -107,3 +107,48 @@ fn batched_decode_equals_decoding_each_sequence_alone() {
     .unwrap();
     assert_eq!(first, expected[0].0);
 }
+
+/// Tokens appended in one pass (`Batch::extend`, the API's path for grammar-forced tokens) give
+/// the logits that prefilling the whole text gives, and the same greedy continuation.
+#[test]
+fn extending_a_sequence_in_one_pass_equals_prefilling_it_whole() {
+    let path = strata_store::Store::from_env()
+        .expect("model store")
+        .ensure("smollm2-135m-instruct")
+        .expect("fetching the default model");
+    let file = GgufFile::open(&path).unwrap();
+    let mut batch = Batch::new(Model::load_full(&file).unwrap(), 2, 2, 64).unwrap();
+    let g = Generator::load(&path, 1, Some(64)).unwrap();
+    let tok = g.tokenizer_shared();
+    let head = tok
+        .encode_prompt("The capital of France is", false)
+        .unwrap();
+    let tail = tok
+        .encode(" Paris, and the capital of Spain is", false)
+        .unwrap();
+    let whole: Vec<u32> = head.iter().chain(&tail).copied().collect();
+
+    let (a, logits) = batch.start(&whole).unwrap();
+    let expected = logits.to_vec();
+    batch.release(a);
+    let (b, _) = batch.start(&head).unwrap();
+    let got = batch.extend(b, &tail).unwrap().to_vec();
+    let worst = expected
+        .iter()
+        .zip(&got)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "largest logit difference {worst}");
+    assert_eq!(
+        strata_kernels::ops::argmax(&expected),
+        strata_kernels::ops::argmax(&got)
+    );
+    assert_eq!(batch.len(b), whole.len());
+
+    // Past the context, into a free slot, or nothing at all: errors, not panics.
+    assert!(batch.extend(b, &[1; 64]).is_err());
+    assert_eq!(a, b, "the released slot is taken again");
+    let free = strata_engine::SlotId::from_index(1 - b.index());
+    assert!(batch.extend(free, &tail).is_err());
+    assert!(batch.extend(b, &[]).is_err());
+}
