@@ -173,6 +173,9 @@ pub struct QuantActs {
     d: Vec<f32>,
     s: Vec<f32>,
     ys: Vec<i32>,
+    /// Q8_K rows interleaved by eight tokens for the K-quant tile kernels (batches of
+    /// [`KTILE_MIN_BATCH`] or more on AVX2), else empty.
+    tiles: Vec<u8>,
 }
 
 impl QuantActs {
@@ -222,6 +225,16 @@ impl QuantActs {
                 }
                 _ => quantize_act_row(act, xr, out),
             }
+        }
+        self.tiles.clear();
+        if act == GgmlType::Q8K && n >= KTILE_MIN_BATCH && ktiles_enabled() {
+            crate::kquants::interleave_q8k(
+                &self.buf,
+                row_bytes,
+                n,
+                cols / crate::kquants::QK_K,
+                &mut self.tiles,
+            );
         }
         self.ty = Some(act);
         self.weight_ty = Some(weight_ty);
@@ -309,6 +322,9 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
         }
         Storage::Plain(bytes) => {
             let bytes = bytes.bytes();
+            if ktiled(w, acts) {
+                return matmul_ktiles(pool, w, bytes, acts, optr);
+            }
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
             // its tiled K-quant kernel takes batches of 8 or more tokens whole.
             let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && w.ty == GgmlType::Q6K {
@@ -346,6 +362,135 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
     }
 }
 
+/// Smallest batch the K-quant tile kernels take (smaller ones go row by row, token by token).
+const KTILE_MIN_BATCH: usize = 4;
+/// Rows of a unit of work of the K-quant tile path.
+const KTILE_ROWS: usize = 32;
+/// Tokens of a unit of work of the K-quant tile path (a multiple of 16).
+const KTILE_TOKENS: usize = 64;
+
+/// Whether the K-quant tile kernels may run: AVX2, unless `STRATA_NO_KTILES` is set (to time or
+/// check the row-by-row path).
+fn ktiles_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        cfg!(target_arch = "x86_64")
+            && crate::isa().avx2
+            && std::env::var_os("STRATA_NO_KTILES").is_none()
+    })
+}
+
+/// Whether the product of `w` with `acts` goes through the K-quant tile kernels: Q6_K, and Q4_K
+/// with a row count that is a multiple of 8 (llama.cpp's repacked order), when the activations
+/// were interleaved.
+fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
+    !acts.tiles.is_empty()
+        && match w.ty {
+            GgmlType::Q4K => w.rows.is_multiple_of(8),
+            GgmlType::Q6K => true,
+            _ => false,
+        }
+}
+
+/// The K-quant tile path: threads claim (token block, row chunk) units, and within a unit every
+/// row meets one or two groups of eight tokens at a time, which stay in L1 while the rows pass.
+/// Each (row, token) gets exactly the float operations of [`row_dot`] / [`tiled_dot`].
+fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
+    use crate::kquants::{QK_K, TILE_BLOCK_BYTES, TILE_TOKENS};
+    let n = acts.n;
+    let nb = w.cols / QK_K;
+    let groups = n.div_ceil(TILE_TOKENS);
+    let per_block = KTILE_TOKENS / TILE_TOKENS;
+    let n_tb = groups.div_ceil(per_block);
+    let n_rc = w.rows.div_ceil(KTILE_ROWS);
+    // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
+    let n4 = if w.ty == GgmlType::Q4K { n / 4 * 4 } else { n };
+    let next = AtomicUsize::new(0);
+    pool.run(&|_tid| {
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= n_tb * n_rc {
+                break;
+            }
+            let (tb, rc) = (u / n_rc, u % n_rc);
+            let g1 = ((tb + 1) * per_block).min(groups);
+            let r0 = rc * KTILE_ROWS;
+            let r1 = (r0 + KTILE_ROWS).min(w.rows);
+            let mut g = tb * per_block;
+            while g < g1 {
+                let cv = if g + 2 <= g1 { 2 } else { 1 };
+                let y = |v: usize| acts.tiles[(g + v) * nb * TILE_BLOCK_BYTES..].as_ptr();
+                let t0 = g * TILE_TOKENS;
+                let t1 = ((g + cv) * TILE_TOKENS).min(n);
+                for r in r0..r1 {
+                    let row = bytes[r * w.row_bytes..(r + 1) * w.row_bytes].as_ptr();
+                    // Tokens before `n4` in the first order, the others in the second.
+                    for (first, lo, hi) in [(true, t0, t1.min(n4)), (false, t0.max(n4), t1)] {
+                        if lo >= hi {
+                            continue;
+                        }
+                        let mut o = [[0.0f32; 8]; 2];
+                        // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row
+                        // holds `nb` blocks and each group `nb` interleaved blocks.
+                        unsafe { ktile(w.ty, n, first, row, nb, cv, &y, &mut o) };
+                        for t in lo..hi {
+                            let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
+                            // SAFETY: in bounds (checked by `check_shapes`); this thread alone
+                            // owns the rows of this unit for its tokens.
+                            unsafe { *out.ptr().add(t * w.rows + r) = v };
+                        }
+                    }
+                }
+                g += cv;
+            }
+        }
+    });
+}
+
+/// One row of `ty` times `cv` (1 or 2) token groups `y(0)..y(cv)`: llama.cpp's order for a batch
+/// of `n` tokens, `first` selecting the Q4_K four-token kernel's.
+///
+/// # Safety
+/// As for [`crate::x86_kquants::q4_k_tile`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn ktile(
+    ty: GgmlType,
+    n: usize,
+    first: bool,
+    row: *const u8,
+    nb: usize,
+    cv: usize,
+    y: &dyn Fn(usize) -> *const u8,
+    out: &mut [[f32; 8]; 2],
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as the caller promised.
+    unsafe {
+        use crate::x86_kquants::{q4_k_tile, q6_k_tile};
+        let tiled = n >= TILED_MIN_BATCH;
+        if cv == 2 {
+            let y = [y(0), y(1)];
+            match (ty, first, tiled) {
+                (GgmlType::Q4K, true, _) => q4_k_tile::<2, true>(row, nb, &y, out),
+                (GgmlType::Q4K, false, _) => q4_k_tile::<2, false>(row, nb, &y, out),
+                (_, _, true) => q6_k_tile::<2, true>(row, nb, &y, out),
+                _ => q6_k_tile::<2, false>(row, nb, &y, out),
+            }
+        } else if let Some(o) = out.first_chunk_mut::<1>() {
+            let y = [y(0)];
+            match (ty, first, tiled) {
+                (GgmlType::Q4K, true, _) => q4_k_tile::<1, true>(row, nb, &y, o),
+                (GgmlType::Q4K, false, _) => q4_k_tile::<1, false>(row, nb, &y, o),
+                (_, _, true) => q6_k_tile::<1, true>(row, nb, &y, o),
+                _ => q6_k_tile::<1, false>(row, nb, &y, o),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("tiles exist only on x86_64: {ty} {n} {first} {row:?} {nb} {cv} {out:?}");
+}
+
 /// One matrix of a packed product: the weights and where its output goes.
 #[derive(Clone, Copy)]
 struct PackedJob<'a> {
@@ -363,7 +508,11 @@ struct PackedJob<'a> {
 /// Q4_K matrices whose row count is a multiple of 8 follow llama.cpp's x86 repacked kernels'
 /// order (`four`: the four-token kernel's), others its `vec_dot` order (llama.cpp picks its
 /// kernel by the same rule).
-fn row_dot(ty: GgmlType, rows: usize, four: bool) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+pub(crate) fn row_dot(
+    ty: GgmlType,
+    rows: usize,
+    four: bool,
+) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
@@ -395,7 +544,7 @@ fn row_dot(ty: GgmlType, rows: usize, four: bool) -> fn(GgmlType, &[u8], &[u8], 
 const TILED_MIN_BATCH: usize = 8;
 
 /// The dot product of llama.cpp's tiled kernel for `ty` (Q6_K).
-fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+pub(crate) fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
@@ -543,5 +692,9 @@ fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
 impl QuantActs {
     pub(crate) fn buf_for_test(&self) -> &[u8] {
         &self.buf
+    }
+
+    pub(crate) fn has_tiles(&self) -> bool {
+        !self.tiles.is_empty()
     }
 }
