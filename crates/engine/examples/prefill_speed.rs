@@ -1,6 +1,6 @@
 //! Probe: prompt-processing speed (llama-bench's `pp`) of a catalog model, median of several
 //! prefills, at each requested thread count. Set `STRATA_NO_KTILES=1` to time the per-row K-quant
-//! path instead of the tiled one.
+//! path instead of the tiled one. Ends with a fingerprint of the prompt's logits (their bits).
 //!
 //! `cargo run --release -p strata-engine --example prefill_speed [MODEL] [TOKENS] [REPS] [THREADS...]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -40,4 +40,11 @@ fn main() {
             ms[ms.len() - 1]
         );
     }
+    // A fingerprint of the last token's logits, to compare paths bit for bit.
+    let mut g = Generator::load(&path, threads[0], Some(tokens + 16)).unwrap();
+    let logits = g.prompt_logits(&prompt).unwrap();
+    let fnv = logits.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        (h ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3)
+    });
+    println!("{model} pp{tokens} logits fingerprint {fnv:016x}");
 }
