@@ -364,10 +364,15 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
 
 /// Smallest batch the K-quant tile kernels take (smaller ones go row by row, token by token).
 const KTILE_MIN_BATCH: usize = 4;
+/// Smallest batch of Q6_K products the tile kernels take (below it, the half-empty group costs
+/// more than it saves).
+const KTILE_MIN_Q6_K: usize = 6;
 /// Rows of a unit of work of the K-quant tile path.
-const KTILE_ROWS: usize = 32;
-/// Tokens of a unit of work of the K-quant tile path (a multiple of 16).
+const KTILE_ROWS: usize = 64;
+/// Tokens of a unit of work of the K-quant tile path (a multiple of 8 * [`KTILE_GROUPS`]).
 const KTILE_TOKENS: usize = 64;
+/// Groups of eight tokens a row meets at a time.
+const KTILE_GROUPS: usize = 4;
 
 /// Whether the K-quant tile kernels may run: AVX2, unless `STRATA_NO_KTILES` is set (to time or
 /// check the row-by-row path).
@@ -387,7 +392,7 @@ fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
     !acts.tiles.is_empty()
         && match w.ty {
             GgmlType::Q4K => w.rows.is_multiple_of(8),
-            GgmlType::Q6K => true,
+            GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,
             _ => false,
         }
 }
@@ -396,11 +401,9 @@ fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
 /// row meets one or two groups of eight tokens at a time, which stay in L1 while the rows pass.
 /// Each (row, token) gets exactly the float operations of [`row_dot`] / [`tiled_dot`].
 fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
-    use crate::kquants::{QK_K, TILE_BLOCK_BYTES, TILE_TOKENS};
     let n = acts.n;
-    let nb = w.cols / QK_K;
-    let groups = n.div_ceil(TILE_TOKENS);
-    let per_block = KTILE_TOKENS / TILE_TOKENS;
+    let groups = n.div_ceil(crate::kquants::TILE_TOKENS);
+    let per_block = KTILE_TOKENS / crate::kquants::TILE_TOKENS;
     let n_tb = groups.div_ceil(per_block);
     let n_rc = w.rows.div_ceil(KTILE_ROWS);
     // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
@@ -418,77 +421,84 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
             let r1 = (r0 + KTILE_ROWS).min(w.rows);
             let mut g = tb * per_block;
             while g < g1 {
-                let cv = if g + 2 <= g1 { 2 } else { 1 };
-                let y = |v: usize| acts.tiles[(g + v) * nb * TILE_BLOCK_BYTES..].as_ptr();
-                let t0 = g * TILE_TOKENS;
-                let t1 = ((g + cv) * TILE_TOKENS).min(n);
-                for r in r0..r1 {
-                    let row = bytes[r * w.row_bytes..(r + 1) * w.row_bytes].as_ptr();
-                    // Tokens before `n4` in the first order, the others in the second.
-                    for (first, lo, hi) in [(true, t0, t1.min(n4)), (false, t0.max(n4), t1)] {
-                        if lo >= hi {
-                            continue;
-                        }
-                        let mut o = [[0.0f32; 8]; 2];
-                        // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row
-                        // holds `nb` blocks and each group `nb` interleaved blocks.
-                        unsafe { ktile(w.ty, n, first, row, nb, cv, &y, &mut o) };
-                        for t in lo..hi {
-                            let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
-                            // SAFETY: in bounds (checked by `check_shapes`); this thread alone
-                            // owns the rows of this unit for its tokens.
-                            unsafe { *out.ptr().add(t * w.rows + r) = v };
-                        }
-                    }
+                if g + KTILE_GROUPS <= g1 {
+                    ktile_rows::<KTILE_GROUPS>(w, bytes, acts, g, r0..r1, n4, out);
+                    g += KTILE_GROUPS;
+                } else {
+                    ktile_rows::<1>(w, bytes, acts, g, r0..r1, n4, out);
+                    g += 1;
                 }
-                g += cv;
             }
         }
     });
 }
 
-/// One row of `ty` times `cv` (1 or 2) token groups `y(0)..y(cv)`: llama.cpp's order for a batch
-/// of `n` tokens, `first` selecting the Q4_K four-token kernel's.
+/// Rows `rows` of `w` times the `CV` token groups from `g` (see [`matmul_ktiles`]).
+fn ktile_rows<const CV: usize>(
+    w: &QMatrix,
+    bytes: &[u8],
+    acts: &QuantActs,
+    g: usize,
+    rows: std::ops::Range<usize>,
+    n4: usize,
+    out: OutPtr,
+) {
+    use crate::kquants::{QK_K, TILE_BLOCK_BYTES, TILE_TOKENS};
+    let (n, nb) = (acts.n, w.cols / QK_K);
+    let y: [*const u8; CV] =
+        std::array::from_fn(|v| acts.tiles[(g + v) * nb * TILE_BLOCK_BYTES..].as_ptr());
+    let t0 = g * TILE_TOKENS;
+    let t1 = ((g + CV) * TILE_TOKENS).min(n);
+    // Q4_K: tokens before `n4` in the four-token kernel's order, the others in the other.
+    let split = n4.saturating_sub(t0);
+    for r in rows {
+        let row = bytes[r * w.row_bytes..(r + 1) * w.row_bytes].as_ptr();
+        let mut o = [[0.0f32; 8]; CV];
+        // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row holds `nb` blocks
+        // and each group `nb` interleaved blocks.
+        unsafe { ktile::<CV>(w.ty, n, split, row, nb, &y, &mut o) };
+        for t in t0..t1 {
+            let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
+            // SAFETY: in bounds (checked by `check_shapes`); this thread alone owns the rows of
+            // this unit for its tokens.
+            unsafe { *out.ptr().add(t * w.rows + r) = v };
+        }
+    }
+}
+
+/// One row of `ty` times the `CV` token groups at `y`: llama.cpp's order for a batch of `n`
+/// tokens, the first `split` of them in the Q4_K four-token kernel's.
 ///
 /// # Safety
 /// As for [`crate::x86_kquants::q4_k_tile`].
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn ktile(
+unsafe fn ktile<const CV: usize>(
     ty: GgmlType,
     n: usize,
-    first: bool,
+    split: usize,
     row: *const u8,
     nb: usize,
-    cv: usize,
-    y: &dyn Fn(usize) -> *const u8,
-    out: &mut [[f32; 8]; 2],
+    y: &[*const u8; CV],
+    out: &mut [[f32; 8]; CV],
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as the caller promised.
     unsafe {
-        use crate::x86_kquants::{q4_k_tile, q6_k_tile};
-        let tiled = n >= TILED_MIN_BATCH;
-        if cv == 2 {
-            let y = [y(0), y(1)];
-            match (ty, first, tiled) {
-                (GgmlType::Q4K, true, _) => q4_k_tile::<2, true>(row, nb, &y, out),
-                (GgmlType::Q4K, false, _) => q4_k_tile::<2, false>(row, nb, &y, out),
-                (_, _, true) => q6_k_tile::<2, true>(row, nb, &y, out),
-                _ => q6_k_tile::<2, false>(row, nb, &y, out),
+        use crate::x86_kquants::{BLOCKS, CHUNKS, SPLIT, q4_k_tile, q6_k_tile};
+        if ty == GgmlType::Q4K {
+            match split {
+                0 => q4_k_tile::<CV, BLOCKS>(row, nb, y, 0, out),
+                s if s >= 8 * CV => q4_k_tile::<CV, CHUNKS>(row, nb, y, s, out),
+                s => q4_k_tile::<CV, SPLIT>(row, nb, y, s, out),
             }
-        } else if let Some(o) = out.first_chunk_mut::<1>() {
-            let y = [y(0)];
-            match (ty, first, tiled) {
-                (GgmlType::Q4K, true, _) => q4_k_tile::<1, true>(row, nb, &y, o),
-                (GgmlType::Q4K, false, _) => q4_k_tile::<1, false>(row, nb, &y, o),
-                (_, _, true) => q6_k_tile::<1, true>(row, nb, &y, o),
-                _ => q6_k_tile::<1, false>(row, nb, &y, o),
-            }
+        } else if n >= TILED_MIN_BATCH {
+            q6_k_tile::<CV, true>(row, nb, y, out);
+        } else {
+            q6_k_tile::<CV, false>(row, nb, y, out);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("tiles exist only on x86_64: {ty} {n} {first} {row:?} {nb} {cv} {out:?}");
+    unreachable!("tiles exist only on x86_64: {ty} {n} {split} {row:?} {nb} {y:?} {out:?}");
 }
 
 /// One matrix of a packed product: the weights and where its output goes.

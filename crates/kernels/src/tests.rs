@@ -437,7 +437,7 @@ fn kquant_batches_match_the_per_row_kernels() {
                     }
                 };
                 let w = QMatrix::new(ty, rows, cols, WeightBytes::Owned(bytes)).unwrap();
-                for n in [1usize, 3, 4, 5, 7, 8, 13, 16, 17, 64, 70, 130] {
+                for n in [1usize, 3, 4, 5, 6, 7, 8, 13, 16, 17, 29, 64, 70, 130] {
                     let x = match extreme {
                         0 => rng.vec(n * cols, 3.0),
                         // Every activation code at +-127.

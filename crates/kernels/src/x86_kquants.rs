@@ -206,9 +206,19 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
+/// The orders of [`q4_k_tile`]: llama.cpp's four-token kernel's (a fused multiply-add per
+/// 64-element chunk), its one-token kernel's (one per block), or both, split by token.
+pub(crate) const CHUNKS: u8 = 0;
+/// See [`CHUNKS`].
+pub(crate) const BLOCKS: u8 = 1;
+/// See [`CHUNKS`].
+pub(crate) const SPLIT: u8 = 2;
+
 /// One Q4_K row times `CV` groups of eight tokens in the interleaved Q8_K layout
 /// ([`crate::kquants::interleave_q8k`]; `y[v]` points at group `v`'s first block), one token per
-/// lane: lane `t` of `out[v]` is [`dot_q4_k_repacked`]`::<PER_CHUNK>` of the row and token `t`.
+/// lane: lane `i` of `out[v]` is [`dot_q4_k_repacked`]`::<true>` of the row and token `8v + i`
+/// in order [`CHUNKS`], `::<false>` in order [`BLOCKS`], and in order [`SPLIT`] the former for
+/// tokens before `split`, the latter after.
 ///
 /// Every lane forms the same exact integers per 64-element chunk (the products of a 32-element
 /// sub-block summed in 16 bits, which cannot overflow: `8 * 2 * 15 * 127 < 2^15`, then times its
@@ -219,21 +229,27 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
 /// AVX2, FMA and F16C must be available; `w` must hold `nb` Q4_K blocks and every `y[v]` `nb`
 /// interleaved blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_tile<const CV: usize, const PER_CHUNK: bool>(
+pub(crate) unsafe fn q4_k_tile<const CV: usize, const ORDER: u8>(
     w: *const u8,
     nb: usize,
     y: &[*const u8; CV],
+    split: usize,
     out: &mut [[f32; 8]; CV],
 ) {
+    let chunks = ORDER != BLOCKS;
+    let blocks = ORDER != CHUNKS;
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); CV];
-    let mut acc_m = [_mm256_setzero_ps(); CV];
+    // Accumulators of the chunk order, then of the block order.
+    let mut acc = [[_mm256_setzero_ps(); CV]; 2];
+    let mut acc_m = [[_mm256_setzero_ps(); CV]; 2];
     for b in 0..nb {
         let x = w.add(b * Q4_K_BYTES);
         let (sc, m) = q4k_scales_mins(std::slice::from_raw_parts(x, Q4_K_BYTES));
         let (dw, dmw) = (_mm256_set1_ps(f16_at(x)), _mm256_set1_ps(f16_at(x.add(2))));
         let yb: [*const u8; CV] = std::array::from_fn(|v| y[v].add(b * TILE_BLOCK_BYTES));
         let yd: [__m256; CV] = std::array::from_fn(|v| _mm256_loadu_ps(yb[v] as *const f32));
+        let dd: [__m256; CV] = std::array::from_fn(|v| _mm256_mul_ps(dw, yd[v]));
+        let dm: [__m256; CV] = std::array::from_fn(|v| _mm256_mul_ps(dmw, yd[v]));
         let mut tot = [_mm256_setzero_si256(); CV];
         let mut tot_m = [_mm256_setzero_si256(); CV];
         for j in 0..4 {
@@ -268,28 +284,37 @@ pub(crate) unsafe fn q4_k_tile<const CV: usize, const PER_CHUNK: bool>(
                     _mm256_madd_epi16(_mm256_loadu_si256(bs as *const __m256i), ml),
                     _mm256_madd_epi16(_mm256_loadu_si256(bs.add(32) as *const __m256i), mh),
                 );
-                if PER_CHUNK {
-                    let dd = _mm256_mul_ps(dw, yd[v]);
-                    let dm = _mm256_mul_ps(dmw, yd[v]);
-                    acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(cd), dd, acc[v]);
-                    acc_m[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(cm), dm, acc_m[v]);
-                } else {
+                if chunks {
+                    acc[0][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(cd), dd[v], acc[0][v]);
+                    acc_m[0][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(cm), dm[v], acc_m[0][v]);
+                }
+                if blocks {
                     tot[v] = _mm256_add_epi32(tot[v], cd);
                     tot_m[v] = _mm256_add_epi32(tot_m[v], cm);
                 }
             }
         }
-        if !PER_CHUNK {
+        if blocks {
             for v in 0..CV {
-                let dd = _mm256_mul_ps(dw, yd[v]);
-                let dm = _mm256_mul_ps(dmw, yd[v]);
-                acc[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[v]), dd, acc[v]);
-                acc_m[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot_m[v]), dm, acc_m[v]);
+                acc[1][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[v]), dd[v], acc[1][v]);
+                acc_m[1][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot_m[v]), dm[v], acc_m[1][v]);
             }
         }
     }
     for v in 0..CV {
-        _mm256_storeu_ps(out[v].as_mut_ptr(), _mm256_sub_ps(acc[v], acc_m[v]));
+        let c = _mm256_sub_ps(acc[0][v], acc_m[0][v]);
+        let b = _mm256_sub_ps(acc[1][v], acc_m[1][v]);
+        let r = match ORDER {
+            CHUNKS => c,
+            BLOCKS => b,
+            _ => {
+                // Lanes before `split` take the chunk order.
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let first = _mm256_set1_epi32(split.saturating_sub(8 * v).min(8) as i32);
+                _mm256_blendv_ps(b, c, _mm256_castsi256_ps(_mm256_cmpgt_epi32(first, lane)))
+            }
+        };
+        _mm256_storeu_ps(out[v].as_mut_ptr(), r);
     }
 }
 
