@@ -1,5 +1,5 @@
-//! Times matmul on SmolLM2's shapes (Q4_1, Q8_0) and Gemma 3 270M's K-quant ones (attn_output
-//! 640x1024, ffn_down 640x2048): `cargo run --release -p strata-kernels --example matmul_speed
+//! Times matmul on SmolLM2's shapes (Q4_1, Q8_0) and Gemma 3 270M's (Q5_0 gate/up and q, Q8_0 v,
+//! K-quant attn_output 640x1024 and ffn_down 640x2048): `cargo run --release -p strata-kernels --example matmul_speed
 //! [threads] [tokens] [filter]`, `filter` keeping the shapes whose name contains it (e.g. `_K`).
 //! Prints the median of several calls and GB/s of weights streamed per call. Set
 //! `STRATA_NO_KTILES=1` to time K-quant batches row by row instead of with the tile kernels.
@@ -21,6 +21,9 @@ fn main() {
         ("gate 1536x576", GgmlType::Q4_1, 1536, 576),
         ("down 576x1536", GgmlType::Q4_1, 576, 1536),
         ("head 49152x576", GgmlType::Q8_0, 49152, 576),
+        ("Q5_0 2048x640", GgmlType::Q5_0, 2048, 640),
+        ("Q5_0 1024x640", GgmlType::Q5_0, 1024, 640),
+        ("Q8_0 256x640", GgmlType::Q8_0, 256, 640),
         ("Q4_K 640x1024", GgmlType::Q4K, 640, 1024),
         ("Q4_K 640x2048", GgmlType::Q4K, 640, 2048),
         ("Q6_K 640x1024", GgmlType::Q6K, 640, 1024),
