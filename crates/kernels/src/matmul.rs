@@ -397,9 +397,10 @@ fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
         }
 }
 
-/// The K-quant tile path: threads claim (token block, row chunk) units, and within a unit every
-/// row meets one or two groups of eight tokens at a time, which stay in L1 while the rows pass.
-/// Each (row, token) gets exactly the float operations of [`row_dot`] / [`tiled_dot`].
+/// The K-quant tile path: threads claim (token block, row chunk) units, token blocks outermost,
+/// and within a unit every row meets [`KTILE_GROUPS`] groups of eight tokens at a time (its
+/// nibbles and scales decoded once for all of them), the groups staying in cache while the rows
+/// pass. Each (row, token) gets exactly the float operations of [`row_dot`] / [`tiled_dot`].
 fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
     let n = acts.n;
     let groups = n.div_ceil(crate::kquants::TILE_TOKENS);

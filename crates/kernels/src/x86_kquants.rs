@@ -1,6 +1,11 @@
 //! AVX2 dot products of Q4_K and Q6_K rows with Q8_K activations: the instruction sequence of
 //! llama.cpp's `ggml_vec_dot_q4_K_q8_K` / `ggml_vec_dot_q6_K_q8_K`, so each 32-bit lane holds the
 //! same integers as [`crate::kquants`]'s scalar references and the results are the same bits.
+//!
+//! For batches, [`q4_k_tile`] and [`q6_k_tile`] compute one row against 8 to 32 tokens at once,
+//! one token per 32-bit lane (activations interleaved by [`crate::kquants::interleave_q8k`]):
+//! a row's codes and scales are decoded once per block instead of once per token, and each
+//! token's lane goes through the same integers and float operations as the one-token kernels.
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
