@@ -1,5 +1,8 @@
-//! Times the packed matmul on SmolLM2-like shapes: `cargo run --release -p strata-kernels
-//! --example matmul_speed [threads] [tokens]`. Prints GB/s of weights streamed per call.
+//! Times matmul on SmolLM2's shapes (Q4_1, Q8_0) and Gemma 3 270M's (Q5_0 gate/up and q, Q8_0 v,
+//! K-quant attn_output 640x1024 and ffn_down 640x2048): `cargo run --release -p strata-kernels --example matmul_speed
+//! [threads] [tokens] [filter]`, `filter` keeping the shapes whose name contains it (e.g. `_K`).
+//! Prints the median of several calls and GB/s of weights streamed per call. Set
+//! `STRATA_NO_KTILES=1` to time K-quant batches row by row instead of with the tile kernels.
 #![allow(clippy::unwrap_used)]
 use std::time::Instant;
 
@@ -7,12 +10,10 @@ use strata_kernels::formats::quantize_weights;
 use strata_kernels::{GgmlType, QMatrix, QuantActs, ThreadPool, WeightBytes, matmul};
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().unwrap())
-        .collect();
-    let threads = args.first().copied().unwrap_or(1);
-    let n = args.get(1).copied().unwrap_or(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let threads = args.first().map_or(1, |a| a.parse().unwrap());
+    let n = args.get(1).map_or(1, |a| a.parse().unwrap());
+    let filter = args.get(2).map_or("", String::as_str);
     let pool = ThreadPool::new(threads);
     for (name, ty, rows, cols) in [
         ("q 576x576", GgmlType::Q4_1, 576, 576),
@@ -20,7 +21,17 @@ fn main() {
         ("gate 1536x576", GgmlType::Q4_1, 1536, 576),
         ("down 576x1536", GgmlType::Q4_1, 576, 1536),
         ("head 49152x576", GgmlType::Q8_0, 49152, 576),
+        ("Q5_0 2048x640", GgmlType::Q5_0, 2048, 640),
+        ("Q5_0 1024x640", GgmlType::Q5_0, 1024, 640),
+        ("Q8_0 256x640", GgmlType::Q8_0, 256, 640),
+        ("Q4_K 640x1024", GgmlType::Q4K, 640, 1024),
+        ("Q4_K 640x2048", GgmlType::Q4K, 640, 2048),
+        ("Q6_K 640x1024", GgmlType::Q6K, 640, 1024),
+        ("Q6_K 640x2048", GgmlType::Q6K, 640, 2048),
     ] {
+        if !name.contains(filter) {
+            continue;
+        }
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
             .collect();
@@ -33,19 +44,26 @@ fn main() {
         let mut acts = QuantActs::new();
         acts.quantize(ty, &x, n, cols);
         let mut out = vec![0.0; n * rows];
-        let iters = (2_000_000_000 / (rows * cols * n)).clamp(3, 20000);
+        let iters = (2_000_000_000 / (rows * cols * n)).clamp(5, 20000);
         matmul(&pool, &m, &acts, &mut out);
-        let t = Instant::now();
-        for _ in 0..iters {
-            matmul(&pool, &m, &acts, &mut out);
-        }
-        let per = t.elapsed().as_secs_f64() / iters as f64;
+        // The median of five timings of `iters / 5` calls each.
+        let mut per: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..iters / 5 {
+                    matmul(&pool, &m, &acts, &mut out);
+                }
+                t.elapsed().as_secs_f64() / (iters / 5) as f64
+            })
+            .collect();
+        per.sort_by(f64::total_cmp);
+        let per = per[2];
         let bytes = (rows * ty.row_bytes(cols).unwrap()) as f64;
         println!(
-            "{name:16} {:8.1} us/call  {:6.1} GB/s  {:7.2} ns/row-block/token",
+            "{name:16} {:9.1} us/call  {:6.1} GB/s  {:7.2} ns/row-block/token",
             per * 1e6,
             bytes / per / 1e9,
-            per * 1e9 / (rows * cols / 32 * n) as f64 * threads as f64
+            per * 1e9 / (rows * cols / ty.block_size() * n) as f64 * threads as f64
         );
     }
 }

@@ -379,3 +379,40 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
     }
     out
 }
+
+/// Tokens of a group in the interleaved Q8_K layout ([`interleave_q8k`]).
+pub(crate) const TILE_TOKENS: usize = 8;
+/// Offset of the bsum pairs in an interleaved group block (after eight f32 scales).
+pub(crate) const TILE_BSUMS: usize = 32;
+/// Offset of the quants in an interleaved group block (after eight pairs of eight tokens).
+pub(crate) const TILE_QUANTS: usize = TILE_BSUMS + 8 * 32;
+/// Bytes of one super-block of one group of eight tokens in the interleaved layout.
+pub(crate) const TILE_BLOCK_BYTES: usize = TILE_QUANTS + QK_K / 4 * 32;
+
+/// Interleaves `n` Q8_K activation rows (`row_bytes` apart in `buf`, `nb` blocks each) in groups
+/// of eight tokens, so that one 256-bit load gives the same four quants of eight tokens (one
+/// 32-bit lane per token) and the tile kernels keep one token per lane. Per group and block:
+///
+/// ```text
+/// d[8] f32 | bsums (2k, 2k + 1) of each token, k = 0..8: 8 x 32 B | quants 4i..4i+4 of each
+/// token, i = 0..64: 64 x 32 B
+/// ```
+///
+/// The tokens missing from the last group are zero.
+pub(crate) fn interleave_q8k(buf: &[u8], row_bytes: usize, n: usize, nb: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(n.div_ceil(TILE_TOKENS) * nb * TILE_BLOCK_BYTES, 0);
+    for (t, row) in buf.chunks_exact(row_bytes).take(n).enumerate() {
+        let (g, l) = (t / TILE_TOKENS, 4 * (t % TILE_TOKENS));
+        for (b, src) in row.chunks_exact(Q8_K_BYTES).take(nb).enumerate() {
+            let dst = &mut out[(g * nb + b) * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES];
+            dst[l..l + 4].copy_from_slice(&src[0..4]);
+            for (k, pair) in src[4 + QK_K..].chunks_exact(4).enumerate() {
+                dst[TILE_BSUMS + 32 * k + l..][..4].copy_from_slice(pair);
+            }
+            for (i, q) in src[4..4 + QK_K].chunks_exact(4).enumerate() {
+                dst[TILE_QUANTS + 32 * i + l..][..4].copy_from_slice(q);
+            }
+        }
+    }
+}

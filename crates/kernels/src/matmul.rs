@@ -173,6 +173,9 @@ pub struct QuantActs {
     d: Vec<f32>,
     s: Vec<f32>,
     ys: Vec<i32>,
+    /// Q8_K rows interleaved by eight tokens for the K-quant tile kernels (batches of
+    /// [`KTILE_MIN_BATCH`] or more on AVX2), else empty.
+    tiles: Vec<u8>,
 }
 
 impl QuantActs {
@@ -222,6 +225,16 @@ impl QuantActs {
                 }
                 _ => quantize_act_row(act, xr, out),
             }
+        }
+        self.tiles.clear();
+        if act == GgmlType::Q8K && n >= KTILE_MIN_BATCH && ktiles_enabled() {
+            crate::kquants::interleave_q8k(
+                &self.buf,
+                row_bytes,
+                n,
+                cols / crate::kquants::QK_K,
+                &mut self.tiles,
+            );
         }
         self.ty = Some(act);
         self.weight_ty = Some(weight_ty);
@@ -309,6 +322,9 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
         }
         Storage::Plain(bytes) => {
             let bytes = bytes.bytes();
+            if ktiled(w, acts) {
+                return matmul_ktiles(pool, w, bytes, acts, optr);
+            }
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
             // its tiled K-quant kernel takes batches of 8 or more tokens whole.
             let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && w.ty == GgmlType::Q6K {
@@ -346,6 +362,146 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
     }
 }
 
+/// Smallest batch the K-quant tile kernels take (smaller ones go row by row, token by token).
+const KTILE_MIN_BATCH: usize = 4;
+/// Smallest batch of Q6_K products the tile kernels take (below it, the half-empty group costs
+/// more than it saves).
+const KTILE_MIN_Q6_K: usize = 6;
+/// Rows of a unit of work of the K-quant tile path.
+const KTILE_ROWS: usize = 64;
+/// Tokens of a unit of work of the K-quant tile path (a multiple of 8 * [`KTILE_GROUPS`]).
+const KTILE_TOKENS: usize = 64;
+/// Groups of eight tokens a row meets at a time.
+const KTILE_GROUPS: usize = 4;
+
+/// Whether the K-quant tile kernels may run: AVX2, unless `STRATA_NO_KTILES` is set (to time or
+/// check the row-by-row path).
+fn ktiles_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        cfg!(target_arch = "x86_64")
+            && crate::isa().avx2
+            && std::env::var_os("STRATA_NO_KTILES").is_none()
+    })
+}
+
+/// Whether the product of `w` with `acts` goes through the K-quant tile kernels: Q6_K, and Q4_K
+/// with a row count that is a multiple of 8 (llama.cpp's repacked order), when the activations
+/// were interleaved.
+fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
+    !acts.tiles.is_empty()
+        && match w.ty {
+            GgmlType::Q4K => w.rows.is_multiple_of(8),
+            GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,
+            _ => false,
+        }
+}
+
+/// The K-quant tile path: threads claim (token block, row chunk) units, token blocks outermost,
+/// and within a unit every row meets [`KTILE_GROUPS`] groups of eight tokens at a time (its
+/// nibbles and scales decoded once for all of them), the groups staying in cache while the rows
+/// pass. Each (row, token) gets exactly the float operations of [`row_dot`] / [`tiled_dot`].
+fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
+    let n = acts.n;
+    let groups = n.div_ceil(crate::kquants::TILE_TOKENS);
+    let per_block = KTILE_TOKENS / crate::kquants::TILE_TOKENS;
+    let n_tb = groups.div_ceil(per_block);
+    let n_rc = w.rows.div_ceil(KTILE_ROWS);
+    // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
+    let n4 = if w.ty == GgmlType::Q4K { n / 4 * 4 } else { n };
+    let next = AtomicUsize::new(0);
+    pool.run(&|_tid| {
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= n_tb * n_rc {
+                break;
+            }
+            let (tb, rc) = (u / n_rc, u % n_rc);
+            let g1 = ((tb + 1) * per_block).min(groups);
+            let r0 = rc * KTILE_ROWS;
+            let r1 = (r0 + KTILE_ROWS).min(w.rows);
+            let mut g = tb * per_block;
+            while g < g1 {
+                if g + KTILE_GROUPS <= g1 {
+                    ktile_rows::<KTILE_GROUPS>(w, bytes, acts, g, r0..r1, n4, out);
+                    g += KTILE_GROUPS;
+                } else {
+                    ktile_rows::<1>(w, bytes, acts, g, r0..r1, n4, out);
+                    g += 1;
+                }
+            }
+        }
+    });
+}
+
+/// Rows `rows` of `w` times the `CV` token groups from `g` (see [`matmul_ktiles`]).
+fn ktile_rows<const CV: usize>(
+    w: &QMatrix,
+    bytes: &[u8],
+    acts: &QuantActs,
+    g: usize,
+    rows: std::ops::Range<usize>,
+    n4: usize,
+    out: OutPtr,
+) {
+    use crate::kquants::{QK_K, TILE_BLOCK_BYTES, TILE_TOKENS};
+    let (n, nb) = (acts.n, w.cols / QK_K);
+    let y: [*const u8; CV] =
+        std::array::from_fn(|v| acts.tiles[(g + v) * nb * TILE_BLOCK_BYTES..].as_ptr());
+    let t0 = g * TILE_TOKENS;
+    let t1 = ((g + CV) * TILE_TOKENS).min(n);
+    // Q4_K: tokens before `n4` in the four-token kernel's order, the others in the other.
+    let split = n4.saturating_sub(t0);
+    for r in rows {
+        let row = bytes[r * w.row_bytes..(r + 1) * w.row_bytes].as_ptr();
+        let mut o = [[0.0f32; 8]; CV];
+        // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row holds `nb` blocks
+        // and each group `nb` interleaved blocks.
+        unsafe { ktile::<CV>(w.ty, n, split, row, nb, &y, &mut o) };
+        for t in t0..t1 {
+            let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
+            // SAFETY: in bounds (checked by `check_shapes`); this thread alone owns the rows of
+            // this unit for its tokens.
+            unsafe { *out.ptr().add(t * w.rows + r) = v };
+        }
+    }
+}
+
+/// One row of `ty` times the `CV` token groups at `y`: llama.cpp's order for a batch of `n`
+/// tokens, the first `split` of them in the Q4_K four-token kernel's.
+///
+/// # Safety
+/// As for [`crate::x86_kquants::q4_k_tile`].
+#[inline(always)]
+unsafe fn ktile<const CV: usize>(
+    ty: GgmlType,
+    n: usize,
+    split: usize,
+    row: *const u8,
+    nb: usize,
+    y: &[*const u8; CV],
+    out: &mut [[f32; 8]; CV],
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as the caller promised.
+    unsafe {
+        use crate::x86_kquants::{BLOCKS, CHUNKS, SPLIT, q4_k_tile, q6_k_tile};
+        if ty == GgmlType::Q4K {
+            match split {
+                0 => q4_k_tile::<CV, BLOCKS>(row, nb, y, 0, out),
+                s if s >= 8 * CV => q4_k_tile::<CV, CHUNKS>(row, nb, y, s, out),
+                s => q4_k_tile::<CV, SPLIT>(row, nb, y, s, out),
+            }
+        } else if n >= TILED_MIN_BATCH {
+            q6_k_tile::<CV, true>(row, nb, y, out);
+        } else {
+            q6_k_tile::<CV, false>(row, nb, y, out);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("tiles exist only on x86_64: {ty} {n} {split} {row:?} {nb} {y:?} {out:?}");
+}
+
 /// One matrix of a packed product: the weights and where its output goes.
 #[derive(Clone, Copy)]
 struct PackedJob<'a> {
@@ -363,7 +519,11 @@ struct PackedJob<'a> {
 /// Q4_K matrices whose row count is a multiple of 8 follow llama.cpp's x86 repacked kernels'
 /// order (`four`: the four-token kernel's), others its `vec_dot` order (llama.cpp picks its
 /// kernel by the same rule).
-fn row_dot(ty: GgmlType, rows: usize, four: bool) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+pub(crate) fn row_dot(
+    ty: GgmlType,
+    rows: usize,
+    four: bool,
+) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
@@ -395,7 +555,7 @@ fn row_dot(ty: GgmlType, rows: usize, four: bool) -> fn(GgmlType, &[u8], &[u8], 
 const TILED_MIN_BATCH: usize = 8;
 
 /// The dot product of llama.cpp's tiled kernel for `ty` (Q6_K).
-fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+pub(crate) fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
@@ -543,5 +703,9 @@ fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
 impl QuantActs {
     pub(crate) fn buf_for_test(&self) -> &[u8] {
         &self.buf
+    }
+
+    pub(crate) fn has_tiles(&self) -> bool {
+        !self.tiles.is_empty()
     }
 }

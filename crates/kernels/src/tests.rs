@@ -389,3 +389,98 @@ fn fused_products_equal_separate_ones() {
         }
     }
 }
+
+/// A K-quant matrix of random bytes (every scale and code pattern), with sane f16 scales.
+fn random_kquant_rows(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut bytes: Vec<u8> = (0..rows * cols / 256 * bb)
+        .map(|_| (rng.f32().to_bits() >> 7) as u8)
+        .collect();
+    for blk in bytes.chunks_exact_mut(bb) {
+        let mut put = |at: usize| {
+            let v = half::f16::from_f32(rng.f32().abs() * 0.01 + 1e-4);
+            blk[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+        };
+        if ty == GgmlType::Q4K {
+            put(0);
+            put(2);
+        } else {
+            put(208);
+        }
+    }
+    bytes
+}
+
+/// The K-quant products of a batch, whatever path `matmul` takes (the tile kernels for batches
+/// of four or more on AVX2), equal the per-row kernels and the scalar references bit for bit, in
+/// both of llama.cpp's orders for each format, on random and on extreme codes and activations.
+#[test]
+fn kquant_batches_match_the_per_row_kernels() {
+    let mut rng = Rng(0x5EED);
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        for (rows, cols) in [(8usize, 256usize), (40, 768), (13, 512), (72, 512)] {
+            for extreme in [0u8, 1, 2] {
+                let bytes = match extreme {
+                    0 => random_kquant_rows(ty, rows, cols, &mut rng),
+                    // All codes at their largest (15 / 63), scales at their largest.
+                    _ => {
+                        let mut b = random_kquant_rows(ty, rows, cols, &mut rng);
+                        for blk in b.chunks_exact_mut(ty.block_bytes()) {
+                            if ty == GgmlType::Q4K {
+                                blk[4..].fill(0xFF);
+                            } else {
+                                blk[..192].fill(0xFF);
+                                blk[192..208].fill(if extreme == 1 { 0x7F } else { 0x80 });
+                            }
+                        }
+                        b
+                    }
+                };
+                let w = QMatrix::new(ty, rows, cols, WeightBytes::Owned(bytes)).unwrap();
+                for n in [1usize, 3, 4, 5, 6, 7, 8, 13, 16, 17, 29, 64, 70, 130] {
+                    let x = match extreme {
+                        0 => rng.vec(n * cols, 3.0),
+                        // Every activation code at +-127.
+                        1 => vec![1.0; n * cols],
+                        _ => vec![-1.0; n * cols],
+                    };
+                    let mut acts = QuantActs::new();
+                    acts.quantize(ty, &x, n, cols);
+                    let ab = act_type(ty).row_bytes(cols).unwrap();
+                    assert_eq!(acts.has_tiles(), isa().avx2 && n >= 4, "{ty} n{n}");
+                    for threads in [1, 2] {
+                        let mut out = vec![f32::NAN; n * rows];
+                        matmul(&ThreadPool::new(threads), &w, &acts, &mut out);
+                        for t in 0..n {
+                            let a = &acts.buf_for_test()[t * ab..(t + 1) * ab];
+                            let four = t < n / 4 * 4;
+                            for r in 0..rows {
+                                let row = w.row(r).unwrap();
+                                let (simd, scalar) = if ty == GgmlType::Q6K && n >= 8 {
+                                    (
+                                        crate::matmul::tiled_dot(ty)(ty, row, a, cols),
+                                        kquants::dot_q6_k_tiled(row, a, cols),
+                                    )
+                                } else if ty == GgmlType::Q4K && rows.is_multiple_of(8) {
+                                    (
+                                        crate::matmul::row_dot(ty, rows, four)(ty, row, a, cols),
+                                        kquants::dot_q4_k_repacked(row, a, cols, four),
+                                    )
+                                } else {
+                                    (
+                                        crate::matmul::row_dot(ty, rows, four)(ty, row, a, cols),
+                                        dot_scalar(ty, row, a, cols),
+                                    )
+                                };
+                                let got = out[t * rows + r];
+                                let what = format!("{ty} {rows}x{cols} n{n} t{t} r{r} x{extreme}");
+                                assert_eq!(simd.to_bits(), scalar.to_bits(), "{what}");
+                                assert_eq!(got.to_bits(), simd.to_bits(), "{what}: {got} {simd}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
