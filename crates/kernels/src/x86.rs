@@ -98,16 +98,22 @@ unsafe fn cvt4_f16(p: *const u8) -> __m128 {
 /// AVX2, FMA and F16C must be available; `g` must address `nb` packed group blocks of the format
 /// (`FMT`) and every `a[c]` `nb` blocks of its activation rows with the side
 /// arrays that format needs.
+///
+/// Q4_1's `m * s` terms are summed here unless `mins` holds them already (see [`q4_1_mins`]):
+/// several tokens at once leave no registers for them inside this loop.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
     g: *const u8,
     p0: usize,
     nb: usize,
     a: &[ActRow; C],
+    mins: Option<&[[f32; 4]; C]>,
     out: &mut [[f32; 4]; C],
 ) {
     const { assert!(FMT <= Q5_0) };
     let min = FMT == Q4_1;
+    // Whether this loop sums Q4_1's offset terms itself.
+    let own_mins = min && mins.is_none();
     let five = FMT == Q5_0;
     let (gbb, qoff) = match FMT {
         Q4_1 => (80, 16),
@@ -138,7 +144,7 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
         let blk = g.add(b * gbb);
         prefetch(blk);
         let d4 = _mm256_castps128_ps256(cvt4_f16(blk));
-        let m4 = if min {
+        let m4 = if own_mins {
             cvt4_f16(blk.add(8))
         } else {
             _mm_setzero_ps()
@@ -162,7 +168,7 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
             let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
             let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq.add(16) as *const __m128i));
             let dy = _mm256_set1_ps(*a[c].d.add(b));
-            if min {
+            if own_mins {
                 summs[c] = _mm_fmadd_ps(m4, _mm_set1_ps(*a[c].s.add(b)), summs[c]);
             }
             let (ys_lo, ys_hi) = if min {
@@ -191,7 +197,10 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
     }
     for c in 0..C {
         let mut sm = [0.0f32; 4];
-        _mm_storeu_ps(sm.as_mut_ptr(), summs[c]);
+        match mins {
+            Some(m) => sm = m[c],
+            None => _mm_storeu_ps(sm.as_mut_ptr(), summs[c]),
+        }
         for i in 0..NP {
             let (r0, r1) = pair_sums(lo_acc[i][c], hi_acc[i][c]);
             let r = 2 * (p0 + i);
@@ -199,6 +208,32 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
             out[c][r + 1] = r1 + sm[r + 1];
         }
     }
+}
+
+/// Q4_1's offset terms of the four rows of the group at `g` for `C` activation rows:
+/// `sum over blocks of m_w * s_a`, accumulated block by block with one fused multiply-add per
+/// row, exactly as [`q4_tile`] does when it sums them itself.
+///
+/// # Safety
+/// As for [`q4_tile`] with the Q4_1 layout.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_mins<const C: usize>(
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow; C],
+) -> [[f32; 4]; C] {
+    let mut summs = [_mm_setzero_ps(); C];
+    for b in 0..nb {
+        let m4 = cvt4_f16(g.add(b * 80 + 8));
+        for c in 0..C {
+            summs[c] = _mm_fmadd_ps(m4, _mm_set1_ps(*a[c].s.add(b)), summs[c]);
+        }
+    }
+    let mut out = [[0.0f32; 4]; C];
+    for c in 0..C {
+        _mm_storeu_ps(out[c].as_mut_ptr(), summs[c]);
+    }
+    out
 }
 
 /// Q8_0 weights: the four rows of the group at `g` times `C` activation rows (Q8_0).
@@ -259,21 +294,23 @@ pub(crate) unsafe fn group<const C: usize>(
     use strata_gguf::GgmlType as T;
     match (ty, C) {
         // One activation row: both pairs at once share the scale and activation loads.
-        (T::Q4_1, 1) => q4_tile::<C, 2, Q4_1>(g, 0, nb, a, out),
-        (T::Q4_0, 1) => q4_tile::<C, 2, Q4_0>(g, 0, nb, a, out),
-        (T::Q5_0, 1) => q4_tile::<C, 2, Q5_0>(g, 0, nb, a, out),
-        // Several: one pair at a time keeps the accumulators in registers.
+        (T::Q4_1, 1) => q4_tile::<C, 2, Q4_1>(g, 0, nb, a, None, out),
+        (T::Q4_0, 1) => q4_tile::<C, 2, Q4_0>(g, 0, nb, a, None, out),
+        (T::Q5_0, 1) => q4_tile::<C, 2, Q5_0>(g, 0, nb, a, None, out),
+        // Several: one pair at a time keeps the accumulators in registers, and Q4_1's offset
+        // terms are summed once for both pairs.
         (T::Q4_1, _) => {
-            q4_tile::<C, 1, Q4_1>(g, 0, nb, a, out);
-            q4_tile::<C, 1, Q4_1>(g, 1, nb, a, out);
+            let mins = q4_1_mins::<C>(g, nb, a);
+            q4_tile::<C, 1, Q4_1>(g, 0, nb, a, Some(&mins), out);
+            q4_tile::<C, 1, Q4_1>(g, 1, nb, a, Some(&mins), out);
         }
         (T::Q4_0, _) => {
-            q4_tile::<C, 1, Q4_0>(g, 0, nb, a, out);
-            q4_tile::<C, 1, Q4_0>(g, 1, nb, a, out);
+            q4_tile::<C, 1, Q4_0>(g, 0, nb, a, None, out);
+            q4_tile::<C, 1, Q4_0>(g, 1, nb, a, None, out);
         }
         (T::Q5_0, _) => {
-            q4_tile::<C, 1, Q5_0>(g, 0, nb, a, out);
-            q4_tile::<C, 1, Q5_0>(g, 1, nb, a, out);
+            q4_tile::<C, 1, Q5_0>(g, 0, nb, a, None, out);
+            q4_tile::<C, 1, Q5_0>(g, 1, nb, a, None, out);
         }
         _ => q8_tile::<C>(g, nb, a, out),
     }
