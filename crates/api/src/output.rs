@@ -151,13 +151,9 @@ impl Output {
         let index = self.calls.len();
         if self.between_calls {
             // Only another call may follow (the grammar allows nothing else).
-            match Literals::match_all(&self.held, &[CALL_OPEN]) {
+            match literals(&self.held, &[CALL_OPEN]) {
                 Match::Partial => return self.wait(end),
-                Match::No => {
-                    self.ignore_rest = true;
-                    self.held.clear();
-                    return false;
-                }
+                Match::No => return self.give_up(),
                 Match::Yes(at) => {
                     self.held.drain(..at);
                     self.between_calls = false;
@@ -168,12 +164,7 @@ impl Output {
         if cp.head.is_none() {
             match parse_head(&self.held) {
                 Match::Partial => return self.wait(end),
-                Match::No => {
-                    // Not a call in the grammar's layout (only possible without a grammar).
-                    self.ignore_rest = true;
-                    self.held.clear();
-                    return false;
-                }
+                Match::No => return self.give_up(),
                 Match::Yes((name, at)) => {
                     out.push(Piece::CallStart(index, name.clone()));
                     cp.head = Some((name, at));
@@ -212,13 +203,9 @@ impl Output {
             return false;
         };
         // The envelope's closing brace, then the closing tag.
-        let tail = match Literals::match_all(&self.held[args_end..], &["}", CALL_CLOSE]) {
+        let tail = match literals(&self.held[args_end..], &["}", CALL_CLOSE]) {
             Match::Partial => return self.wait(end),
-            Match::No => {
-                self.ignore_rest = true;
-                self.held.clear();
-                return false;
-            }
+            Match::No => return self.give_up(),
             Match::Yes(n) => args_end + n,
         };
         let arguments = self.held[args_at..args_end].to_string();
@@ -229,6 +216,14 @@ impl Output {
         self.held.drain(..tail);
         self.between_calls = true;
         !self.held.is_empty()
+    }
+
+    /// The text does not continue the calls as the grammar writes them (only possible without
+    /// a grammar): nothing more is given out.
+    fn give_up(&mut self) -> bool {
+        self.ignore_rest = true;
+        self.held.clear();
+        false
     }
 
     /// The call block needs more text. At the end of generation a call begun and not finished
@@ -285,35 +280,22 @@ enum Match<T> {
     No,
 }
 
-/// Matching a sequence of literals separated by optional JSON whitespace.
-struct Literals;
-
-impl Literals {
-    /// Matches `lits` in order, each after optional whitespace; `Yes` holds the bytes read.
-    fn match_all(s: &str, lits: &[&str]) -> Match<usize> {
-        let mut at = 0;
-        for lit in lits {
-            match Self::one(s, at, lit) {
-                Match::Yes(n) => at = n,
-                Match::Partial => return Match::Partial,
-                Match::No => return Match::No,
-            }
-        }
-        Match::Yes(at)
-    }
-
-    fn one(s: &str, at: usize, lit: &str) -> Match<usize> {
+/// Matches `lits` in order at the start of `s`, each after optional JSON whitespace; `Yes`
+/// holds the bytes read.
+fn literals(s: &str, lits: &[&str]) -> Match<usize> {
+    let mut at = 0;
+    for lit in lits {
         let rest = &s[at..];
         let trimmed = rest.trim_start_matches(is_json_ws);
-        let at = at + rest.len() - trimmed.len();
         if trimmed.starts_with(lit) {
-            Match::Yes(at + lit.len())
+            at += rest.len() - trimmed.len() + lit.len();
         } else if lit.starts_with(trimmed) {
-            Match::Partial
+            return Match::Partial;
         } else {
-            Match::No
+            return Match::No;
         }
     }
+    Match::Yes(at)
 }
 
 fn is_json_ws(c: char) -> bool {
@@ -323,7 +305,7 @@ fn is_json_ws(c: char) -> bool {
 /// Reads a call's head `{"name": "NAME", "arguments": ` (the grammar writes the name first);
 /// `Yes` holds the name and where the arguments start.
 fn parse_head(s: &str) -> Match<(String, usize)> {
-    let at = match Literals::match_all(s, &["{", "\"name\"", ":", "\""]) {
+    let at = match literals(s, &["{", "\"name\"", ":", "\""]) {
         Match::Yes(at) => at,
         Match::Partial => return Match::Partial,
         Match::No => return Match::No,
@@ -336,7 +318,7 @@ fn parse_head(s: &str) -> Match<(String, usize)> {
         return Match::No;
     }
     let after = at + len + 1;
-    let rest = match Literals::match_all(&s[after..], &[",", "\"arguments\"", ":"]) {
+    let rest = match literals(&s[after..], &[",", "\"arguments\"", ":"]) {
         Match::Yes(n) => after + n,
         Match::Partial => return Match::Partial,
         Match::No => return Match::No,
