@@ -110,6 +110,10 @@ pub struct Scratch {
     scores: Vec<f32>,
     /// Per-thread weighted-sum accumulators, `64 * head_dim` floats each.
     accs: Vec<f32>,
+    /// Values of the KV heads transposed for the grouped attention kernels.
+    vt: Vec<f32>,
+    /// Runs of query heads sharing a KV head: (first, end, KV head).
+    runs: Vec<(usize, usize, usize)>,
     /// Which sequence and position each row of the step belongs to.
     rows: Rows,
 }
@@ -153,6 +157,58 @@ impl Scratch {
 fn grow(v: &mut Vec<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
+    }
+}
+
+/// What the attention of one layer computes, shared by its two strategies.
+#[derive(Clone, Copy)]
+struct AttnJob {
+    /// Layer index within the shard, and globally.
+    li: usize,
+    gl: usize,
+    /// Local query heads, the first one's global index, and the first local KV head's.
+    n_q: usize,
+    q0: usize,
+    kv0: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// The first row whose output is needed.
+    t_first: usize,
+    order: attn::DotOrder,
+}
+
+impl AttnJob {
+    /// The local KV head that local query head `h` reads (the cache holds this shard's KV heads,
+    /// from the one its first query head reads).
+    fn kv_head(&self, h: usize) -> usize {
+        (self.q0 + h) / self.group - self.kv0
+    }
+}
+
+/// Runs `f(thread, unit)` for every unit of `0..units`, the pool's threads claiming them from a
+/// shared counter (units vary in cost, so a static split would leave threads idle).
+fn run_units(pool: &ThreadPool, units: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    let next = AtomicUsize::new(0);
+    pool.run(&|tid| {
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= units {
+                break;
+            }
+            f(tid, u);
+        }
+    });
+}
+
+/// Masks keys `window` or more positions before `query_pos` (exp(-inf) = 0), keeping the
+/// row's layout so the softmax sums in ggml's blocks.
+fn mask_window(sc: &mut [f32], query_pos: usize, window: Option<usize>) {
+    if let Some(w) = window {
+        for (p, v) in sc.iter_mut().enumerate() {
+            if query_pos - p >= w {
+                *v = f32::NEG_INFINITY;
+            }
+        }
     }
 }
 
@@ -334,6 +390,165 @@ impl Model {
             c.advance(1);
         }
         Ok(())
+    }
+
+    /// Queries already scaled (Gemma) meet a softmax scale of 1.
+    fn softmax_scale(&self) -> f32 {
+        if self.cfg.query_scale.is_some() {
+            1.0
+        } else {
+            1.0 / (self.cfg.head_dim as f32).sqrt()
+        }
+    }
+
+    /// The sliding window of global layer `gl`, if it has one.
+    fn window(&self, gl: usize) -> Option<usize> {
+        let cfg = &self.cfg;
+        cfg.swa
+            .as_ref()
+            .filter(|_| cfg.is_swa(gl))
+            .map(|w| w.window)
+    }
+
+    /// Scores, softmax and the weighted sum of values, one (query head, token) at a time: any
+    /// batch, any order.
+    fn attend_per_head(
+        &self,
+        pool: &ThreadPool,
+        caches: &[&mut KvCache],
+        s: &mut Scratch,
+        rows: &Rows,
+        job: &AttnJob,
+    ) {
+        let hd = self.cfg.head_dim;
+        let (li, n_q, t_first) = (job.li, job.n_q, job.t_first);
+        let n_out = rows.pos.len() - t_first;
+        let n_threads = pool.n_threads();
+        // Sized for the whole context at once, so a growing sequence never reallocates.
+        let score_stride = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        grow(&mut s.scores, n_threads * score_stride);
+        grow(&mut s.accs, n_threads * 64 * hd);
+        let score_base = SyncPtr(s.scores.as_mut_ptr());
+        let acc_base = SyncPtr(s.accs.as_mut_ptr());
+        let att = SyncPtr(s.att.as_mut_ptr());
+        let scale = self.softmax_scale();
+        let window = self.window(job.gl);
+        let units = n_out * n_q;
+        let q = &s.q;
+        let flavour = self.flavour;
+        run_units(pool, units, &|tid, u| {
+            let (h, tt) = (u % n_q, u / n_q);
+            let t = t_first + tt;
+            // The cache holds this shard's KV heads, from the one its first query head reads.
+            let kvh = job.kv_head(h);
+            let (cache, query_pos) = (&*caches[rows.seq[t]], rows.pos[t]);
+            let len = query_pos + 1;
+            let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
+            // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
+            // floats, inside the buffer grown above.
+            let sc = unsafe {
+                std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
+            };
+            attn::scores(job.order, qv, cache.keys(li, kvh, len), scale, sc);
+            mask_window(sc, query_pos, window);
+            ops::softmax(sc, flavour);
+            // llama.cpp converts the probabilities to f16 before the product with V.
+            ops::round_f16_slice(sc);
+            // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
+            // accumulator scratch of thread `tid` follows its score buffer.
+            let (o, acc) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h) * hd), hd),
+                    std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
+                )
+            };
+            attn::weighted_sum(job.order, sc, cache.values(li, kvh, len), acc, o);
+        });
+    }
+
+    /// The same arithmetic as [`Model::attend_per_head`] for one sequence in the batched order,
+    /// a (token, KV head) at a time: the query heads sharing a KV head are scored and summed
+    /// together, so each key and value is loaded once for all of them. The values are first
+    /// transposed (each column of a head one row over the positions), the layout in which
+    /// several output columns share each probability load.
+    fn attend_grouped(
+        &self,
+        pool: &ThreadPool,
+        cache: &KvCache,
+        s: &mut Scratch,
+        rows: &Rows,
+        job: &AttnJob,
+    ) {
+        let hd = self.cfg.head_dim;
+        let (li, n_q, t_first) = (job.li, job.n_q, job.t_first);
+        let n_out = rows.pos.len() - t_first;
+        // Runs of consecutive local query heads that read the same KV head, at most
+        // `MAX_GROUP` long (a shard's head range may start or end inside a group).
+        s.runs.clear();
+        for h in 0..n_q {
+            let kvh = job.kv_head(h);
+            match s.runs.last_mut() {
+                Some(r) if r.2 == kvh && r.1 - r.0 < attn::MAX_GROUP => r.1 = h + 1,
+                _ => s.runs.push((h, h + 1, kvh)),
+            }
+        }
+        let n_kv = s.runs.last().map_or(0, |r| r.2 + 1);
+        let len_max = rows.pos[t_first..].iter().max().map_or(0, |p| p + 1);
+        let vs = attn::padded_len(len_max);
+        grow(&mut s.vt, n_kv * hd * vs);
+        for kvh in 0..n_kv {
+            attn::transpose_values(
+                cache.values(li, kvh, len_max),
+                hd,
+                len_max,
+                vs,
+                &mut s.vt[kvh * hd * vs..(kvh + 1) * hd * vs],
+            );
+        }
+
+        let n_threads = pool.n_threads();
+        // Per thread, one padded score row per head of a run, sized for the whole context so a
+        // growing sequence never reallocates.
+        let stride = attn::padded_len(cache.capacity());
+        let slot = attn::MAX_GROUP * stride;
+        grow(&mut s.scores, n_threads * slot);
+        let score_base = SyncPtr(s.scores.as_mut_ptr());
+        let att = SyncPtr(s.att.as_mut_ptr());
+        let scale = self.softmax_scale();
+        let window = self.window(job.gl);
+        let runs = &s.runs;
+        let units = n_out * runs.len();
+        let (q, vt) = (&s.q, &s.vt);
+        let flavour = self.flavour;
+        run_units(pool, units, &|tid, u| {
+            let (run, tt) = (u % runs.len(), u / runs.len());
+            let (h0, h1, kvh) = runs[run];
+            let (t, g) = (t_first + tt, h1 - h0);
+            let query_pos = rows.pos[t];
+            let (len, len8) = (query_pos + 1, attn::padded_len(query_pos + 1));
+            // SAFETY: thread `tid` alone uses score slot `tid` (`MAX_GROUP` rows of
+            // `stride >= len8` floats), inside the buffer grown above.
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(score_base.get().add(tid * slot), slot) };
+            let qg = &q[(t * n_q + h0) * hd..(t * n_q + h1) * hd];
+            attn::scores_grouped(qg, hd, cache.keys(li, kvh, len), len, scale, sc, stride);
+            for row in sc.chunks_exact_mut(stride).take(g) {
+                let row = &mut row[..len8];
+                mask_window(&mut row[..len], query_pos, window);
+                ops::softmax(&mut row[..len], flavour);
+                // llama.cpp converts the probabilities to f16 before the product with V.
+                ops::round_f16_slice(&mut row[..len]);
+                // Padded positions weigh nothing.
+                row[len..].fill(0.0);
+            }
+            // SAFETY: unit u owns the output rows of heads h0..h1 of token tt, inside the
+            // buffer grown by the caller.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * hd), g * hd)
+            };
+            let vh = &vt[kvh * hd * vs..(kvh + 1) * hd * vs];
+            attn::weighted_sum_grouped(sc, stride, vh, vs, hd, len8, o);
+        });
     }
 
     /// The layers and head of one step over `rows` (validated by the caller). With `trim`,
@@ -530,77 +745,25 @@ impl Model {
             }
         }
 
-        // Scores, softmax and the weighted sum of values, one (query head, token) at a time.
-        let n_threads = pool.n_threads();
-        // Sized for the whole context at once, so a growing sequence never reallocates.
-        let score_stride = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
-        grow(&mut s.scores, n_threads * score_stride);
-        grow(&mut s.accs, n_threads * 64 * hd);
-        let score_base = SyncPtr(s.scores.as_mut_ptr());
-        let acc_base = SyncPtr(s.accs.as_mut_ptr());
         // With `trim`, only the last token's attention output is needed.
         let t_first = if trim { n - 1 } else { 0 };
         let n_out = n - t_first;
         grow(&mut s.att, n_out * n_q * hd);
-        let att = SyncPtr(s.att.as_mut_ptr());
-        // Queries already scaled (Gemma) meet a softmax scale of 1.
-        let scale = if cfg.query_scale.is_some() {
-            1.0
-        } else {
-            1.0 / (hd as f32).sqrt()
+        let job = AttnJob {
+            li,
+            gl,
+            n_q,
+            q0,
+            kv0,
+            group,
+            t_first,
+            order,
         };
-        let window = cfg
-            .swa
-            .as_ref()
-            .filter(|_| cfg.is_swa(gl))
-            .map(|w| w.window);
-        let next = AtomicUsize::new(0);
-        let units = n_out * n_q;
-        let caches_ref: &[&mut KvCache] = caches;
-        let q = &s.q;
-        let flavour = self.flavour;
-        pool.run(&|tid| {
-            loop {
-                let u = next.fetch_add(1, Ordering::Relaxed);
-                if u >= units {
-                    break;
-                }
-                let (h, tt) = (u % n_q, u / n_q);
-                let t = t_first + tt;
-                // The cache holds this shard's KV heads, from the one its first query head reads.
-                let kvh = (q0 + h) / group - kv0;
-                let (cache, query_pos) = (&*caches_ref[rows.seq[t]], rows.pos[t]);
-                let len = query_pos + 1;
-                let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
-                // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
-                // floats, inside the buffer grown above.
-                let sc = unsafe {
-                    std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
-                };
-                attn::scores(order, qv, cache.keys(li, kvh, len), scale, sc);
-                if let Some(w) = window {
-                    // Keys `w` or more positions back are masked (exp(-inf) = 0), keeping the
-                    // row's layout so the softmax sums in ggml's blocks.
-                    for (p, v) in sc.iter_mut().enumerate() {
-                        if query_pos - p >= w {
-                            *v = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                ops::softmax(sc, flavour);
-                // llama.cpp converts the probabilities to f16 before the product with V.
-                ops::round_f16_slice(sc);
-                // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
-                // accumulator scratch of thread `tid` follows its score buffer.
-                let (o, acc) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h) * hd), hd),
-                        std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
-                    )
-                };
-                attn::weighted_sum(order, sc, cache.values(li, kvh, len), acc, o);
-            }
-        });
+        if attn::grouped_enabled() && attn::grouped_supported(order, hd) && caches.len() == 1 {
+            self.attend_grouped(pool, &*caches[0], s, rows, &job);
+        } else {
+            self.attend_per_head(pool, caches, s, rows, &job);
+        }
 
         let width = n_q * hd;
         let combine = self.combine_mode();

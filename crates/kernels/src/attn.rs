@@ -306,6 +306,165 @@ pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32],
     weighted_sum_order(order, w, |p| &values[p * hd..(p + 1) * hd], acc, out)
 }
 
+/// The most query heads [`scores_grouped`] and [`weighted_sum_grouped`] take at once (their
+/// accumulators must fit in the sixteen AVX2 registers).
+pub const MAX_GROUP: usize = 4;
+
+/// `len` rounded up to whole 8-lane steps: the row length the grouped kernels read.
+pub fn padded_len(len: usize) -> usize {
+    len.div_ceil(8) * 8
+}
+
+/// Whether the grouped kernels reproduce `order` for heads of width `hd`: they exist for the
+/// batched order of AVX2 builds (the batch kernels of the other orders stay per head).
+pub fn grouped_supported(order: DotOrder, hd: usize) -> bool {
+    order == DotOrder::Batch8 && hd > 0 && hd.is_multiple_of(8)
+}
+
+/// Whether callers should use the grouped kernels where [`grouped_supported`]: yes, unless
+/// `STRATA_NO_GROUPED_ATTN` is set (to time or check the per-head path).
+pub fn grouped_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("STRATA_NO_GROUPED_ATTN").is_none())
+}
+
+/// Scores in [`DotOrder::Batch8`] of the query heads in `q` (rows of `hd`, at most
+/// [`MAX_GROUP`]) that share the keys `keys` (positions `0..len`, rows of `hd`):
+/// `out[h * stride + p]` is `dot_f16_order(Batch8, q_h, k_p) * scale`, bit for bit. Reading
+/// each key once for the whole group is what makes it faster than [`scores`] per head.
+///
+/// # Panics
+/// If the sizes do not fit (`hd` a multiple of 8, `q` whole rows of at most [`MAX_GROUP`] heads,
+/// `keys` at least `len` rows, `out` at least `(heads - 1) * stride + len` with `stride >= len`).
+pub fn scores_grouped(
+    q: &[f32],
+    hd: usize,
+    keys: &[f32],
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let g = q.len() / hd.max(1);
+    assert!(
+        grouped_supported(DotOrder::Batch8, hd)
+            && q.len() == g * hd
+            && (1..=MAX_GROUP).contains(&g)
+            && keys.len() >= len * hd
+            && stride >= len
+            && out.len() >= (g - 1) * stride + len,
+        "scores_grouped: q {} hd {hd} keys {} len {len} out {} stride {stride}",
+        q.len(),
+        keys.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA; the sizes were checked above.
+        unsafe {
+            crate::x86_attn::scores_grouped8(
+                g,
+                q.as_ptr(),
+                hd,
+                keys.as_ptr(),
+                len,
+                scale,
+                out.as_mut_ptr(),
+                stride,
+            )
+        };
+        return;
+    }
+    for (h, qh) in q.chunks_exact(hd).enumerate() {
+        for p in 0..len {
+            out[h * stride + p] =
+                dot_impl(DotOrder::Batch8, qh, &keys[p * hd..(p + 1) * hd]) * scale;
+        }
+    }
+}
+
+/// Lays values out for [`weighted_sum_grouped`]: `out[d * vs + p] = values[p * hd + d]` for
+/// positions `p < len`, and zero from `len` to `vs` (so padded steps add nothing).
+///
+/// # Panics
+/// If `values` holds fewer than `len` rows of `hd`, `vs < len`, or `out` is shorter than
+/// `hd * vs`.
+pub fn transpose_values(values: &[f32], hd: usize, len: usize, vs: usize, out: &mut [f32]) {
+    assert!(
+        values.len() >= len * hd && vs >= len && out.len() >= hd * vs,
+        "transpose_values: values {} hd {hd} len {len} vs {vs} out {}",
+        values.len(),
+        out.len()
+    );
+    for (d, row) in out.chunks_exact_mut(vs).take(hd).enumerate() {
+        for (p, x) in row[..len].iter_mut().enumerate() {
+            *x = values[p * hd + d];
+        }
+        row[len..].fill(0.0);
+    }
+}
+
+/// Weighted sums in [`DotOrder::Batch8`] of the heads whose probabilities are the rows of `w`
+/// (row `h` at `w[h * ws..]`, at most [`MAX_GROUP`] rows, `len8` long and zero past the head's
+/// real length) over values laid out by [`transpose_values`] (`vt`, rows of `vs`):
+/// `out[h * hd..][..hd]` equals [`weighted_sum`] of that head over the untransposed values, bit
+/// for bit.
+///
+/// # Panics
+/// If the sizes do not fit (`hd` a multiple of 8, `len8` a multiple of 8, `out` whole rows of at
+/// most [`MAX_GROUP`] heads, `ws` and `vs` at least `len8`).
+pub fn weighted_sum_grouped(
+    w: &[f32],
+    ws: usize,
+    vt: &[f32],
+    vs: usize,
+    hd: usize,
+    len8: usize,
+    out: &mut [f32],
+) {
+    let g = out.len() / hd.max(1);
+    assert!(
+        grouped_supported(DotOrder::Batch8, hd)
+            && len8.is_multiple_of(8)
+            && out.len() == g * hd
+            && (1..=MAX_GROUP).contains(&g)
+            && ws >= len8
+            && w.len() >= (g - 1) * ws + len8
+            && vs >= len8
+            && vt.len() >= (hd - 1) * vs + len8,
+        "weighted_sum_grouped: w {} ws {ws} vt {} vs {vs} hd {hd} len8 {len8} out {}",
+        w.len(),
+        vt.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2 and FMA; the sizes were checked above.
+        unsafe {
+            crate::x86_attn::weighted_sum_grouped8(
+                g,
+                w.as_ptr(),
+                ws,
+                vt.as_ptr(),
+                vs,
+                hd,
+                len8,
+                out.as_mut_ptr(),
+            )
+        };
+        return;
+    }
+    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        for (d, o) in oh.iter_mut().enumerate() {
+            let mut lanes = [0.0f32; 8];
+            for p in 0..len8 {
+                lanes[p % 8] = w[h * ws + p].mul_add(vt[d * vs + p], lanes[p % 8]);
+            }
+            *o = crate::dot::hsum8(&lanes);
+        }
+    }
+}
+
 /// [`dot_impl`] compiled with FMA available, so `mul_add` is one instruction, not a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

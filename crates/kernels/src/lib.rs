@@ -23,6 +23,8 @@ mod pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_attn;
+#[cfg(target_arch = "x86_64")]
 mod x86_kquants;
 #[cfg(target_arch = "x86_64")]
 mod x86_ops;
