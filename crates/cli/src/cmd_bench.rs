@@ -2,9 +2,11 @@
 //! own `llama-bench` on the same GGUF in the same run, against the memory-bandwidth roofline.
 //!
 //! The tests mirror llama-bench's: `pp N` is one prefill of N random tokens from an empty cache,
-//! `tg N` is N single-token steps from an empty cache. Each figure is the median of several
-//! repetitions; llama-bench is run right after strata for the same thread count, so both see the
-//! same machine state. Timing is noisy on shared machines: read the ratio, not the absolutes.
+//! `tg N` is N single-token steps from an empty cache. The repetitions are interleaved rounds:
+//! each round times strata once and then runs llama-bench once (`-r 1`), so a burst of load
+//! from elsewhere on a shared machine hits both sides of a round alike. The ratio reported is
+//! the median of the per-round ratios; the speeds are the medians of each side's rounds. Read
+//! the ratio, not the absolutes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,7 +47,11 @@ pub(crate) struct EngineArgs {
     /// Generated tokens of the decode test (llama-bench `-n`).
     #[arg(long, default_value_t = 128)]
     tg: usize,
-    /// Repetitions per test; the median is reported.
+    /// Tokens already in the context when each test starts (llama-bench `-d`): decode and
+    /// prefill speed at depth, where attention over the cache costs as much as the weights.
+    #[arg(long, short = 'd', default_value_t = 0)]
+    depth: usize,
+    /// Rounds per thread count (strata then llama-bench, interleaved); medians are reported.
     #[arg(long, short = 'r', default_value_t = 5)]
     repetitions: usize,
     #[command(flatten)]
@@ -91,13 +97,31 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     }
 }
 
-/// One row of the report.
+/// One row of the report: a test at one thread count, one sample per round.
 struct Row {
     threads: usize,
     test: String,
     strata: Vec<f64>,
-    llama: Option<f64>,
+    /// llama-bench's figure of the same rounds (empty without llama-bench).
+    llama: Vec<f64>,
     roofline: Option<f64>,
+}
+
+impl Row {
+    /// The median of the rounds' strata / llama.cpp ratios.
+    fn ratio(&self) -> Option<f64> {
+        let ratios: Vec<f64> = self
+            .strata
+            .iter()
+            .zip(&self.llama)
+            .map(|(ours, theirs)| ours / theirs)
+            .collect();
+        (!ratios.is_empty()).then(|| median(&ratios))
+    }
+
+    fn llama_median(&self) -> Option<f64> {
+        (!self.llama.is_empty()).then(|| median(&self.llama))
+    }
 }
 
 pub(crate) fn median(v: &[f64]) -> f64 {
@@ -132,50 +156,61 @@ fn engine(a: EngineArgs) -> Result<()> {
     }
     let path = crate::cmd_run::resolve_model(&a.model)?;
     let llama = a.llama.find();
+    let depth_arg = if a.depth > 0 {
+        vec!["-d".to_string(), a.depth.to_string()]
+    } else {
+        Vec::new()
+    };
+    // llama-bench's labels: `pp512`, or `pp512 @ d2048` at depth.
+    let label = |test: String| {
+        if a.depth > 0 {
+            format!("{test} @ d{}", a.depth)
+        } else {
+            test
+        }
+    };
     let mut rows = Vec::new();
     let mut bytes_per_token = 0usize;
     for &t in &a.threads {
-        let mut g = Generator::load(&path, t, Some(a.pp + a.tg + 8))
+        let mut g = Generator::load(&path, t, Some(a.depth + a.pp.max(a.tg) + 8))
             .with_context(|| format!("loading {}", path.display()))?;
         bytes_per_token = g.model().streamed_bytes_per_token();
         let vocab = g.model().config().n_vocab;
         let bw = g.memory_bandwidth();
         let prompt = random_tokens(a.pp, vocab, 42);
         let gen_tokens = random_tokens(a.tg, vocab, 7);
+        let context = random_tokens(a.depth, vocab, 11);
         // Warm-up: page in the weights and size every buffer.
         g.time_prefill(&prompt)?;
         g.time_decode(&gen_tokens, a.tg.min(16))?;
         let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        let (mut lpp, mut ltg) = (Vec::new(), Vec::new());
         for _ in 0..a.repetitions {
-            pp.push(a.pp as f64 / g.time_prefill(&prompt)?.as_secs_f64().max(1e-9));
-            tg.push(a.tg as f64 / g.time_decode(&gen_tokens, a.tg)?.as_secs_f64().max(1e-9));
+            let secs = g.time_prefill_at(&context, &prompt)?.as_secs_f64();
+            pp.push(a.pp as f64 / secs.max(1e-9));
+            let secs = g.time_decode_at(&context, &gen_tokens, a.tg)?.as_secs_f64();
+            tg.push(a.tg as f64 / secs.max(1e-9));
+            if let Some(exe) = &llama {
+                let (p, t) = run_llama_bench(exe, &path, t, a.pp, a.tg, 1, &depth_arg)?;
+                lpp.push(p);
+                ltg.push(t);
+            }
         }
         drop(g);
-        let theirs = match &llama {
-            Some(exe) => Some(run_llama_bench(
-                exe,
-                &path,
-                t,
-                a.pp,
-                a.tg,
-                a.repetitions,
-                &[],
-            )?),
-            None => None,
-        };
         rows.push(Row {
             threads: t,
-            test: format!("pp{}", a.pp),
+            test: label(format!("pp{}", a.pp)),
             strata: pp,
-            llama: theirs.map(|x| x.0),
+            llama: lpp,
             roofline: None,
         });
         rows.push(Row {
             threads: t,
-            test: format!("tg{}", a.tg),
+            test: label(format!("tg{}", a.tg)),
             strata: tg,
-            llama: theirs.map(|x| x.1),
-            roofline: Some(bw / bytes_per_token.max(1) as f64),
+            llama: ltg,
+            // At depth the cache is read too, so the weights alone no longer bound decoding.
+            roofline: (a.depth == 0).then(|| bw / bytes_per_token.max(1) as f64),
         });
     }
     if a.json {
@@ -188,8 +223,9 @@ fn engine(a: EngineArgs) -> Result<()> {
                     "test": r.test,
                     "strata_tok_s": ours,
                     "strata_samples": r.strata,
-                    "llama_cpp_tok_s": r.llama,
-                    "ratio": r.llama.map(|l| ours / l),
+                    "llama_cpp_tok_s": r.llama_median(),
+                    "llama_cpp_samples": r.llama,
+                    "ratio": r.ratio(),
                     "roofline_tok_s": r.roofline,
                     "roofline_share": r.roofline.map(|x| ours / x),
                 })
@@ -200,6 +236,7 @@ fn engine(a: EngineArgs) -> Result<()> {
             json!({
                 "model": path.display().to_string(),
                 "weight_bytes_per_token": bytes_per_token,
+                "depth": a.depth,
                 "llama_bench": llama.as_ref().map(|p| p.display().to_string()),
                 "results": results,
             })
@@ -207,7 +244,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "model {}: {:.1} MB of weights read per token; median of {} runs",
+        "model {}: {:.1} MB of weights read per token; medians of {} interleaved rounds",
         path.display(),
         bytes_per_token as f64 / 1e6,
         a.repetitions
@@ -224,8 +261,8 @@ fn engine(a: EngineArgs) -> Result<()> {
             r.threads,
             r.test,
             ours,
-            opt(r.llama, 1),
-            opt(r.llama.map(|l| ours / l), 2),
+            opt(r.llama_median(), 1),
+            opt(r.ratio(), 2),
             opt(r.roofline, 0),
             r.roofline
                 .map_or("-".into(), |x| format!("{:.0} %", 100.0 * ours / x)),
@@ -298,4 +335,28 @@ pub(crate) fn run_llama_bench(
             .with_context(|| format!("llama-bench printed no result for pp{prompt} tg{n_gen}"))
     };
     Ok((find(pp, 0)?, find(0, tg)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratio_is_the_median_of_the_rounds_ratios() {
+        let row = |strata: Vec<f64>, llama: Vec<f64>| Row {
+            threads: 1,
+            test: "pp8".into(),
+            strata,
+            llama,
+            roofline: None,
+        };
+        // Round ratios 2, 3 and 1: their median is 2, while the ratio of the medians
+        // (3 / 1) would credit strata's fast round against llama.cpp's slow one.
+        let r = row(vec![2.0, 3.0, 4.0], vec![1.0, 1.0, 4.0]);
+        assert_eq!(r.ratio(), Some(2.0));
+        assert_eq!(r.llama_median(), Some(1.0));
+        let none = row(vec![2.0], vec![]);
+        assert_eq!(none.ratio(), None);
+        assert_eq!(none.llama_median(), None);
+    }
 }

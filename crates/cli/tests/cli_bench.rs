@@ -38,9 +38,42 @@ fn bench_engine_reports_every_test_with_a_roofline() {
         assert!(r["strata_tok_s"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["strata_samples"].as_array().unwrap().len(), 2);
         assert!(r["llama_cpp_tok_s"].is_null());
+        assert!(r["ratio"].is_null());
+        assert_eq!(r["llama_cpp_samples"].as_array().unwrap().len(), 0);
         if r["test"] == "tg4" {
             assert!(r["roofline_tok_s"].as_f64().unwrap() > 0.0, "{r}");
         }
+    }
+}
+
+#[test]
+fn bench_engine_measures_at_depth() {
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("default model");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "engine", "--no-llama", "--json", "--threads", "1"])
+        .args(["--pp", "8", "--tg", "4", "-r", "1", "--depth", "40"])
+        .output()
+        .expect("running strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["depth"], 40);
+    let results = v["results"].as_array().unwrap();
+    let tests: Vec<&str> = results
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(tests, ["pp8 @ d40", "tg4 @ d40"]);
+    for r in results {
+        assert!(r["strata_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        // The weights alone do not bound decoding at depth.
+        assert!(r["roofline_tok_s"].is_null(), "{r}");
     }
 }
 

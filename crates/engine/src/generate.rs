@@ -183,23 +183,62 @@ impl Generator {
 
     /// Times one prefill of `prompt` from an empty cache (llama-bench's `pp` test).
     pub fn time_prefill(&mut self, prompt: &[u32]) -> Result<std::time::Duration> {
+        self.time_prefill_at(&[], prompt)
+    }
+
+    /// Times the prefill of `prompt` after an untimed prefill of `context` (llama-bench's `pp`
+    /// test at depth `context.len()`, `-d`).
+    pub fn time_prefill_at(
+        &mut self,
+        context: &[u32],
+        prompt: &[u32],
+    ) -> Result<std::time::Duration> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.start_at(context, prompt.len())?;
         let start = Instant::now();
-        self.prefill(prompt)?;
+        self.feed(prompt)?;
         Ok(start.elapsed())
     }
 
     /// Times `n` single-token steps from an empty cache, each fed the next of `tokens` (cycled):
     /// llama-bench's `tg` test.
     pub fn time_decode(&mut self, tokens: &[u32], n: usize) -> Result<std::time::Duration> {
+        self.time_decode_at(&[], tokens, n)
+    }
+
+    /// Times `n` single-token steps after an untimed prefill of `context` (llama-bench's `tg`
+    /// test at depth `context.len()`, `-d`).
+    pub fn time_decode_at(
+        &mut self,
+        context: &[u32],
+        tokens: &[u32],
+        n: usize,
+    ) -> Result<std::time::Duration> {
         if tokens.is_empty() {
             return Err(Error::EmptyPrompt);
         }
-        self.cache.clear();
+        self.start_at(context, n)?;
         let start = Instant::now();
         for i in 0..n {
             self.decode_logits(tokens[i % tokens.len()])?;
         }
         Ok(start.elapsed())
+    }
+
+    /// Starts a sequence with `context` (possibly empty), checking that `more` positions fit
+    /// after it.
+    fn start_at(&mut self, context: &[u32], more: usize) -> Result<()> {
+        let needed = context.len() + more;
+        if needed > self.cache.capacity() {
+            return Err(Error::ContextOverflow {
+                needed,
+                limit: self.cache.capacity(),
+            });
+        }
+        self.cache.clear();
+        self.feed(context)
     }
 
     /// Measures the memory read bandwidth this generator's threads reach (bytes per second).
@@ -218,7 +257,12 @@ impl Generator {
             });
         }
         self.cache.clear();
-        for chunk in prompt.chunks(PREFILL_BATCH) {
+        self.feed(prompt)
+    }
+
+    /// Appends `tokens` to the sequence in prefill batches.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(PREFILL_BATCH) {
             self.model.forward(
                 &self.pool,
                 &mut self.cache,
