@@ -4,6 +4,13 @@
 //! llama.cpp's default f16 cache (which greedy parity depends on), while the attention loops stay
 //! plain f32 arithmetic. Memory is reserved up front for the context size; pages are only touched
 //! as positions fill.
+//!
+//! Keys are stored by position (a row of `head_dim` each), values transposed (a row per
+//! dimension over the positions, as llama.cpp's cache holds them without flash attention): a
+//! weighted sum of values is then a dot product of the probabilities with each row, which the
+//! attention kernels compute for several query heads at once.
+
+use strata_kernels::{attn, ops};
 
 /// Keys and values for `n_layers x n_kv_heads x n_ctx` positions of `head_dim` each.
 #[derive(Debug)]
@@ -12,8 +19,14 @@ pub struct KvCache {
     n_ctx: usize,
     head_dim: usize,
     len: usize,
+    /// `[layer][head][position][dim]`.
     k: Vec<f32>,
+    /// `[layer][head][dim][position]`, rows of `v_stride`; past the filled positions, zero or
+    /// values of an earlier sequence (finite either way: weighted sums give them weight zero).
     v: Vec<f32>,
+    /// Positions per value row: `n_ctx` rounded up to whole steps of every attention order, so
+    /// a weighted sum over padded positions stays inside its row.
+    v_stride: usize,
 }
 
 impl KvCache {
@@ -25,16 +38,23 @@ impl KvCache {
         n_ctx: usize,
         head_dim: usize,
     ) -> crate::Result<Self> {
+        let v_stride = n_ctx.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
         let too_large = || crate::Error::CacheTooLarge {
             n_ctx,
-            bytes: 8 * n_layers as u128 * n_kv_heads as u128 * n_ctx as u128 * head_dim as u128,
+            bytes: 4
+                * n_layers as u128
+                * n_kv_heads as u128
+                * (n_ctx as u128 + v_stride as u128)
+                * head_dim as u128,
         };
-        let total = n_layers
-            .checked_mul(n_kv_heads)
-            .and_then(|x| x.checked_mul(n_ctx))
-            .and_then(|x| x.checked_mul(head_dim))
-            .ok_or_else(too_large)?;
-        let alloc = || -> crate::Result<Vec<f32>> {
+        let per_head = |positions: usize| {
+            n_layers
+                .checked_mul(n_kv_heads)
+                .and_then(|x| x.checked_mul(positions))
+                .and_then(|x| x.checked_mul(head_dim))
+                .ok_or_else(too_large)
+        };
+        let alloc = |total: usize| -> crate::Result<Vec<f32>> {
             // Probe first, so an impossible size is an error rather than an abort; then take
             // zeroed memory, whose pages the kernel supplies only as positions fill.
             let mut probe: Vec<f32> = Vec::new();
@@ -47,8 +67,9 @@ impl KvCache {
             n_ctx,
             head_dim,
             len: 0,
-            k: alloc()?,
-            v: alloc()?,
+            k: alloc(per_head(n_ctx)?)?,
+            v: alloc(per_head(v_stride)?)?,
+            v_stride,
         })
     }
 
@@ -81,13 +102,27 @@ impl KvCache {
         ((layer * self.n_kv_heads + head) * self.n_ctx + pos) * self.head_dim
     }
 
+    /// Where the value rows of `(layer, head)` start.
+    fn v_at(&self, layer: usize, head: usize) -> usize {
+        (layer * self.n_kv_heads + head) * self.head_dim * self.v_stride
+    }
+
     pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
         let i = self.at(layer, head, pos);
         let hd = self.head_dim;
-        for (cache, src) in [(&mut self.k, k), (&mut self.v, v)] {
-            let dst = &mut cache[i..i + hd];
-            dst.copy_from_slice(&src[..hd]);
-            strata_kernels::ops::round_f16_slice(dst);
+        let dst = &mut self.k[i..i + hd];
+        dst.copy_from_slice(&k[..hd]);
+        ops::round_f16_slice(dst);
+        // Values go down a column: round a stretch at a time, then scatter it.
+        let base = self.v_at(layer, head) + pos;
+        let mut buf = [0.0f32; 64];
+        for (c, chunk) in v[..hd].chunks(buf.len()).enumerate() {
+            let b = &mut buf[..chunk.len()];
+            b.copy_from_slice(chunk);
+            ops::round_f16_slice(b);
+            for (j, &x) in b.iter().enumerate() {
+                self.v[base + (c * 64 + j) * self.v_stride] = x;
+            }
         }
     }
 
@@ -97,10 +132,16 @@ impl KvCache {
         &self.k[i..i + len * self.head_dim]
     }
 
-    /// Values of positions `0..len`, back to back.
-    pub(crate) fn values(&self, layer: usize, head: usize, len: usize) -> &[f32] {
-        let i = self.at(layer, head, 0);
-        &self.v[i..i + len * self.head_dim]
+    /// The transposed values of `(layer, head)`: row `d` (at `d * value_stride()`) holds
+    /// dimension `d` of every position (past the filled ones, zero or an earlier sequence's).
+    pub(crate) fn values_t(&self, layer: usize, head: usize) -> &[f32] {
+        let i = self.v_at(layer, head);
+        &self.v[i..i + self.head_dim * self.v_stride]
+    }
+
+    /// Positions per row of [`KvCache::values_t`].
+    pub(crate) fn value_stride(&self) -> usize {
+        self.v_stride
     }
 
     pub(crate) fn advance(&mut self, n: usize) {

@@ -106,12 +106,8 @@ pub struct Scratch {
     acts: QuantActs,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
-    /// Per-thread attention scores, `score_stride` floats each.
+    /// Per-thread attention scores: `MAX_GROUP` rows of the padded context each.
     scores: Vec<f32>,
-    /// Per-thread weighted-sum accumulators, `64 * head_dim` floats each.
-    accs: Vec<f32>,
-    /// Values of the KV heads transposed for the grouped attention kernels.
-    vt: Vec<f32>,
     /// Runs of query heads sharing a KV head: (first, end, KV head).
     runs: Vec<(usize, usize, usize)>,
     /// Which sequence and position each row of the step belongs to.
@@ -410,9 +406,10 @@ impl Model {
             .map(|w| w.window)
     }
 
-    /// Scores, softmax and the weighted sum of values, one (query head, token) at a time: any
-    /// batch, any order.
-    fn attend_per_head(
+    /// Scores, softmax and the weighted sum of values for every (token, KV head): the query heads
+    /// sharing a KV head are scored and summed together, so each key and value row is loaded
+    /// once for all of them. Each token reads its own sequence's cache.
+    fn attend(
         &self,
         pool: &ThreadPool,
         caches: &[&mut KvCache],
@@ -421,66 +418,7 @@ impl Model {
         job: &AttnJob,
     ) {
         let hd = self.cfg.head_dim;
-        let (li, n_q, t_first) = (job.li, job.n_q, job.t_first);
-        let n_out = rows.pos.len() - t_first;
-        let n_threads = pool.n_threads();
-        // Sized for the whole context at once, so a growing sequence never reallocates.
-        let score_stride = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
-        grow(&mut s.scores, n_threads * score_stride);
-        grow(&mut s.accs, n_threads * 64 * hd);
-        let score_base = SyncPtr(s.scores.as_mut_ptr());
-        let acc_base = SyncPtr(s.accs.as_mut_ptr());
-        let att = SyncPtr(s.att.as_mut_ptr());
-        let scale = self.softmax_scale();
-        let window = self.window(job.gl);
-        let units = n_out * n_q;
-        let q = &s.q;
-        let flavour = self.flavour;
-        run_units(pool, units, &|tid, u| {
-            let (h, tt) = (u % n_q, u / n_q);
-            let t = t_first + tt;
-            // The cache holds this shard's KV heads, from the one its first query head reads.
-            let kvh = job.kv_head(h);
-            let (cache, query_pos) = (&*caches[rows.seq[t]], rows.pos[t]);
-            let len = query_pos + 1;
-            let qv = &q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
-            // SAFETY: thread `tid` alone uses score slot `tid` of `score_stride >= len`
-            // floats, inside the buffer grown above.
-            let sc = unsafe {
-                std::slice::from_raw_parts_mut(score_base.get().add(tid * score_stride), len)
-            };
-            attn::scores(job.order, qv, cache.keys(li, kvh, len), scale, sc);
-            mask_window(sc, query_pos, window);
-            ops::softmax(sc, flavour);
-            // llama.cpp converts the probabilities to f16 before the product with V.
-            ops::round_f16_slice(sc);
-            // SAFETY: unit u owns output region (tt, h), inside the buffer grown above; the
-            // accumulator scratch of thread `tid` follows its score buffer.
-            let (o, acc) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h) * hd), hd),
-                    std::slice::from_raw_parts_mut(acc_base.get().add(tid * 64 * hd), 64 * hd),
-                )
-            };
-            attn::weighted_sum(job.order, sc, cache.values(li, kvh, len), acc, o);
-        });
-    }
-
-    /// The same arithmetic as [`Model::attend_per_head`] for one sequence in the batched order,
-    /// a (token, KV head) at a time: the query heads sharing a KV head are scored and summed
-    /// together, so each key and value is loaded once for all of them. The values are first
-    /// transposed (each column of a head one row over the positions), the layout in which
-    /// several output columns share each probability load.
-    fn attend_grouped(
-        &self,
-        pool: &ThreadPool,
-        cache: &KvCache,
-        s: &mut Scratch,
-        rows: &Rows,
-        job: &AttnJob,
-    ) {
-        let hd = self.cfg.head_dim;
-        let (li, n_q, t_first) = (job.li, job.n_q, job.t_first);
+        let (li, n_q, t_first, order) = (job.li, job.n_q, job.t_first, job.order);
         let n_out = rows.pos.len() - t_first;
         // Runs of consecutive local query heads that read the same KV head, at most
         // `MAX_GROUP` long (a shard's head range may start or end inside a group).
@@ -492,24 +430,12 @@ impl Model {
                 _ => s.runs.push((h, h + 1, kvh)),
             }
         }
-        let n_kv = s.runs.last().map_or(0, |r| r.2 + 1);
-        let len_max = rows.pos[t_first..].iter().max().map_or(0, |p| p + 1);
-        let vs = attn::padded_len(len_max);
-        grow(&mut s.vt, n_kv * hd * vs);
-        for kvh in 0..n_kv {
-            attn::transpose_values(
-                cache.values(li, kvh, len_max),
-                hd,
-                len_max,
-                vs,
-                &mut s.vt[kvh * hd * vs..(kvh + 1) * hd * vs],
-            );
-        }
 
         let n_threads = pool.n_threads();
         // Per thread, one padded score row per head of a run, sized for the whole context so a
         // growing sequence never reallocates.
-        let stride = attn::padded_len(cache.capacity());
+        let capacity = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        let stride = capacity.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
         let slot = attn::MAX_GROUP * stride;
         grow(&mut s.scores, n_threads * slot);
         let score_base = SyncPtr(s.scores.as_mut_ptr());
@@ -518,22 +444,24 @@ impl Model {
         let window = self.window(job.gl);
         let runs = &s.runs;
         let units = n_out * runs.len();
-        let (q, vt) = (&s.q, &s.vt);
+        let q = &s.q;
         let flavour = self.flavour;
         run_units(pool, units, &|tid, u| {
             let (run, tt) = (u % runs.len(), u / runs.len());
             let (h0, h1, kvh) = runs[run];
             let (t, g) = (t_first + tt, h1 - h0);
-            let query_pos = rows.pos[t];
-            let (len, len8) = (query_pos + 1, attn::padded_len(query_pos + 1));
+            let (cache, query_pos) = (&*caches[rows.seq[t]], rows.pos[t]);
+            let len = query_pos + 1;
+            let lenp = attn::padded_len(order, len);
             // SAFETY: thread `tid` alone uses score slot `tid` (`MAX_GROUP` rows of
-            // `stride >= len8` floats), inside the buffer grown above.
+            // `stride >= lenp` floats), inside the buffer grown above.
             let sc =
                 unsafe { std::slice::from_raw_parts_mut(score_base.get().add(tid * slot), slot) };
             let qg = &q[(t * n_q + h0) * hd..(t * n_q + h1) * hd];
-            attn::scores_grouped(qg, hd, cache.keys(li, kvh, len), len, scale, sc, stride);
+            let keys = cache.keys(li, kvh, len);
+            attn::scores_grouped(order, qg, hd, keys, len, scale, sc, stride);
             for row in sc.chunks_exact_mut(stride).take(g) {
-                let row = &mut row[..len8];
+                let row = &mut row[..lenp];
                 mask_window(&mut row[..len], query_pos, window);
                 ops::softmax(&mut row[..len], flavour);
                 // llama.cpp converts the probabilities to f16 before the product with V.
@@ -546,8 +474,8 @@ impl Model {
             let o = unsafe {
                 std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * hd), g * hd)
             };
-            let vh = &vt[kvh * hd * vs..(kvh + 1) * hd * vs];
-            attn::weighted_sum_grouped(sc, stride, vh, vs, hd, len8, o);
+            let (vt, vs) = (cache.values_t(li, kvh), cache.value_stride());
+            attn::weighted_sum_grouped(order, sc, stride, vt, vs, hd, lenp, o);
         });
     }
 
@@ -759,11 +687,7 @@ impl Model {
             t_first,
             order,
         };
-        if attn::grouped_enabled() && attn::grouped_supported(order, hd) && caches.len() == 1 {
-            self.attend_grouped(pool, &*caches[0], s, rows, &job);
-        } else {
-            self.attend_per_head(pool, caches, s, rows, &job);
-        }
+        self.attend(pool, caches, s, rows, &job);
 
         let width = n_q * hd;
         let combine = self.combine_mode();

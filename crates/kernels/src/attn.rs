@@ -310,33 +310,38 @@ pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32],
 /// accumulators must fit in the sixteen AVX2 registers).
 pub const MAX_GROUP: usize = 4;
 
-/// `len` rounded up to whole 8-lane steps: the row length the grouped kernels read.
-pub fn padded_len(len: usize) -> usize {
-    len.div_ceil(8) * 8
+/// The longest accumulator step of any order (64 positions, [`DotOrder::Single`]): a row of
+/// transposed values padded to a multiple of it can be summed in every order.
+pub const MAX_STEP: usize = 64;
+
+/// `len` rounded up to whole accumulator steps of `order`: the positions a weighted sum in
+/// `order` reads (past `len`, the probabilities are zero).
+pub fn padded_len(order: DotOrder, len: usize) -> usize {
+    len.div_ceil(order.slots()) * order.slots()
 }
 
-/// Whether the grouped kernels reproduce `order` for heads of width `hd`: they exist for the
-/// batched order of AVX2 builds (the batch kernels of the other orders stay per head).
-pub fn grouped_supported(order: DotOrder, hd: usize) -> bool {
-    order == DotOrder::Batch8 && hd > 0 && hd.is_multiple_of(8)
+/// Which grouped SIMD kernel reproduces `order` for heads of width `hd`, if any.
+#[cfg(target_arch = "x86_64")]
+fn grouped_simd(order: DotOrder, hd: usize) -> Option<DotOrder> {
+    let fits = match order {
+        DotOrder::Batch8 => hd.is_multiple_of(8),
+        DotOrder::Single8 => hd.is_multiple_of(32),
+        DotOrder::Single | DotOrder::Batch => false,
+    };
+    (crate::isa().avx2 && hd > 0 && fits).then_some(order)
 }
 
-/// Whether callers should use the grouped kernels where [`grouped_supported`]: yes, unless
-/// `STRATA_NO_GROUPED_ATTN` is set (to time or check the per-head path).
-pub fn grouped_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("STRATA_NO_GROUPED_ATTN").is_none())
-}
-
-/// Scores in [`DotOrder::Batch8`] of the query heads in `q` (rows of `hd`, at most
-/// [`MAX_GROUP`]) that share the keys `keys` (positions `0..len`, rows of `hd`):
-/// `out[h * stride + p]` is `dot_f16_order(Batch8, q_h, k_p) * scale`, bit for bit. Reading
-/// each key once for the whole group is what makes it faster than [`scores`] per head.
+/// Scores of the query heads in `q` (rows of `hd`, at most [`MAX_GROUP`]) that share the keys
+/// `keys` (positions `0..len`, rows of `hd`): `out[h * stride + p]` is
+/// `dot_f16_order(order, q_h, k_p) * scale`, bit for bit. Reading each key once for the whole
+/// group is what makes it faster than [`scores`] per head.
 ///
 /// # Panics
-/// If the sizes do not fit (`hd` a multiple of 8, `q` whole rows of at most [`MAX_GROUP`] heads,
-/// `keys` at least `len` rows, `out` at least `(heads - 1) * stride + len` with `stride >= len`).
+/// If the sizes do not fit (`q` whole rows of at most [`MAX_GROUP`] heads, `keys` at least
+/// `len` rows, `out` at least `(heads - 1) * stride + len` with `stride >= len`).
+#[allow(clippy::too_many_arguments)]
 pub fn scores_grouped(
+    order: DotOrder,
     q: &[f32],
     hd: usize,
     keys: &[f32],
@@ -347,7 +352,7 @@ pub fn scores_grouped(
 ) {
     let g = q.len() / hd.max(1);
     assert!(
-        grouped_supported(DotOrder::Batch8, hd)
+        hd > 0
             && q.len() == g * hd
             && (1..=MAX_GROUP).contains(&g)
             && keys.len() >= len * hd
@@ -359,108 +364,88 @@ pub fn scores_grouped(
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA; the sizes were checked above.
-        unsafe {
-            crate::x86_attn::scores_grouped8(
-                g,
-                q.as_ptr(),
-                hd,
-                keys.as_ptr(),
-                len,
-                scale,
-                out.as_mut_ptr(),
-                stride,
-            )
+    if let Some(simd) = grouped_simd(order, hd) {
+        let d = crate::x86_attn::Dots {
+            x: q.as_ptr(),
+            xs: hd,
+            rows: keys.as_ptr(),
+            rs: hd,
+            n: len,
+            len: hd,
+            scale,
+            out: out.as_mut_ptr(),
+            os: stride,
         };
+        // SAFETY: `grouped_simd` found AVX2 and FMA and a head width the kernel takes; the
+        // sizes were checked above.
+        unsafe { crate::x86_attn::dots(simd, g, d) };
         return;
     }
     for (h, qh) in q.chunks_exact(hd).enumerate() {
         for p in 0..len {
-            out[h * stride + p] =
-                dot_impl(DotOrder::Batch8, qh, &keys[p * hd..(p + 1) * hd]) * scale;
+            out[h * stride + p] = dot_f16_order(order, qh, &keys[p * hd..(p + 1) * hd]) * scale;
         }
     }
 }
 
-/// Lays values out for [`weighted_sum_grouped`]: `out[d * vs + p] = values[p * hd + d]` for
-/// positions `p < len`, and zero from `len` to `vs` (so padded steps add nothing).
+/// Weighted sums in `order` of the heads whose probabilities are the rows of `w` (row `h` at
+/// `w[h * ws..]`, at most [`MAX_GROUP`] rows, `padded_len(order, len)` long and zero past the
+/// head's real length) over transposed values (`vt`: row `d` at `vt[d * vs..]` holds column `d`
+/// of every position, finite past `len`): `out[h * hd..][..hd]` equals [`weighted_sum`] of that
+/// head over the same values laid out by position, bit for bit.
 ///
 /// # Panics
-/// If `values` holds fewer than `len` rows of `hd`, `vs < len`, or `out` is shorter than
-/// `hd * vs`.
-pub fn transpose_values(values: &[f32], hd: usize, len: usize, vs: usize, out: &mut [f32]) {
-    assert!(
-        values.len() >= len * hd && vs >= len && out.len() >= hd * vs,
-        "transpose_values: values {} hd {hd} len {len} vs {vs} out {}",
-        values.len(),
-        out.len()
-    );
-    for (d, row) in out.chunks_exact_mut(vs).take(hd).enumerate() {
-        for (p, x) in row[..len].iter_mut().enumerate() {
-            *x = values[p * hd + d];
-        }
-        row[len..].fill(0.0);
-    }
-}
-
-/// Weighted sums in [`DotOrder::Batch8`] of the heads whose probabilities are the rows of `w`
-/// (row `h` at `w[h * ws..]`, at most [`MAX_GROUP`] rows, `len8` long and zero past the head's
-/// real length) over values laid out by [`transpose_values`] (`vt`, rows of `vs`):
-/// `out[h * hd..][..hd]` equals [`weighted_sum`] of that head over the untransposed values, bit
-/// for bit.
-///
-/// # Panics
-/// If the sizes do not fit (`hd` a multiple of 8, `len8` a multiple of 8, `out` whole rows of at
-/// most [`MAX_GROUP`] heads, `ws` and `vs` at least `len8`).
+/// If the sizes do not fit (`lenp` a multiple of `order`'s step, `out` whole rows of at most
+/// [`MAX_GROUP`] heads of `hd`, `ws` and `vs` at least `lenp`).
+#[allow(clippy::too_many_arguments)]
 pub fn weighted_sum_grouped(
+    order: DotOrder,
     w: &[f32],
     ws: usize,
     vt: &[f32],
     vs: usize,
     hd: usize,
-    len8: usize,
+    lenp: usize,
     out: &mut [f32],
 ) {
     let g = out.len() / hd.max(1);
     assert!(
-        grouped_supported(DotOrder::Batch8, hd)
-            && len8.is_multiple_of(8)
+        hd > 0
+            && padded_len(order, lenp) == lenp
             && out.len() == g * hd
             && (1..=MAX_GROUP).contains(&g)
-            && ws >= len8
-            && w.len() >= (g - 1) * ws + len8
-            && vs >= len8
-            && vt.len() >= (hd - 1) * vs + len8,
-        "weighted_sum_grouped: w {} ws {ws} vt {} vs {vs} hd {hd} len8 {len8} out {}",
+            && ws >= lenp
+            && w.len() >= (g - 1) * ws + lenp
+            && vs >= lenp
+            && vt.len() >= (hd - 1) * vs + lenp,
+        "weighted_sum_grouped: w {} ws {ws} vt {} vs {vs} hd {hd} lenp {lenp} out {}",
         w.len(),
         vt.len(),
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 {
-        // SAFETY: `isa().avx2` implies AVX2 and FMA; the sizes were checked above.
-        unsafe {
-            crate::x86_attn::weighted_sum_grouped8(
-                g,
-                w.as_ptr(),
-                ws,
-                vt.as_ptr(),
-                vs,
-                hd,
-                len8,
-                out.as_mut_ptr(),
-            )
+    if let Some(simd) = grouped_simd(order, hd) {
+        let d = crate::x86_attn::Dots {
+            x: w.as_ptr(),
+            xs: ws,
+            rows: vt.as_ptr(),
+            rs: vs,
+            n: hd,
+            len: lenp,
+            scale: 1.0,
+            out: out.as_mut_ptr(),
+            os: hd,
         };
+        // SAFETY: `grouped_simd` found AVX2 and FMA; the sizes were checked above.
+        unsafe { crate::x86_attn::dots(simd, g, d) };
         return;
     }
+    // Over whole steps with zero weights past the end, a weighted sum is a dot product of the
+    // probabilities with each transposed row.
     for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        let wh = &w[h * ws..h * ws + lenp];
         for (d, o) in oh.iter_mut().enumerate() {
-            let mut lanes = [0.0f32; 8];
-            for p in 0..len8 {
-                lanes[p % 8] = w[h * ws + p].mul_add(vt[d * vs + p], lanes[p % 8]);
-            }
-            *o = crate::dot::hsum8(&lanes);
+            *o = dot_f16_order(order, wh, &vt[d * vs..d * vs + lenp]);
         }
     }
 }

@@ -346,66 +346,75 @@ fn contiguous_attention_kernels_match_the_per_row_reference() {
 #[test]
 fn grouped_attention_kernels_match_the_per_head_reference() {
     use attn::{
-        DotOrder, MAX_GROUP, dot_f16_order_ref, padded_len, scores_grouped, transpose_values,
+        DotOrder, MAX_GROUP, MAX_STEP, dot_f16_order_ref, padded_len, scores_grouped,
         weighted_sum_grouped, weighted_sum_order_ref,
     };
-    let order = DotOrder::Batch8;
     let mut rng = Rng(29);
-    for hd in [64usize, 256, 72, 8] {
-        for len in [1usize, 3, 8, 17, 70] {
-            let keys = rng.vec(len * hd, 2.0);
-            let values = rng.vec(len * hd, 2.0);
-            // Rows longer than needed, as the engine's are.
-            let stride = padded_len(len) + 8;
-            let mut vt = vec![f32::NAN; hd * stride];
-            transpose_values(&values, hd, len, stride, &mut vt);
-            for g in 1..=MAX_GROUP {
-                let q = rng.vec(g * hd, 2.0);
-                let mut sc = vec![f32::NAN; g * stride];
-                scores_grouped(&q, hd, &keys, len, 0.125, &mut sc, stride);
-                for h in 0..g {
-                    let want: Vec<f32> = (0..len)
-                        .map(|p| {
-                            dot_f16_order_ref(
-                                order,
-                                &q[h * hd..(h + 1) * hd],
-                                &keys[p * hd..(p + 1) * hd],
-                            ) * 0.125
-                        })
-                        .collect();
-                    let got = &sc[h * stride..h * stride + len];
-                    assert_eq!(
-                        bits(got),
-                        bits(&want),
-                        "scores g {g} h {h} hd {hd} len {len}"
-                    );
+    for order in [
+        DotOrder::Single,
+        DotOrder::Single8,
+        DotOrder::Batch,
+        DotOrder::Batch8,
+    ] {
+        for hd in [64usize, 256, 72, 8] {
+            for len in [1usize, 3, 8, 17, 33, 70] {
+                let keys = rng.vec(len * hd, 2.0);
+                let values = rng.vec(len * hd, 2.0);
+                // Rows longer than needed, as the cache's are, with finite values past `len`
+                // that the zero probabilities must cancel.
+                let stride = len.div_ceil(MAX_STEP) * MAX_STEP + 8;
+                let mut vt = rng.vec(hd * stride, 2.0);
+                for p in 0..len {
+                    for d in 0..hd {
+                        vt[d * stride + p] = values[p * hd + d];
+                    }
                 }
+                for g in 1..=MAX_GROUP {
+                    let what = format!("{order:?} g {g} hd {hd} len {len}");
+                    let q = rng.vec(g * hd, 2.0);
+                    let mut sc = vec![f32::NAN; g * stride];
+                    scores_grouped(order, &q, hd, &keys, len, 0.125, &mut sc, stride);
+                    for h in 0..g {
+                        let want: Vec<f32> = (0..len)
+                            .map(|p| {
+                                dot_f16_order_ref(
+                                    order,
+                                    &q[h * hd..(h + 1) * hd],
+                                    &keys[p * hd..(p + 1) * hd],
+                                ) * 0.125
+                            })
+                            .collect();
+                        let got = &sc[h * stride..h * stride + len];
+                        assert_eq!(bits(got), bits(&want), "scores {what} h {h}");
+                    }
 
-                // Probabilities zero past each head's length, the shorter heads included.
-                let mut w = vec![0.0f32; g * stride];
-                let lens: Vec<usize> = (0..g).map(|h| len - (h % 2) * (len / 2)).collect();
-                for h in 0..g {
-                    let r = rng.vec(lens[h], 1.0);
-                    w[h * stride..h * stride + lens[h]].copy_from_slice(&r);
-                }
-                let mut out = vec![f32::NAN; g * hd];
-                weighted_sum_grouped(&w, stride, &vt, stride, hd, padded_len(len), &mut out);
-                let mut acc = vec![0.0; 64 * hd];
-                for h in 0..g {
-                    let mut want = vec![0.0; hd];
-                    weighted_sum_order_ref(
-                        order,
-                        &w[h * stride..h * stride + lens[h]],
-                        |p| &values[p * hd..(p + 1) * hd],
-                        &mut acc,
-                        &mut want,
-                    );
-                    assert_eq!(
-                        bits(&out[h * hd..(h + 1) * hd]),
-                        bits(&want),
-                        "wsum g {g} h {h} hd {hd} len {} of {len}",
-                        lens[h]
-                    );
+                    // Probabilities zero past each head's length, the shorter heads included.
+                    let mut w = vec![0.0f32; g * stride];
+                    let lens: Vec<usize> = (0..g).map(|h| len - (h % 2) * (len / 2)).collect();
+                    for h in 0..g {
+                        let r = rng.vec(lens[h], 1.0);
+                        w[h * stride..h * stride + lens[h]].copy_from_slice(&r);
+                    }
+                    let mut out = vec![f32::NAN; g * hd];
+                    let lenp = padded_len(order, len);
+                    weighted_sum_grouped(order, &w, stride, &vt, stride, hd, lenp, &mut out);
+                    let mut acc = vec![0.0; 64 * hd];
+                    for h in 0..g {
+                        let mut want = vec![0.0; hd];
+                        weighted_sum_order_ref(
+                            order,
+                            &w[h * stride..h * stride + lens[h]],
+                            |p| &values[p * hd..(p + 1) * hd],
+                            &mut acc,
+                            &mut want,
+                        );
+                        assert_eq!(
+                            bits(&out[h * hd..(h + 1) * hd]),
+                            bits(&want),
+                            "wsum {what} h {h} of length {}",
+                            lens[h]
+                        );
+                    }
                 }
             }
         }
