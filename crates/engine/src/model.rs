@@ -156,7 +156,7 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-/// What the attention of one layer computes, shared by its two strategies.
+/// What the attention of one layer computes: which heads, which rows, in which order.
 #[derive(Clone, Copy)]
 struct AttnJob {
     /// Layer index within the shard, and globally.
