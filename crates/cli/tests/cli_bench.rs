@@ -3,22 +3,16 @@
 
 use std::process::Command;
 
-#[test]
-fn bench_engine_reports_every_test_with_a_roofline() {
+/// Runs `strata bench engine --no-llama --json` with `args` on the default model and returns
+/// its JSON report.
+fn bench_json(args: &[&str]) -> serde_json::Value {
     strata_store::Store::from_env()
         .expect("store")
         .ensure("smollm2-135m-instruct")
         .expect("default model");
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args([
-            "bench",
-            "engine",
-            "--no-llama",
-            "--json",
-            "--threads",
-            "1,2",
-        ])
-        .args(["--pp", "16", "--tg", "4", "-r", "2"])
+        .args(["bench", "engine", "--no-llama", "--json"])
+        .args(args)
         .output()
         .expect("running strata");
     assert!(
@@ -26,7 +20,12 @@ fn bench_engine_reports_every_test_with_a_roofline() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_engine_reports_every_test_with_a_roofline() {
+    let v = bench_json(&["--threads", "1,2", "--pp", "16", "--tg", "4", "-r", "2"]);
     assert!(v["weight_bytes_per_token"].as_u64().unwrap() > 90_000_000);
     let results = v["results"].as_array().unwrap();
     let tests: Vec<(u64, &str)> = results
@@ -48,21 +47,18 @@ fn bench_engine_reports_every_test_with_a_roofline() {
 
 #[test]
 fn bench_engine_measures_at_depth() {
-    strata_store::Store::from_env()
-        .expect("store")
-        .ensure("smollm2-135m-instruct")
-        .expect("default model");
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "engine", "--no-llama", "--json", "--threads", "1"])
-        .args(["--pp", "8", "--tg", "4", "-r", "1", "--depth", "40"])
-        .output()
-        .expect("running strata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = bench_json(&[
+        "--threads",
+        "1",
+        "--pp",
+        "8",
+        "--tg",
+        "4",
+        "-r",
+        "1",
+        "--depth",
+        "40",
+    ]);
     assert_eq!(v["depth"], 40);
     let results = v["results"].as_array().unwrap();
     let tests: Vec<&str> = results
