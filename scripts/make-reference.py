@@ -12,6 +12,16 @@ since ggml's AMX path crashes in some VMs). Usage:
 The second argument picks the prompt set: `smollm2` (default; chat-templated and raw prompts) or
 `gemma3` (raw prompts with BOS: the 270M model is a base model).
 
+Synthetic models of any family (random weights, real tokenizer):
+
+    python3 scripts/make-reference.py --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0.json
+
+writes the family's model in f32 with `strata synth` (dimensions and seed from SYNTH below, the
+binary from $STRATA_BIN or target/release/strata), quantises it with llama.cpp's own quantiser
+(`llama_model_quantize`, every matrix to the type), and records the digest of the quantised
+weights: the parity test synthesises the model in the type itself and must get the same digest,
+so it runs on exactly the bytes llama.cpp's quantiser wrote.
+
 Settings: 1 thread, one 512-token batch for the prompt, no flash attention, f16 KV cache (the
 llama.cpp defaults), logits only for the last position (llama.cpp's normal path).
 """
@@ -48,6 +58,58 @@ GEMMA_PROMPTS = [
 ]
 
 
+# Dimensions of the synthetic parity models: small, but with grouped-query attention (4 query
+# heads per KV head), several layers and, for qwen3, heads wider than width / heads.
+SYNTH = {
+    "llama": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "qwen2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "qwen3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=64, seed=7),
+}
+SYNTH_PROMPTS = [
+    {"mode": "chat", "system": "You are a helpful assistant.", "prompt": "What is the capital of France?"},
+    {"mode": "raw", "system": None, "prompt": "The history of the Roman Empire"},
+    {"mode": "raw", "system": None, "prompt": "def fibonacci(n):\n    return n"},
+]
+FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8}
+
+
+def tensor_digest(path):
+    """SHA-256 over every tensor in name order of name, NUL, type id (u32 LE) and data, as
+    strata's `synth::tensor_digest` computes it."""
+    import struct
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    h = hashlib.sha256()
+    for t in sorted(r.tensors, key=lambda t: t.name):
+        h.update(t.name.encode() + b"\0" + struct.pack("<I", int(t.tensor_type)))
+        h.update(t.data.tobytes())
+    return h.hexdigest()
+
+
+def make_synth(arch, ty, workdir):
+    import os
+    import subprocess
+    dims = SYNTH[arch]
+    strata = os.environ.get("STRATA_BIN", "target/release/strata")
+    f32 = os.path.join(workdir, f"{arch}-f32.gguf")
+    args = [strata, "synth", "--arch", arch, "--type", "f32", "-o", f32]
+    for k, v in dims.items():
+        if v is not None:
+            args += ["--" + k.replace("_", "-"), str(v)]
+    subprocess.run(args, check=True, stdout=sys.stderr)
+    if ty == "f32":
+        return f32, dims
+    out = os.path.join(workdir, f"{arch}-{ty}.gguf")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ty]
+    params.pure = True
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(f32.encode(), out.encode(), params)
+    if rc != 0:
+        sys.exit(f"llama_model_quantize failed ({rc})")
+    return out, dims
+
+
 def chatml(system, user):
     system = SYSTEM_DEFAULT if system is None else system
     return (f"<|im_start|>system\n{system}<|im_end|>\n"
@@ -55,9 +117,19 @@ def chatml(system, user):
 
 
 def main():
-    path = sys.argv[1]
-    family = sys.argv[2] if len(sys.argv) > 2 else "smollm2"
-    prompts = GEMMA_PROMPTS if family == "gemma3" else PROMPTS
+    synth = None
+    if sys.argv[1] == "--synth":
+        import tempfile
+        arch, ty = sys.argv[2], sys.argv[3]
+        workdir = tempfile.mkdtemp()
+        path, dims = make_synth(arch, ty, workdir)
+        synth = {"arch": arch, "type": ty, **dims, "weights_digest": tensor_digest(path)}
+        family = "synth"
+    else:
+        path = sys.argv[1]
+        family = sys.argv[2] if len(sys.argv) > 2 else "smollm2"
+    prompts = {"gemma3": GEMMA_PROMPTS, "synth": SYNTH_PROMPTS}.get(family, PROMPTS)
+    n_gen = 32 if synth else N_GEN
     add_bos = family == "gemma3"
     sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
     llm = Llama(path, n_ctx=2048, n_threads=1, n_threads_batch=1, n_batch=512,
@@ -70,11 +142,11 @@ def main():
         llm.reset()
         llm.eval(ids)
         out, logits = [], []
-        for step in range(N_GEN):
+        for step in range(n_gen):
             # With logits_all=False llama.cpp keeps only the last position's logits.
             lg = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
             tok = int(np.argmax(lg))
-            if step in LOGIT_STEPS:
+            if step in LOGIT_STEPS or (synth and step == n_gen - 1):
                 top = np.argsort(-lg, kind="stable")[:TOP]
                 logits.append({"step": step, "top": [[int(t), float(lg[t])] for t in top]})
             out.append(tok)
@@ -89,7 +161,7 @@ def main():
     # products in different orders, and the engine test reproduces the one recorded here.
     simd = "avx512" if "AVX512 = 1" in llama_cpp.llama_print_system_info().decode() else "avx2"
     json.dump({"model_sha256": sha, "llama_cpp_python": "0.3.36", "n_threads": 1, "simd": simd,
-               "add_bos": add_bos,
+               "add_bos": add_bos, **({"synth": synth} if synth else {}),
                "cases": cases}, sys.stdout, indent=1)
     print()
 

@@ -1,7 +1,10 @@
 //! API keys and per-key rate limits.
 //!
-//! The key file has one key per line, optionally followed by `name=NAME` and `rpm=N`
-//! (requests per minute for that key); blank lines and `#` comments are skipped. Keys are
+//! The key file has one key per line, optionally followed by `name=NAME`, `rpm=N` (requests per
+//! minute for that key) and `role=admin` or `role=client`; blank lines and `#` comments are
+//! skipped. A key is a client key unless it says `role=admin`: client keys may run inference and
+//! read the cluster's state, only admin keys may change it (load, unload, drain, stop), so a key
+//! handed to an application cannot take the cluster down. Keys are
 //! compared through their SHA-256 digests with a constant-time equality over every listed key,
 //! so neither the match nor its position leaks through timing. Keys are never logged: a key is
 //! known to the rest of the server only by its name (or `key-N`, its line number).
@@ -38,12 +41,22 @@ pub enum KeyFileError {
     Empty(String),
 }
 
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Inference and read-only cluster state.
+    Client,
+    /// Everything, including cluster operations (load, unload, drain, stop).
+    Admin,
+}
+
 /// One accepted key.
 #[derive(Debug, Clone)]
 struct Key {
     digest: [u8; 32],
     name: String,
     rpm: Option<f64>,
+    role: Role,
 }
 
 /// The accepted keys and their rate limits.
@@ -64,12 +77,21 @@ struct Bucket {
 /// What an authorisation check decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// The key is valid; requests are counted under this name.
-    Allowed(String),
+    /// The key is valid; requests are counted under its name.
+    Allowed(Grant),
     /// No key, or an unknown one.
     Unknown,
     /// A valid key over its rate; retry after this many seconds.
     Limited(f64),
+}
+
+/// Who a valid key belongs to and what it may do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    /// The key's name (never the key itself).
+    pub name: String,
+    /// Its role.
+    pub role: Role,
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -108,6 +130,7 @@ impl Keys {
                 digest: digest(secret),
                 name: format!("key-{}", i + 1),
                 rpm: None,
+                role: Role::Client,
             };
             for p in parts {
                 match p.split_once('=') {
@@ -122,9 +145,14 @@ impl Keys {
                             })?;
                         key.rpm = Some(v);
                     }
+                    Some(("role", "admin")) => key.role = Role::Admin,
+                    Some(("role", "client")) => key.role = Role::Client,
+                    Some(("role", r)) => {
+                        return Err(err(format!("role must be admin or client, got `{r}`")));
+                    }
                     _ => {
                         return Err(err(format!(
-                            "unexpected `{p}` (expected name=NAME or rpm=N)"
+                            "unexpected `{p}` (expected name=NAME, rpm=N or role=admin|client)"
                         )));
                     }
                 }
@@ -172,13 +200,23 @@ impl Keys {
         let Some(key) = found else {
             return Verdict::Unknown;
         };
+        let grant = Grant {
+            name: key.name.clone(),
+            role: key.role,
+        };
         match key.rpm.or(self.default_rpm) {
-            None => Verdict::Allowed(key.name.clone()),
-            Some(rpm) => self.take(&key.name, rpm, Instant::now()),
+            None => Verdict::Allowed(grant),
+            Some(rpm) => self.take(grant, rpm, Instant::now()),
         }
     }
 
-    fn take(&self, name: &str, rpm: f64, now: Instant) -> Verdict {
+    /// Whether any key may administer the cluster.
+    pub fn has_admin(&self) -> bool {
+        self.keys.iter().any(|k| k.role == Role::Admin)
+    }
+
+    fn take(&self, grant: Grant, rpm: f64, now: Instant) -> Verdict {
+        let name = grant.name.as_str();
         let mut buckets = match self.buckets.lock() {
             Ok(b) => b,
             Err(poisoned) => poisoned.into_inner(),
@@ -192,7 +230,7 @@ impl Keys {
         b.at = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
-            Verdict::Allowed(name.to_string())
+            Verdict::Allowed(grant)
         } else {
             Verdict::Limited((1.0 - b.tokens) * 60.0 / rpm)
         }
@@ -212,14 +250,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(k.len(), 2);
-        assert_eq!(
-            k.check(Some("Bearer sk-bravo-123456")),
-            Verdict::Allowed("key-4".into())
-        );
-        assert_eq!(
-            k.check(Some("Bearer sk-alpha-123456")),
-            Verdict::Allowed("alice".into())
-        );
+        let client = |name: &str| {
+            Verdict::Allowed(Grant {
+                name: name.into(),
+                role: Role::Client,
+            })
+        };
+        assert_eq!(k.check(Some("Bearer sk-bravo-123456")), client("key-4"));
+        assert_eq!(k.check(Some("Bearer sk-alpha-123456")), client("alice"));
+        assert!(!k.has_admin());
+    }
+
+    #[test]
+    fn keys_are_clients_unless_they_say_admin() {
+        let k = Keys::parse(
+            "sk-admin-123456 name=ops role=admin\nsk-app-1234567 name=app role=client rpm=100\n",
+            None,
+        )
+        .unwrap();
+        assert!(k.has_admin());
+        match k.check(Some("Bearer sk-admin-123456")) {
+            Verdict::Allowed(g) => assert_eq!((g.name.as_str(), g.role), ("ops", Role::Admin)),
+            v => panic!("{v:?}"),
+        }
+        match k.check(Some("Bearer sk-app-1234567")) {
+            Verdict::Allowed(g) => assert_eq!((g.name.as_str(), g.role), ("app", Role::Client)),
+            v => panic!("{v:?}"),
+        }
+        assert!(Keys::parse("sk-alpha-123456 role=root", None).is_err());
     }
 
     #[test]
@@ -237,17 +295,21 @@ mod tests {
     #[test]
     fn token_bucket_limits_and_refills() {
         let k = Keys::parse("sk-alpha-123456 rpm=60", None).unwrap();
+        let g = || Grant {
+            name: "key-1".into(),
+            role: Role::Client,
+        };
         let t0 = Instant::now();
         for _ in 0..60 {
-            assert!(matches!(k.take("key-1", 60.0, t0), Verdict::Allowed(_)));
+            assert!(matches!(k.take(g(), 60.0, t0), Verdict::Allowed(_)));
         }
-        match k.take("key-1", 60.0, t0) {
+        match k.take(g(), 60.0, t0) {
             Verdict::Limited(s) => assert!(s > 0.0 && s <= 1.0, "{s}"),
             v => panic!("{v:?}"),
         }
         // One second later, one request's worth has refilled.
         let t1 = t0 + std::time::Duration::from_millis(1001);
-        assert!(matches!(k.take("key-1", 60.0, t1), Verdict::Allowed(_)));
-        assert!(matches!(k.take("key-1", 60.0, t1), Verdict::Limited(_)));
+        assert!(matches!(k.take(g(), 60.0, t1), Verdict::Allowed(_)));
+        assert!(matches!(k.take(g(), 60.0, t1), Verdict::Limited(_)));
     }
 }

@@ -77,7 +77,8 @@ pub(crate) struct NodeArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// API keys file (`KEY [name=NAME] [rpm=N]` per line).
+    /// API keys file (`KEY [name=NAME] [rpm=N] [role=admin|client]` per line; only admin keys
+    /// may load, unload, drain or stop).
     #[arg(long)]
     api_key_file: Option<PathBuf>,
     /// Serve a non-loopback API without keys.

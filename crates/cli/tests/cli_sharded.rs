@@ -195,6 +195,44 @@ fn gemma_shards_with_one_kv_head() {
     assert_eq!(text(&strata(&tp), "tensor"), want);
 }
 
+/// Every family beyond the two real models, synthesised (random weights, real tokenizer): tensor
+/// and pipeline shards give exactly the single-process output, biases and per-head norms
+/// included (the single-process output itself is checked against llama.cpp by the engine's
+/// parity test).
+#[test]
+fn synthetic_families_shard_like_one_process() {
+    let dir = std::env::temp_dir().join(format!("strata-sharded-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (arch, ty, head_dim) in [("qwen2", "q8_0", None), ("qwen3", "q4_1", Some("64"))] {
+        let path = dir.join(format!("{arch}.gguf"));
+        let path_s = path.to_str().unwrap();
+        let mut synth = vec![
+            "synth", "--arch", arch, "--type", ty, "-o", path_s, "--layers", "4", "--embd", "256",
+            "--ff", "768", "--heads", "8", "--kv-heads", "2", "--seed", "7",
+        ];
+        if let Some(hd) = head_dim {
+            synth.extend(["--head-dim", hd]);
+        }
+        text(&strata(&synth), "synth");
+        let base = ["run", "-m", path_s, "-n", "24", "--ignore-eos", "--raw"];
+        let with = |extra: &[&str]| {
+            let mut a: Vec<&str> = base.to_vec();
+            a.extend_from_slice(extra);
+            a.push(PROMPT);
+            text(&strata(&a), arch)
+        };
+        let want = with(&["--threads", "1"]);
+        assert!(!want.is_empty(), "{arch}: no output");
+        for cfg in [
+            &["--ranks", "2", "--strategy", "tensor", "--transport", "shm"][..],
+            &["--ranks", "2", "--strategy", "pipeline", "--transport", "tcp"][..],
+        ] {
+            assert_eq!(with(cfg), want, "{arch} {cfg:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn impossible_plans_are_refused_clearly() {
     for (args, needle) in [

@@ -1,20 +1,16 @@
 //! Model hyper-parameters read from GGUF metadata.
+//!
+//! The keys every decoder has (widths, heads, norms, RoPE) are read here; what only one family
+//! says is read by that family's file in [`crate::models`]. Every value that sizes a buffer or
+//! enters the arithmetic is checked before a tensor is touched, so a file whose metadata
+//! contradicts itself is refused with the key that is wrong.
 
 use strata_gguf::GgufFile;
 
+use crate::models::{self, Arch};
 use crate::{Error, Result};
 
-/// The decoder architectures the engine runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama and its relatives (SmolLM2): RMSNorm, RoPE on adjacent pairs, SwiGLU.
-    Llama,
-    /// Gemma 3: scaled embeddings, per-head Q/K norms, NEOX RoPE with a separate base for
-    /// sliding-window layers, norms after attention and FFN, GeGLU.
-    Gemma3,
-}
-
-/// Hyper-parameters of a Llama-family decoder.
+/// Hyper-parameters of a decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// `general.architecture`.
@@ -43,6 +39,8 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// Dimensions of a head that RoPE rotates.
     pub rope_dims: usize,
+    /// Linear RoPE scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
+    pub rope_freq_scale: f32,
     /// Whether the LM head reuses the token embedding.
     pub tied_embeddings: bool,
     /// Factor applied to token embeddings (Gemma: `sqrt(n_embd)`).
@@ -54,6 +52,17 @@ pub struct ModelConfig {
     pub rope_neox: bool,
     /// Sliding-window attention: window length, layer pattern and RoPE base of those layers.
     pub swa: Option<SlidingWindow>,
+    /// The gated activation of the feed-forward block.
+    pub ffn_act: FfnAct,
+}
+
+/// The gated activation of a feed-forward block: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SiLU (SwiGLU): Llama, Qwen, Phi, Mistral.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): Gemma.
+    Gelu,
 }
 
 /// Which layers attend through a sliding window, and how.
@@ -87,6 +96,69 @@ impl ModelConfig {
     pub fn q_width(&self) -> usize {
         self.n_head * self.head_dim
     }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_width(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+}
+
+/// The metadata of one architecture: keys are named without the `ARCH.` prefix.
+pub(crate) struct Hparams<'a> {
+    md: &'a strata_gguf::Metadata,
+    arch: &'a str,
+}
+
+impl Hparams<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// A required unsigned integer.
+    pub(crate) fn u32(&self, k: &str) -> Result<usize> {
+        Ok(self.md.get_u32(&self.key(k))? as usize)
+    }
+
+    /// An optional unsigned integer.
+    pub(crate) fn opt_u32(&self, k: &str) -> Result<Option<usize>> {
+        match self.md.get(&self.key(k)) {
+            Some(_) => Ok(Some(self.u32(k)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An optional float.
+    pub(crate) fn opt_f32(&self, k: &str) -> Result<Option<f32>> {
+        match self.md.get(&self.key(k)) {
+            Some(_) => Ok(Some(self.md.get_f32(&self.key(k))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An optional string.
+    pub(crate) fn opt_str(&self, k: &str) -> Result<Option<&str>> {
+        match self.md.get(&self.key(k)) {
+            Some(_) => Ok(Some(self.md.get_str(&self.key(k))?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A float that must be finite and positive, or the model is refused naming the key.
+    pub(crate) fn positive_f32(&self, k: &str, value: f32) -> Result<f32> {
+        if value.is_finite() && value > 0.0 {
+            Ok(value)
+        } else {
+            Err(Error::InvalidModel(format!(
+                "{} is {value}; it must be a finite positive number",
+                self.key(k)
+            )))
+        }
+    }
 }
 
 impl ModelConfig {
@@ -94,25 +166,12 @@ impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         let md = file.metadata();
         let arch = md.get_str("general.architecture")?.to_string();
-        let kind = match arch.as_str() {
-            "llama" => Arch::Llama,
-            "gemma3" => Arch::Gemma3,
-            _ => return Err(Error::UnsupportedArchitecture(arch)),
-        };
-        let key = |k: &str| format!("{arch}.{k}");
-        let n_embd = md.get_u32(&key("embedding_length"))? as usize;
-        let n_head = md.get_u32(&key("attention.head_count"))? as usize;
-        let n_head_kv = match md.get(&key("attention.head_count_kv")) {
-            Some(_) => md.get_u32(&key("attention.head_count_kv"))? as usize,
-            None => n_head,
-        };
-        let opt_u32 = |k: &str| -> Result<Option<usize>> {
-            match md.get(&key(k)) {
-                Some(_) => Ok(Some(md.get_u32(&key(k))? as usize)),
-                None => Ok(None),
-            }
-        };
-        let key_length = opt_u32("attention.key_length")?;
+        let kind = Arch::parse(&arch)?;
+        let hp = Hparams { md, arch: &arch };
+        let n_embd = hp.u32("embedding_length")?;
+        let n_head = hp.u32("attention.head_count")?;
+        let n_head_kv = hp.opt_u32("attention.head_count_kv")?.unwrap_or(n_head);
+        let key_length = hp.opt_u32("attention.key_length")?;
         if n_head == 0
             || n_head_kv == 0
             || !n_head.is_multiple_of(n_head_kv)
@@ -125,55 +184,48 @@ impl ModelConfig {
         let head_dim = key_length.unwrap_or(n_embd / n_head);
         if head_dim == 0
             || head_dim > 4096
-            || opt_u32("attention.value_length")?.is_some_and(|v| v != head_dim)
+            || hp
+                .opt_u32("attention.value_length")?
+                .is_some_and(|v| v != head_dim)
         {
             return Err(Error::InvalidModel(format!(
                 "head width {head_dim} is unsupported (keys and values must be equally wide)"
             )));
         }
-        let rope_dims = match md.get(&key("rope.dimension_count")) {
-            Some(_) => md.get_u32(&key("rope.dimension_count"))? as usize,
-            None => head_dim,
-        };
-        let rope_base = match md.get(&key("rope.freq_base")) {
-            Some(_) => md.get_f32(&key("rope.freq_base"))?,
-            None => 10_000.0,
-        };
+        let rope_dims = hp.opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
+        let rope_base = hp.opt_f32("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope_base = hp.positive_f32("rope.freq_base", rope_base)?;
+        let rms_eps = md.get_f32(&hp.key("attention.layer_norm_rms_epsilon"))?;
+        let rms_eps = hp.positive_f32("attention.layer_norm_rms_epsilon", rms_eps)?;
+        let rope_freq_scale = rope_scaling(&hp)?;
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.n_rows();
-        let cfg = ModelConfig {
-            n_layer: md.get_u32(&key("block_count"))? as usize,
+        let mut cfg = ModelConfig {
+            n_layer: hp.u32("block_count")?,
             n_embd,
-            n_ff: md.get_u32(&key("feed_forward_length"))? as usize,
+            n_ff: hp.u32("feed_forward_length")?,
             n_head,
             n_head_kv,
             head_dim,
             n_vocab,
-            n_ctx_train: md.get_u32(&key("context_length"))? as usize,
-            rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            n_ctx_train: hp.u32("context_length")?,
+            rms_eps,
             rope_base,
             rope_dims,
+            rope_freq_scale,
             tied_embeddings: file.tensor("output.weight").is_none(),
-            embed_scale: (kind == Arch::Gemma3).then(|| (n_embd as f32).sqrt()),
-            query_scale: (kind == Arch::Gemma3).then(|| 1.0 / (head_dim as f32).sqrt()),
-            rope_neox: kind == Arch::Gemma3,
-            swa: match (kind, opt_u32("attention.sliding_window")?) {
-                (Arch::Gemma3, Some(window)) if window > 0 => Some(SlidingWindow {
-                    window,
-                    pattern: opt_u32("attention.sliding_window_pattern")?.unwrap_or(6),
-                    rope_base: match md.get(&key("rope.freq_base_swa")) {
-                        Some(_) => md.get_f32(&key("rope.freq_base_swa"))?,
-                        None => 10_000.0,
-                    },
-                }),
-                _ => None,
-            },
+            embed_scale: None,
+            query_scale: None,
+            rope_neox: false,
+            swa: None,
+            ffn_act: FfnAct::Silu,
             kind,
-            arch,
+            arch: arch.clone(),
         };
-        // Every layer has at least nine tensors; a count beyond that is a corrupt header, and
+        models::family(kind).configure(&hp, &mut cfg)?;
+        // Every layer has at least seven tensors; a count beyond that is a corrupt header, and
         // must be refused before anything is sized by it.
-        if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 9 {
+        if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 7 {
             return Err(Error::InvalidModel(format!(
                 "block count {} does not match the file's {} tensors",
                 cfg.n_layer,
@@ -192,18 +244,39 @@ impl ModelConfig {
                 embd.row_len()
             )));
         }
-        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
+        if rope_dims == 0 || rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
             return Err(Error::InvalidModel(format!(
-                "rope dimension count {rope_dims} does not fit head width {head_dim}"
+                "{arch}.rope.dimension_count {rope_dims} does not fit head width {head_dim}"
             )));
+        }
+        if let Some(w) = &cfg.swa {
+            hp.positive_f32("rope.freq_base_swa", w.rope_base)?;
         }
         Ok(cfg)
     }
+}
 
-    /// Query heads per key/value head.
-    pub fn group(&self) -> usize {
-        self.n_head / self.n_head_kv
+/// `rope.scaling.*`: the linear frequency scale (llama.cpp applies `1 / factor` whatever the
+/// type says), or a refusal naming a scaling type not implemented yet (YaRN and LongRoPE change
+/// angles and magnitudes in ways a plain scale cannot express).
+fn rope_scaling(hp: &Hparams<'_>) -> Result<f32> {
+    let factor = match hp.opt_f32("rope.scaling.factor")? {
+        Some(f) => f,
+        None => hp.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
+    };
+    match hp.opt_str("rope.scaling.type")? {
+        None | Some("none") | Some("linear") => {}
+        Some(other) => {
+            return Err(Error::InvalidModel(format!(
+                "{} = {other:?} is not supported yet (supported: none, linear)",
+                hp.key("rope.scaling.type")
+            )));
+        }
     }
+    if factor == 0.0 {
+        return Ok(1.0);
+    }
+    Ok(1.0 / hp.positive_f32("rope.scaling.factor", factor)?)
 }
 
 /// Bytes of weight matrices a decode step streams, read from the file's tensor table: one entry
@@ -213,10 +286,11 @@ pub fn streamed_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u
         file.tensor(name)
             .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
     };
-    const MATRICES: [&str; 7] = [
+    const MATRICES: [&str; 8] = [
         "attn_q",
         "attn_k",
         "attn_v",
+        "attn_qkv",
         "attn_output",
         "ffn_gate",
         "ffn_up",

@@ -16,8 +16,13 @@ pub enum Error {
         source: strata_kernels::Error,
     },
     /// The architecture named in `general.architecture` is not implemented.
-    #[error("unsupported architecture {0:?} (supported: llama, gemma3)")]
-    UnsupportedArchitecture(String),
+    #[error("unsupported architecture {arch:?} (supported: {supported})")]
+    UnsupportedArchitecture {
+        /// The architecture the file names.
+        arch: String,
+        /// The ones this engine runs.
+        supported: String,
+    },
     /// Hyper-parameters are inconsistent (e.g. head count does not divide the width).
     #[error("invalid model: {0}")]
     InvalidModel(String),

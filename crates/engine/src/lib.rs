@@ -1,5 +1,5 @@
-//! The inference engine: the forward pass of Llama-family and Gemma 3 decoders over a shard of a
-//! model, its KV cache, sampling, and the generation loop that ties them to a tokenizer.
+//! The inference engine: the forward pass of decoder families (Llama, Gemma 3, Qwen2, Qwen3; one
+//! file each under `models/`) over a shard of a model, its KV cache, sampling, and the generation loop that ties them to a tokenizer.
 //!
 //! Main types: [`Model`] (a loaded [`ShardSpec`] of a GGUF model), [`KvCache`], [`Scratch`],
 //! [`Sampler`], and [`Generator`] (prompt in, streamed tokens and timing out). The model code is
@@ -13,20 +13,24 @@
 #![warn(missing_docs)]
 
 mod batch;
+mod blocks;
 mod config;
 mod error;
 mod generate;
 mod kv_cache;
 mod model;
+mod models;
 mod sampler;
 mod shard;
+pub mod synth;
 mod weights;
 
 pub use batch::{Batch, SlotId};
-pub use config::{Arch, ModelConfig, SlidingWindow, streamed_bytes};
+pub use config::{FfnAct, ModelConfig, SlidingWindow, streamed_bytes};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;
 pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput};
+pub use models::Arch;
 pub use sampler::{Sampler, SamplingParams, shard_candidates};
 pub use shard::{Combine, ShardSpec};

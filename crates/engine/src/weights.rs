@@ -20,12 +20,16 @@ pub(crate) struct LayerWeights {
     pub(crate) wq: QMatrix,
     pub(crate) wk: QMatrix,
     pub(crate) wv: QMatrix,
+    /// Biases of the shard's Q, K and V rows (Qwen2, and any file that has them).
+    pub(crate) bq: Option<Vec<f32>>,
+    pub(crate) bk: Option<Vec<f32>>,
+    pub(crate) bv: Option<Vec<f32>>,
     pub(crate) wo: QMatrix,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) w_gate: QMatrix,
     pub(crate) w_up: QMatrix,
     pub(crate) w_down: QMatrix,
-    /// Per-head RMSNorm weights of queries and keys (Gemma 3).
+    /// Per-head RMSNorm weights of queries and keys (Gemma 3, Qwen3).
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     /// RMSNorm weights applied to the attention and FFN outputs before the residual (Gemma 3).
@@ -41,6 +45,8 @@ pub(crate) struct Weights {
     pub(crate) embd: Option<QMatrix>,
     /// Final norm and the shard's rows of the LM head (last stage only).
     pub(crate) head: Option<(Vec<f32>, QMatrix)>,
+    /// Llama 3's per-frequency RoPE divisors (`rope_freqs.weight`, `rope_dims / 2` values).
+    pub(crate) rope_factors: Option<Vec<f32>>,
 }
 
 fn kernel_err(t: &TensorInfo) -> impl FnOnce(strata_kernels::Error) -> Error + '_ {
@@ -141,9 +147,111 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// Where a layer's Q, K and V come from: three tensors, or one fused `attn_qkv` whose rows are
+/// Q's, then K's, then V's (Phi-3 and some conversions).
+struct QkvSource {
+    fused: bool,
+}
+
+impl QkvSource {
+    fn of(file: &GgufFile, l: usize) -> QkvSource {
+        QkvSource {
+            fused: file.tensor(&format!("blk.{l}.attn_qkv.weight")).is_some(),
+        }
+    }
+
+    /// The tensor holding part `which` (`q`, `k` or `v`), and the row where that part starts.
+    fn locate(&self, l: usize, which: &str, cfg: &ModelConfig, suffix: &str) -> (String, usize) {
+        if self.fused {
+            let at = match which {
+                "q" => 0,
+                "k" => cfg.q_width(),
+                _ => cfg.q_width() + cfg.kv_width(),
+            };
+            (format!("blk.{l}.attn_qkv.{suffix}"), at)
+        } else {
+            (format!("blk.{l}.attn_{which}.{suffix}"), 0)
+        }
+    }
+
+    fn total_rows(&self, which: &str, cfg: &ModelConfig) -> usize {
+        match (self.fused, which) {
+            (true, _) => cfg.q_width() + 2 * cfg.kv_width(),
+            (false, "q") => cfg.q_width(),
+            (false, _) => cfg.kv_width(),
+        }
+    }
+}
+
+/// Elements `range` of an optional 1-D tensor of `len` elements (a bias), as f32.
+fn opt_slice(
+    file: &GgufFile,
+    name: &str,
+    len: usize,
+    range: Range<usize>,
+) -> Result<Option<Vec<f32>>> {
+    if file.tensor(name).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(vector(file, name, len)?[range].to_vec()))
+}
+
+/// Every tensor name a model of `cfg` may hold; anything else is a feature this engine does not
+/// implement (an output bias, experts, LongRoPE factors), and running without it would give
+/// wrong answers, so the load is refused naming it.
+fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
+    let family = crate::models::family(cfg.kind).tensors();
+    let mut per_layer: Vec<&str> = vec![
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "attn_qkv.weight",
+        "attn_qkv.bias",
+        "attn_output.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    if family.qk_norm {
+        per_layer.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
+    }
+    if family.post_norms {
+        per_layer.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
+    }
+    for t in file.tensors() {
+        let name = t.name.as_str();
+        let known = match name {
+            "token_embd.weight" | "output_norm.weight" | "output.weight" | "rope_freqs.weight" => {
+                true
+            }
+            _ => name
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(l, what)| {
+                    l.parse::<usize>().is_ok_and(|l| l < cfg.n_layer) && per_layer.contains(&what)
+                }),
+        };
+        if !known {
+            return Err(Error::InvalidModel(format!(
+                "tensor {name} is not part of strata's {} model (a feature this engine does not \
+                 implement, or a corrupt file)",
+                cfg.arch
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Weights {
     pub(crate) fn load(file: &GgufFile, cfg: &ModelConfig, spec: &ShardSpec) -> Result<Weights> {
         spec.validate(cfg)?;
+        check_known_tensors(file, cfg)?;
+        let family = crate::models::family(cfg.kind).tensors();
         let hd = cfg.head_dim;
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let q_rows = {
@@ -152,9 +260,7 @@ impl Weights {
         };
         let kv = spec.kv_heads(cfg);
         let kv_rows = kv.start * hd..kv.end * hd;
-        let kv_width = cfg.n_head_kv * hd;
         let q_width = cfg.q_width();
-        let gemma = cfg.kind == crate::Arch::Gemma3;
         // Output projections: row slices of whole dot products (Gather) or column slices
         // giving partial sums (Reduce).
         let out_proj = |name: &str, cols: usize, keep: Range<usize>| -> Result<QMatrix> {
@@ -166,26 +272,59 @@ impl Weights {
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in spec.layers.clone() {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
-            let gemma_vec = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                if gemma {
+            let opt_vec = |want: bool, s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                if want {
                     Ok(Some(vector(file, &n(s), len)?))
                 } else {
                     Ok(None)
                 }
             };
+            let qkv = QkvSource::of(file, l);
+            let part = |which: &str, rows: &Range<usize>| -> Result<(QMatrix, Option<Vec<f32>>)> {
+                let (name, at) = qkv.locate(l, which, cfg, "weight");
+                let total = qkv.total_rows(which, cfg);
+                let m = compute_rows(file, &name, e, total, at + rows.start..at + rows.end)?;
+                let (bias, at) = qkv.locate(l, which, cfg, "bias");
+                let b = opt_slice(file, &bias, total, at + rows.start..at + rows.end)?;
+                Ok((m, b))
+            };
+            let (wq, bq) = part("q", &q_rows)?;
+            let (wk, bk) = part("k", &kv_rows)?;
+            let (wv, bv) = part("v", &kv_rows)?;
+            // A fused gate/up tensor holds the gate's rows, then the up projection's.
+            let (w_gate, w_up) = if file.tensor(&n("ffn_gate")).is_some() {
+                (
+                    compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
+                    compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
+                )
+            } else {
+                let up = |at: usize| {
+                    compute_rows(
+                        file,
+                        &n("ffn_up"),
+                        e,
+                        2 * ff,
+                        at + spec.ffn.start..at + spec.ffn.end,
+                    )
+                };
+                (up(0)?, up(ff)?)
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &n("attn_norm"), e)?,
-                q_norm: gemma_vec("attn_q_norm", hd)?,
-                k_norm: gemma_vec("attn_k_norm", hd)?,
-                attn_post_norm: gemma_vec("post_attention_norm", e)?,
-                ffn_post_norm: gemma_vec("post_ffw_norm", e)?,
-                wq: compute_rows(file, &n("attn_q"), e, q_width, q_rows.clone())?,
-                wk: compute_rows(file, &n("attn_k"), e, kv_width, kv_rows.clone())?,
-                wv: compute_rows(file, &n("attn_v"), e, kv_width, kv_rows.clone())?,
+                q_norm: opt_vec(family.qk_norm, "attn_q_norm", hd)?,
+                k_norm: opt_vec(family.qk_norm, "attn_k_norm", hd)?,
+                attn_post_norm: opt_vec(family.post_norms, "post_attention_norm", e)?,
+                ffn_post_norm: opt_vec(family.post_norms, "post_ffw_norm", e)?,
+                wq,
+                wk,
+                wv,
+                bq,
+                bk,
+                bv,
                 wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
                 ffn_norm: vector(file, &n("ffn_norm"), e)?,
-                w_gate: compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
-                w_up: compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
+                w_gate,
+                w_up,
                 w_down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,
             });
         }
@@ -213,7 +352,16 @@ impl Weights {
         } else {
             None
         };
-        Ok(Weights { layers, embd, head })
+        let rope_factors = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(file, "rope_freqs.weight", cfg.rope_dims / 2)?),
+            None => None,
+        };
+        Ok(Weights {
+            layers,
+            embd,
+            head,
+            rope_factors,
+        })
     }
 }
 

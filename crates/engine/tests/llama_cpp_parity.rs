@@ -1,5 +1,6 @@
 //! Greedy output and logits against llama.cpp on the real models: SmolLM2 (Llama, Q4_1 + Q8_0)
-//! and Gemma 3 270M (Q5_0, Q8_0, Q4_K, Q6_K).
+//! and Gemma 3 270M (Q5_0, Q8_0, Q4_K, Q6_K); and on synthetic models of the families no real
+//! file of which can be fetched here (`strata synth`, quantised by llama.cpp's own quantiser).
 //!
 //! The references come from `scripts/make-reference.py` (llama-cpp-python 0.3.36, one thread,
 //! f16 KV cache). The models are fetched through strata's own store on first use.
@@ -8,7 +9,9 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use strata_engine::{GenerateRequest, Generator, SamplingParams};
+use strata_engine::synth::{SynthSpec, synth, tensor_digest};
+use strata_engine::{Arch, GenerateRequest, Generator, SamplingParams};
+use strata_gguf::{GgmlType, GgufFile};
 use strata_kernels::attn::Flavour;
 
 #[test]
@@ -56,9 +59,77 @@ fn check_against_llama_cpp(id: &str, logit_tolerance: f32) {
 }
 
 fn check_against_llama_cpp_fixture(id: &str, fixture_name: &str, logit_tolerance: f32) {
-    let fx = fixture(fixture_name);
+    check_model_against(&model_path(id), id, &fixture(fixture_name), logit_tolerance);
+}
+
+/// Synthesises the model a `--synth` fixture describes with strata's own writer and quantiser,
+/// checks that its weights are the bytes llama.cpp's quantiser wrote, and compares outputs.
+fn check_synthetic(name: &str) {
+    let fx = fixture(name);
+    let sy = &fx["synth"];
+    let ty = match sy["type"].as_str().unwrap() {
+        "f32" => GgmlType::F32,
+        "f16" => GgmlType::F16,
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "q5_0" => GgmlType::Q5_0,
+        "q8_0" => GgmlType::Q8_0,
+        other => panic!("fixture type {other}"),
+    };
+    let n = |k: &str| sy[k].as_u64().unwrap() as usize;
+    let spec = SynthSpec {
+        arch: Arch::parse(sy["arch"].as_str().unwrap()).unwrap(),
+        layers: n("layers"),
+        embd: n("embd"),
+        ff: n("ff"),
+        heads: n("heads"),
+        kv_heads: n("kv_heads"),
+        head_dim: sy["head_dim"].as_u64().map(|h| h as usize),
+        ty,
+        seed: sy["seed"].as_u64().unwrap(),
+    };
+    let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
+    let bytes = synth(&spec, &base).unwrap();
+    let path = std::env::temp_dir().join(format!("strata-parity-{name}-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(
+        tensor_digest(&file),
+        sy["weights_digest"].as_str().unwrap(),
+        "{name}: strata's synthetic weights differ from those llama.cpp's quantiser wrote"
+    );
+    check_model_against(&path, name, &fx, 1e-3);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn synthetic_llama_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-llama-q8_0");
+}
+
+#[test]
+fn synthetic_qwen2_q4_0_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-q4_0");
+}
+
+#[test]
+fn synthetic_qwen2_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-q8_0");
+}
+
+#[test]
+fn synthetic_qwen3_q4_1_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-q4_1");
+}
+
+#[test]
+fn synthetic_qwen3_q5_0_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-q5_0");
+}
+
+fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_tolerance: f32) {
     let add_bos = fx["add_bos"].as_bool().unwrap_or(false);
-    let mut g = Generator::load(&model_path(id), 2, Some(1024)).unwrap();
+    let mut g = Generator::load(path, 2, Some(1024)).unwrap();
     // Reproduce the llama.cpp build that made the reference (AVX-512 or AVX2 sums).
     g.set_flavour(match fx["simd"].as_str() {
         Some("avx2") => Flavour::Avx2,

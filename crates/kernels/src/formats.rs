@@ -222,15 +222,29 @@ pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Quantises f32 values to `ty` blocks with simple round-to-nearest (for tests and tools that
-/// write synthetic models; not used on the inference path).
+/// Quantises f32 values to `ty` blocks (for tests and tools that write synthetic models; not
+/// used on the inference path). The legacy formats follow llama.cpp's reference quantisers
+/// (`quantize_row_*_ref`, what `llama-quantize` runs without an importance matrix) operation
+/// for operation, so they write the bytes llama.cpp writes; the K-quants use a simpler
+/// round-to-nearest.
 pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let n_blocks = x.len() / ty.block_size();
     let mut out = vec![0u8; n_blocks * ty.block_bytes()];
     match ty {
         GgmlType::F32 => quantize_row_f32(x, &mut out),
         GgmlType::F16 => quantize_row_f16(x, &mut out),
-        GgmlType::Q8_0 => quantize_row_q8_0(x, &mut out),
+        GgmlType::Q8_0 => {
+            // The reference rounds half away from zero (`roundf`), unlike the activation path.
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                for (o, &v) in ob[2..].iter_mut().zip(xb) {
+                    *o = (v * id).round() as i32 as i8 as u8;
+                }
+            }
+        }
         GgmlType::Q4_0 | GgmlType::Q5_0 => {
             let (bits, bb) = if ty == GgmlType::Q4_0 {
                 (4, 18)
@@ -248,7 +262,9 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
                 let d = max / -(half as f32);
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-                let q = |v: f32| ((v * id + half as f32 + 0.5) as i32).clamp(0, 2 * half - 1) as u8;
+                // `(int8_t)(x * id + 8.5f)`: one rounding of the sum, then truncation.
+                let offset = half as f32 + 0.5;
+                let q = |v: f32| ((v * id + offset) as i32).clamp(0, 2 * half - 1) as u8;
                 let mut qh = 0u32;
                 let nib = bb - 16;
                 for j in 0..16 {

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_api::auth::{Keys, Verdict};
+use strata_api::auth::{Keys, Role, Verdict};
 use strata_cluster as placement;
 
 use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
@@ -186,6 +186,12 @@ pub async fn run(
 ) -> Result<()> {
     strata_api::check_bind(opts.api_addr, opts.keys.is_some(), opts.insecure_no_auth)
         .map_err(Error::control)?;
+    if opts.keys.as_ref().is_some_and(|k| !k.has_admin()) {
+        eprintln!(
+            "strata: no API key has role=admin: cluster operations (load, unload, drain, stop) \
+             will be refused over HTTP"
+        );
+    }
     let key_file = opts
         .key_file
         .clone()
@@ -446,7 +452,45 @@ fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// Admin routes need a key whenever the node has keys.
+/// Routes that change the cluster: only admin keys may use them.
+fn is_admin_route(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/cluster/drain" | "/v1/cluster/stop" | "/v1/cluster/load" | "/v1/cluster/unload"
+    )
+}
+
+/// What the key check decides for a request to `path` with this `Authorization` header:
+/// `None` lets it through. Client keys may run inference and read the cluster's state; cluster
+/// operations need `role=admin` (403 otherwise, so an application's key cannot stop the node).
+fn authorize(keys: &Keys, path: &str, auth: Option<&str>) -> Option<Response> {
+    match keys.check(auth) {
+        Verdict::Allowed(g) if is_admin_route(path) && g.role != Role::Admin => Some(error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "key {:?} is a client key; {path} needs a key with role=admin in the API key file",
+                g.name
+            ),
+        )),
+        Verdict::Allowed(_) => None,
+        Verdict::Unknown => Some(error(
+            StatusCode::UNAUTHORIZED,
+            "a valid API key is required",
+        )),
+        Verdict::Limited(secs) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("rate limit reached for this key; retry in {secs:.1} s"),
+            );
+            if let Ok(v) = format!("{}", secs.ceil() as u64).parse() {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            Some(r)
+        }
+    }
+}
+
+/// Every route but `/health` needs a key whenever the node has keys.
 async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     if req.uri().path() != "/health"
         && let Some(keys) = &shared.keys
@@ -455,8 +499,8 @@ async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> R
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        if !matches!(keys.check(auth), Verdict::Allowed(_)) {
-            return error(StatusCode::UNAUTHORIZED, "a valid API key is required");
+        if let Some(refused) = authorize(keys, req.uri().path(), auth) {
+            return refused;
         }
     }
     next.run(req).await
@@ -977,9 +1021,12 @@ struct ForwardHead {
     headers: Vec<(String, String)>,
 }
 
+/// The headers to pass on. A client's key stays on the node that checked it: the node serving
+/// a forwarded request trusts the control plane's mutual TLS, not the client's header.
 fn head_of(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
+        .filter(|(k, _)| *k != header::AUTHORIZATION)
         .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
         .collect()
 }
@@ -1110,4 +1157,51 @@ async fn forward(shared: &Shared, target: &str, req: Request) -> Response {
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::parse(
+            "sk-admin-123456 name=ops role=admin\nsk-app-1234567 name=app\nsk-slow-1234567 rpm=1\n",
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn client_keys_may_infer_and_read_but_not_operate_the_cluster() {
+        let k = keys();
+        let client = Some("Bearer sk-app-1234567");
+        for path in ["/v1/chat/completions", "/v1/cluster/status", "/v1/models"] {
+            assert!(authorize(&k, path, client).is_none(), "{path}");
+        }
+        for path in [
+            "/v1/cluster/stop",
+            "/v1/cluster/drain",
+            "/v1/cluster/load",
+            "/v1/cluster/unload",
+        ] {
+            let r = authorize(&k, path, client).expect(path);
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+            assert!(authorize(&k, path, Some("Bearer sk-admin-123456")).is_none());
+            assert_eq!(
+                authorize(&k, path, None).unwrap().status(),
+                StatusCode::UNAUTHORIZED
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_over_its_rate_gets_429_with_retry_after() {
+        let k = keys();
+        let slow = Some("Bearer sk-slow-1234567");
+        assert!(authorize(&k, "/v1/models", slow).is_none());
+        let r = authorize(&k, "/v1/models", slow).unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.headers().get(header::RETRY_AFTER).is_some());
+    }
 }

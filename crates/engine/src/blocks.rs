@@ -1,0 +1,522 @@
+//! The shared pieces decoder layers are built from: RMSNorm, attention (Q/K/V fused or not,
+//! biases, per-head Q/K norms, RoPE, grouped-query attention over the KV cache, sliding
+//! windows), the gated feed-forward block, post-norms and the residual add.
+//!
+//! A family's layer ([`crate::models::Family::layer`]) is a few calls on [`Blocks`]. The blocks
+//! hide the shard: each computes the rank's heads or FFN columns and performs the exchange its
+//! [`crate::Combine`] mode needs, so a block's output is always full model-width rows,
+//! identical on every rank. Every operation rounds where ggml rounds, so outputs stay bit for
+//! bit llama.cpp's.
+//!
+//! Data flow: `x` is the residual stream (`live` rows), `xn` a block's input, `proj` a block's
+//! output (rows `out_first..` of the stream). On the last layer of a prefill only the last row
+//! is needed after attention ("trim", as llama.cpp's `inp_out_ids`): attention then outputs one
+//! row and [`Blocks::residual`] leaves one live row.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use strata_kernels::attn::{self, Flavour};
+use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
+
+use crate::config::FfnAct;
+use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
+use crate::weights::LayerWeights;
+use crate::{Combine, Error, KvCache, ModelConfig, Result, ShardSpec};
+
+/// One step's state as it passes through the layers of a shard.
+pub(crate) struct Blocks<'a, 'c> {
+    pub(crate) cfg: &'a ModelConfig,
+    pub(crate) spec: &'a ShardSpec,
+    pub(crate) flavour: Flavour,
+    pub(crate) pool: &'a ThreadPool,
+    pub(crate) caches: &'a mut [&'c mut KvCache],
+    pub(crate) s: &'a mut Scratch,
+    pub(crate) rows: &'a Rows,
+    pub(crate) order: attn::DotOrder,
+    pub(crate) comm: &'a mut dyn Collective,
+    /// Layer index within the shard.
+    pub(crate) li: usize,
+    /// Whether only the last row continues after this layer's attention.
+    pub(crate) trim: bool,
+    /// Rows of `x` still computed.
+    pub(crate) live: usize,
+    /// The first row of `x` that `proj` row 0 belongs to.
+    out_first: usize,
+    /// Rows in `proj`.
+    out_rows: usize,
+}
+
+/// What the attention of one layer computes: which heads, which rows, in which order.
+#[derive(Clone, Copy)]
+struct AttnJob {
+    /// Layer index within the shard, and globally.
+    li: usize,
+    gl: usize,
+    /// Local query heads, the first one's global index, and the first local KV head's.
+    n_q: usize,
+    q0: usize,
+    kv0: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// The first row whose output is needed.
+    t_first: usize,
+    order: attn::DotOrder,
+}
+
+impl AttnJob {
+    /// The local KV head that local query head `h` reads (the cache holds this shard's KV heads,
+    /// from the one its first query head reads).
+    fn kv_head(&self, h: usize) -> usize {
+        (self.q0 + h) / self.group - self.kv0
+    }
+}
+
+/// Runs `f(thread, unit)` for every unit of `0..units`, the pool's threads claiming them from a
+/// shared counter (units vary in cost, so a static split would leave threads idle).
+fn run_units(pool: &ThreadPool, units: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    let next = AtomicUsize::new(0);
+    pool.run(&|tid| {
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= units {
+                break;
+            }
+            f(tid, u);
+        }
+    });
+}
+
+/// Masks keys `window` or more positions before `query_pos` (exp(-inf) = 0), keeping the
+/// row's layout so the softmax sums in ggml's blocks.
+fn mask_window(sc: &mut [f32], query_pos: usize, window: Option<usize>) {
+    if let Some(w) = window {
+        for (p, v) in sc.iter_mut().enumerate() {
+            if query_pos - p >= w {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// A raw pointer threads write disjoint regions through.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: every use writes only the (token, head) regions the writing thread claimed from an
+// atomic counter; no two threads claim the same region.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn mm(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut Vec<f32>) {
+    grow(out, acts.n() * w.rows());
+    matmul(pool, w, acts, &mut out[..acts.n() * w.rows()]);
+}
+
+/// Adds `bias` to each of the first `rows` rows of `x` (ggml's broadcast `ggml_add`).
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>, rows: usize) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()).take(rows) {
+            ops::add_assign(row, b);
+        }
+    }
+}
+
+impl<'a, 'c> Blocks<'a, 'c> {
+    /// The state of a step over `rows` (the residual stream already holds their inputs).
+    pub(crate) fn new(
+        model: &'a Model,
+        pool: &'a ThreadPool,
+        caches: &'a mut [&'c mut KvCache],
+        s: &'a mut Scratch,
+        rows: &'a Rows,
+        order: attn::DotOrder,
+        comm: &'a mut dyn Collective,
+    ) -> Self {
+        Blocks {
+            cfg: model.config(),
+            spec: model.spec(),
+            flavour: model.flavour(),
+            pool,
+            caches,
+            s,
+            rows,
+            order,
+            comm,
+            li: 0,
+            trim: false,
+            live: rows.pos.len(),
+            out_first: 0,
+            out_rows: 0,
+        }
+    }
+}
+
+impl Blocks<'_, '_> {
+    /// `xn = rms_norm(x) * w` for every live row.
+    pub(crate) fn norm(&mut self, w: &[f32]) {
+        let e = self.cfg.n_embd;
+        let s = &mut *self.s;
+        grow(&mut s.xn, self.live * e);
+        for (src, dst) in s.x[..self.live * e]
+            .chunks_exact(e)
+            .zip(s.xn.chunks_exact_mut(e))
+        {
+            ops::rms_norm(src, w, self.cfg.rms_eps, dst);
+        }
+    }
+
+    /// RMSNorm of the block output in place (Gemma's post-attention and post-FFN norms).
+    pub(crate) fn post_norm(&mut self, w: Option<&[f32]>) {
+        let e = self.cfg.n_embd;
+        if let Some(w) = w {
+            for row in self.s.proj[..self.out_rows * e].chunks_exact_mut(e) {
+                ops::rms_norm_in_place(row, w, self.cfg.rms_eps);
+            }
+        }
+    }
+
+    /// Adds the block output to the residual stream; after a trimmed attention, only the last
+    /// row stays live (moved to row 0).
+    pub(crate) fn residual(&mut self) {
+        let e = self.cfg.n_embd;
+        let s = &mut *self.s;
+        for (tt, row) in s.proj[..self.out_rows * e].chunks_exact(e).enumerate() {
+            let t = self.out_first + tt;
+            ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
+        }
+        if self.out_first > 0 {
+            s.x.copy_within(self.out_first * e..(self.out_first + 1) * e, 0);
+            self.live = self.out_rows;
+            self.out_first = 0;
+        }
+    }
+
+    /// Queries already scaled (Gemma) meet a softmax scale of 1.
+    fn softmax_scale(&self) -> f32 {
+        if self.cfg.query_scale.is_some() {
+            1.0
+        } else {
+            1.0 / (self.cfg.head_dim as f32).sqrt()
+        }
+    }
+
+    /// The sliding window of global layer `gl`, if it has one.
+    fn window(&self, gl: usize) -> Option<usize> {
+        let cfg = self.cfg;
+        cfg.swa
+            .as_ref()
+            .filter(|_| cfg.is_swa(gl))
+            .map(|w| w.window)
+    }
+
+    /// Self-attention of the normed rows `xn`: Q/K/V projections (with biases when the layer has
+    /// them), per-head Q/K norms, RoPE, the query scale, the KV cache, grouped attention, the
+    /// output projection and this shard's exchange. The output rows land in `proj`.
+    pub(crate) fn attention(&mut self, lw: &LayerWeights) -> Result<()> {
+        let cfg = self.cfg;
+        let n = self.live;
+        let (e, hd) = (cfg.n_embd, cfg.head_dim);
+        let n_q = lw.wq.rows() / hd;
+        let n_kv = lw.wk.rows() / hd;
+        let group = cfg.group();
+        let q0 = self.spec.q_heads.start;
+        let kv0 = q0 / group;
+        let half = cfg.rope_dims / 2;
+        let li = self.li;
+        let pool = self.pool;
+        let s = &mut *self.s;
+
+        s.acts.quantize(lw.wq.ggml_type(), &s.xn[..n * e], n, e);
+        let same = |m: &QMatrix| m.ggml_type() == lw.wq.ggml_type();
+        if same(&lw.wk) && same(&lw.wv) {
+            grow(&mut s.q, n * lw.wq.rows());
+            grow(&mut s.k, n * lw.wk.rows());
+            grow(&mut s.v, n * lw.wv.rows());
+            matmul_multi(
+                pool,
+                &s.acts,
+                &mut [
+                    (&lw.wq, &mut s.q[..n * lw.wq.rows()]),
+                    (&lw.wk, &mut s.k[..n * lw.wk.rows()]),
+                    (&lw.wv, &mut s.v[..n * lw.wv.rows()]),
+                ],
+            );
+        } else {
+            mm(pool, &lw.wq, &s.acts, &mut s.q);
+            s.acts.quantize(lw.wk.ggml_type(), &s.xn[..n * e], n, e);
+            mm(pool, &lw.wk, &s.acts, &mut s.k);
+            s.acts.quantize(lw.wv.ggml_type(), &s.xn[..n * e], n, e);
+            mm(pool, &lw.wv, &s.acts, &mut s.v);
+        }
+        add_bias(&mut s.q, lw.bq.as_deref(), n);
+        add_bias(&mut s.k, lw.bk.as_deref(), n);
+        add_bias(&mut s.v, lw.bv.as_deref(), n);
+
+        // Per-head norms, RoPE, the query scale, then rounding to f16 where llama.cpp stores or
+        // converts to f16 (the K/V cache, and Q when it meets the f16 keys).
+        let gl = self.spec.layers.start + li;
+        let table = if cfg.is_swa(gl) { n } else { 0 };
+        let rope = |x: &mut [f32], c: &[f32], sn: &[f32]| {
+            if cfg.rope_neox {
+                ops::rope_apply_neox(x, c, sn);
+            } else {
+                ops::rope_apply(x, c, sn);
+            }
+        };
+        let rows = self.rows;
+        for t in 0..n {
+            let at = (table + t) * half;
+            let (c, sn) = (&s.rope_cos[at..at + half], &s.rope_sin[at..at + half]);
+            for h in 0..n_q {
+                let q = &mut s.q[(t * n_q + h) * hd..(t * n_q + h + 1) * hd];
+                if let Some(w) = &lw.q_norm {
+                    ops::rms_norm_in_place(q, w, cfg.rms_eps);
+                }
+                rope(&mut q[..cfg.rope_dims], c, sn);
+                if let Some(f) = cfg.query_scale {
+                    ops::scale(q, f);
+                }
+                ops::round_f16_slice(q);
+            }
+            for h in 0..n_kv {
+                let k = &mut s.k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
+                if let Some(w) = &lw.k_norm {
+                    ops::rms_norm_in_place(k, w, cfg.rms_eps);
+                }
+                rope(&mut k[..cfg.rope_dims], c, sn);
+                let v = &s.v[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
+                self.caches[rows.seq[t]].store(li, h, rows.pos[t], k, v);
+            }
+        }
+
+        // With `trim`, only the last token's attention output is needed.
+        let t_first = if self.trim { n - 1 } else { 0 };
+        let n_out = n - t_first;
+        grow(&mut self.s.att, n_out * n_q * hd);
+        let job = AttnJob {
+            li,
+            gl,
+            n_q,
+            q0,
+            kv0,
+            group,
+            t_first,
+            order: self.order,
+        };
+        self.attend(&job);
+
+        let s = &mut *self.s;
+        let width = n_q * hd;
+        let combine = CombineMode::of(cfg, self.spec);
+        let att_in: &[f32] = if combine.gather_heads {
+            let full = cfg.q_width();
+            grow(&mut s.gathered, n_out * full);
+            self.comm
+                .all_gather(
+                    Axis::QHeads,
+                    n_out,
+                    &s.att[..n_out * width],
+                    &mut s.gathered[..n_out * full],
+                )
+                .map_err(Error::Collective)?;
+            &s.gathered[..n_out * full]
+        } else {
+            &s.att[..n_out * width]
+        };
+        s.acts.quantize(
+            lw.wo.ggml_type(),
+            att_in,
+            n_out,
+            att_in.len() / n_out.max(1),
+        );
+        mm(pool, &lw.wo, &s.acts, &mut s.proj);
+        self.combine_output(&combine, n_out, lw.wo.rows())?;
+        self.out_first = t_first;
+        self.out_rows = n_out;
+        Ok(())
+    }
+
+    /// Scores, softmax and the weighted sum of values for every (token, KV head): the query heads
+    /// sharing a KV head are scored and summed together, so each key and value row is loaded
+    /// once for all of them. Each token reads its own sequence's cache.
+    fn attend(&mut self, job: &AttnJob) {
+        let hd = self.cfg.head_dim;
+        let (li, n_q, t_first, order) = (job.li, job.n_q, job.t_first, job.order);
+        let rows = self.rows;
+        let n_out = rows.pos.len() - t_first;
+        let scale = self.softmax_scale();
+        let window = self.window(job.gl);
+        let flavour = self.flavour;
+        let pool = self.pool;
+        let caches: &[&mut KvCache] = self.caches;
+        let s = &mut *self.s;
+        // Runs of consecutive local query heads that read the same KV head, at most
+        // `MAX_GROUP` long (a shard's head range may start or end inside a group).
+        s.runs.clear();
+        for h in 0..n_q {
+            let kvh = job.kv_head(h);
+            match s.runs.last_mut() {
+                Some(r) if r.2 == kvh && r.1 - r.0 < attn::MAX_GROUP => r.1 = h + 1,
+                _ => s.runs.push((h, h + 1, kvh)),
+            }
+        }
+
+        let n_threads = pool.n_threads();
+        // Per thread, one padded score row per head of a run, sized for the whole context so a
+        // growing sequence never reallocates.
+        let capacity = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        let stride = capacity.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
+        let slot = attn::MAX_GROUP * stride;
+        grow(&mut s.scores, n_threads * slot);
+        let score_base = SyncPtr(s.scores.as_mut_ptr());
+        let att = SyncPtr(s.att.as_mut_ptr());
+        let runs = &s.runs;
+        let units = n_out * runs.len();
+        let q = &s.q;
+        run_units(pool, units, &|tid, u| {
+            let (run, tt) = (u % runs.len(), u / runs.len());
+            let (h0, h1, kvh) = runs[run];
+            let (t, g) = (t_first + tt, h1 - h0);
+            let (cache, query_pos) = (&*caches[rows.seq[t]], rows.pos[t]);
+            let len = query_pos + 1;
+            let lenp = attn::padded_len(order, len);
+            // SAFETY: thread `tid` alone uses score slot `tid` (`MAX_GROUP` rows of
+            // `stride >= lenp` floats), inside the buffer grown above.
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(score_base.get().add(tid * slot), slot) };
+            let qg = &q[(t * n_q + h0) * hd..(t * n_q + h1) * hd];
+            let keys = cache.keys(li, kvh, len);
+            attn::scores_grouped(order, qg, hd, keys, len, scale, sc, stride);
+            for row in sc.chunks_exact_mut(stride).take(g) {
+                let row = &mut row[..lenp];
+                mask_window(&mut row[..len], query_pos, window);
+                ops::softmax(&mut row[..len], flavour);
+                // llama.cpp converts the probabilities to f16 before the product with V.
+                ops::round_f16_slice(&mut row[..len]);
+                // Padded positions weigh nothing.
+                row[len..].fill(0.0);
+            }
+            // SAFETY: unit u owns the output rows of heads h0..h1 of token tt, inside the
+            // buffer grown by the caller.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * hd), g * hd)
+            };
+            let (vt, vs) = (cache.values_t(li, kvh), cache.value_stride());
+            attn::weighted_sum_grouped(order, sc, stride, vt, vs, hd, lenp, o);
+        });
+    }
+
+    /// The gated feed-forward block (`down(act(gate(xn)) * up(xn))`) over the live rows; the
+    /// output rows land in `proj`.
+    pub(crate) fn ffn(&mut self, lw: &LayerWeights) -> Result<()> {
+        let rows = self.live;
+        let e = self.cfg.n_embd;
+        let ff = lw.w_gate.rows();
+        let pool = self.pool;
+        let s = &mut *self.s;
+        s.acts
+            .quantize(lw.w_gate.ggml_type(), &s.xn[..rows * e], rows, e);
+        if lw.w_up.ggml_type() == lw.w_gate.ggml_type() {
+            grow(&mut s.gate, rows * ff);
+            grow(&mut s.up, rows * ff);
+            matmul_multi(
+                pool,
+                &s.acts,
+                &mut [
+                    (&lw.w_gate, &mut s.gate[..rows * ff]),
+                    (&lw.w_up, &mut s.up[..rows * ff]),
+                ],
+            );
+        } else {
+            mm(pool, &lw.w_gate, &s.acts, &mut s.gate);
+            s.acts
+                .quantize(lw.w_up.ggml_type(), &s.xn[..rows * e], rows, e);
+            mm(pool, &lw.w_up, &s.acts, &mut s.up);
+        }
+        match self.cfg.ffn_act {
+            FfnAct::Silu => ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff], self.flavour),
+            FfnAct::Gelu => ops::geglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
+        }
+        let combine = CombineMode::of(self.cfg, self.spec);
+        let act: &[f32] = if combine.gather_ffn {
+            let full = self.cfg.n_ff;
+            grow(&mut s.gathered, rows * full);
+            self.comm
+                .all_gather(
+                    Axis::Ffn,
+                    rows,
+                    &s.gate[..rows * ff],
+                    &mut s.gathered[..rows * full],
+                )
+                .map_err(Error::Collective)?;
+            &s.gathered[..rows * full]
+        } else {
+            &s.gate[..rows * ff]
+        };
+        s.acts
+            .quantize(lw.w_down.ggml_type(), act, rows, act.len() / rows.max(1));
+        mm(pool, &lw.w_down, &s.acts, &mut s.proj);
+        self.combine_output(&combine, rows, lw.w_down.rows())?;
+        self.out_first = 0;
+        self.out_rows = rows;
+        Ok(())
+    }
+
+    /// Turns this rank's output-projection result (`rows` rows of `part` values in `proj`) into
+    /// the full model-width rows every rank adds to its residual stream, left in `proj`.
+    fn combine_output(&mut self, mode: &CombineMode, rows: usize, part: usize) -> Result<()> {
+        let e = self.cfg.n_embd;
+        let s = &mut *self.s;
+        if mode.gather_embd {
+            grow(&mut s.gathered, rows * e);
+            self.comm
+                .all_gather(
+                    Axis::Embd,
+                    rows,
+                    &s.proj[..rows * part],
+                    &mut s.gathered[..rows * e],
+                )
+                .map_err(Error::Collective)?;
+            grow(&mut s.proj, rows * e);
+            s.proj[..rows * e].copy_from_slice(&s.gathered[..rows * e]);
+            return Ok(());
+        }
+        if mode.reduce {
+            self.comm
+                .all_reduce_sum(&mut s.proj[..rows * e])
+                .map_err(Error::Collective)?;
+        }
+        Ok(())
+    }
+}
+
+/// The exchanges a layer of one shard makes.
+struct CombineMode {
+    gather_heads: bool,
+    gather_ffn: bool,
+    gather_embd: bool,
+    reduce: bool,
+}
+
+impl CombineMode {
+    fn of(cfg: &ModelConfig, spec: &ShardSpec) -> CombineMode {
+        match &spec.combine {
+            Combine::Gather { embd } => CombineMode {
+                gather_heads: spec.q_heads != (0..cfg.n_head),
+                gather_ffn: spec.ffn != (0..cfg.n_ff),
+                gather_embd: *embd != (0..cfg.n_embd),
+                reduce: false,
+            },
+            Combine::Reduce => CombineMode {
+                gather_heads: false,
+                gather_ffn: false,
+                gather_embd: false,
+                reduce: !spec.is_full_width(cfg),
+            },
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The decoder families, one file each.
+//!
+//! A family says three things, in the manner of llama.cpp's per-architecture files: which
+//! metadata keys of its own it reads ([`Family::configure`]), which per-layer tensors it needs
+//! beyond the common set ([`Family::tensors`]), and how one layer composes the shared blocks
+//! of [`crate::blocks`] ([`Family::layer`]). Everything a family leaves to the shared blocks
+//! (fused or separate Q/K/V, biases, grouped-query attention, sliding windows, sharding and
+//! the exchanges between ranks) works for every family alike.
+//!
+//! Adding a family: write `models/NAME.rs` with a unit struct implementing [`Family`], add a
+//! variant to [`Arch`] and a line to [`FAMILIES`], and add a parity test against llama.cpp
+//! (`strata synth --arch NAME` writes a model of it; `scripts/make-reference.py` makes the
+//! reference).
+
+mod gemma3;
+mod llama;
+mod qwen2;
+mod qwen3;
+
+use crate::blocks::Blocks;
+use crate::config::Hparams;
+use crate::weights::LayerWeights;
+use crate::{Error, ModelConfig, Result};
+
+/// The decoder architectures the engine runs (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama and its relatives (SmolLM2, Mistral): RMSNorm, RoPE on adjacent pairs, SwiGLU.
+    Llama,
+    /// Gemma 3: scaled embeddings, per-head Q/K norms, NEOX RoPE with a separate base for
+    /// sliding-window layers, norms after attention and FFN, GeGLU.
+    Gemma3,
+    /// Qwen2 and Qwen2.5: Llama's layer with Q/K/V biases and NEOX RoPE.
+    Qwen2,
+    /// Qwen3 (dense): per-head Q/K RMSNorm, NEOX RoPE, no biases.
+    Qwen3,
+}
+
+/// Every family: its `general.architecture` name and its variant.
+const FAMILIES: &[(&str, Arch)] = &[
+    ("llama", Arch::Llama),
+    ("gemma3", Arch::Gemma3),
+    ("qwen2", Arch::Qwen2),
+    ("qwen3", Arch::Qwen3),
+];
+
+impl Arch {
+    /// The architecture named `name`, or an error listing the supported ones.
+    pub fn parse(name: &str) -> Result<Arch> {
+        FAMILIES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| Error::UnsupportedArchitecture {
+                arch: name.to_string(),
+                supported: Arch::supported(),
+            })
+    }
+
+    /// The supported names, comma-separated (for messages and `strata models`).
+    pub fn supported() -> String {
+        FAMILIES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The GGUF name of this architecture.
+    pub fn name(self) -> &'static str {
+        FAMILIES
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+/// Per-layer tensors a family needs beyond the common set (norms before attention and FFN,
+/// Q/K/V fused or not, the output projection, gate/up fused or not, down).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LayerTensors {
+    /// `attn_q_norm` and `attn_k_norm`: an RMSNorm over each head of Q and K.
+    pub(crate) qk_norm: bool,
+    /// `post_attention_norm` and `post_ffw_norm`: RMSNorms of the block outputs.
+    pub(crate) post_norms: bool,
+}
+
+/// One decoder family.
+pub(crate) trait Family: Sync {
+    /// Reads this family's own metadata into `cfg` (the common keys are already read).
+    fn configure(&self, hp: &Hparams<'_>, cfg: &mut ModelConfig) -> Result<()>;
+
+    /// The per-layer tensors it needs beyond the common set.
+    fn tensors(&self) -> LayerTensors;
+
+    /// One decoder layer over the live rows of the residual stream.
+    fn layer(&self, b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()>;
+}
+
+/// The implementation of `arch`.
+pub(crate) fn family(arch: Arch) -> &'static dyn Family {
+    match arch {
+        Arch::Llama => &llama::Llama,
+        Arch::Gemma3 => &gemma3::Gemma3,
+        Arch::Qwen2 => &qwen2::Qwen2,
+        Arch::Qwen3 => &qwen3::Qwen3,
+    }
+}
+
+/// The layer most families share: pre-norm attention and pre-norm FFN, each added to the
+/// residual stream.
+pub(crate) fn pre_norm_layer(b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()> {
+    b.norm(&lw.attn_norm);
+    b.attention(lw)?;
+    b.residual();
+    b.norm(&lw.ffn_norm);
+    b.ffn(lw)?;
+    b.residual();
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Random-weight models of every supported family, for tests and benchmarks without downloads.
+//!
+//! A synthetic model has its family's real metadata keys and tensor names, a real tokenizer
+//! (copied from a model the store can fetch) and a chat template of the family, so every stage
+//! a user's file goes through runs on it: llama.cpp loads it too, which is how the parity tests
+//! get reference logits for families whose real weights cannot be downloaded here. Weights are
+//! uniform noise scaled by `1/sqrt(fan_in)` (activations stay finite through many layers); norm
+//! weights and biases are noise around their neutral value, so a swapped or skipped one changes
+//! the output. The legacy quant types are written with llama.cpp's reference quantiser, so
+//! the bytes are those `llama-quantize` would write from the f32 model ([`tensor_digest`]
+//! checks this against a digest llama.cpp's file gave).
+
+use sha2::{Digest, Sha256};
+use strata_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
+use strata_kernels::formats::quantize_weights;
+
+use crate::{Arch, Error, Result};
+
+/// What to synthesise.
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    /// The family.
+    pub arch: Arch,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Model width.
+    pub embd: usize,
+    /// FFN width.
+    pub ff: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head width (default `embd / heads`).
+    pub head_dim: Option<usize>,
+    /// Type of the weight matrices (norms and biases stay f32).
+    pub ty: GgmlType,
+    /// Noise seed.
+    pub seed: u64,
+}
+
+/// A chat template in the Qwen2.5 / Qwen3 manner: ChatML turns, tools listed in the system turn
+/// as JSON inside `<tools>`, calls as `<tool_call>` JSON, results as `<tool_response>`.
+const QWEN_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}
+
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% else %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}
+{%- for tc in message.tool_calls %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>
+{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+struct Noise(u64);
+
+impl Noise {
+    /// Uniform values in [-scale, scale).
+    fn fill(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}
+
+/// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
+pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
+    let s = spec;
+    let (e, ff, nh, nkv) = (s.embd, s.ff, s.heads, s.kv_heads);
+    let bad = |why: &str| Err(Error::InvalidModel(format!("cannot synthesise: {why}")));
+    if s.layers == 0 || nh == 0 || nkv == 0 || !nh.is_multiple_of(nkv) {
+        return bad("need layers >= 1 and heads a multiple of kv-heads");
+    }
+    let hd = match s.head_dim {
+        Some(hd) => hd,
+        None if e.is_multiple_of(nh) => e / nh,
+        None => return bad("embd must be a multiple of heads (or give a head width)"),
+    };
+    let block = s.ty.block_size();
+    if !e.is_multiple_of(block) || !ff.is_multiple_of(block) || !(nh * hd).is_multiple_of(block) {
+        return bad(&format!(
+            "embd, ff and heads x head width must be multiples of {block} ({} blocks)",
+            s.ty
+        ));
+    }
+    if hd % 2 != 0 {
+        return bad("the head width must be even (RoPE rotates pairs)");
+    }
+    let md = tokenizer_from.metadata();
+    let vocab = match md.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(Array::String(t))) => t.len(),
+        _ => return bad("the tokenizer source has no vocabulary"),
+    };
+    let arch = s.arch.name();
+    let mut w = GgufWriter::new();
+    let k = |key: &str| format!("{arch}.{key}");
+    w.kv("general.architecture", Value::String(arch.into()))
+        .kv(
+            "general.name",
+            Value::String(format!(
+                "synthetic {arch} {}L {e}x{ff} {nh}/{nkv} heads {}",
+                s.layers, s.ty
+            )),
+        )
+        .kv(&k("block_count"), Value::U32(s.layers as u32))
+        .kv(&k("context_length"), Value::U32(4096))
+        .kv(&k("embedding_length"), Value::U32(e as u32))
+        .kv(&k("feed_forward_length"), Value::U32(ff as u32))
+        .kv(&k("attention.head_count"), Value::U32(nh as u32))
+        .kv(&k("attention.head_count_kv"), Value::U32(nkv as u32))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
+        .kv(&k("rope.freq_base"), Value::F32(1_000_000.0))
+        .kv(&k("rope.dimension_count"), Value::U32(hd as u32));
+    if s.head_dim.is_some() {
+        w.kv(&k("attention.key_length"), Value::U32(hd as u32))
+            .kv(&k("attention.value_length"), Value::U32(hd as u32));
+    }
+    // Qwen's own split rules on the copied vocabulary, so both tokenizers exercise them, and a
+    // template of the family.
+    let overrides: &[(&str, &str)] = match s.arch {
+        Arch::Qwen2 | Arch::Qwen3 => &[
+            ("tokenizer.ggml.pre", "qwen2"),
+            ("tokenizer.chat_template", QWEN_TEMPLATE),
+        ],
+        Arch::Llama | Arch::Gemma3 => &[],
+    };
+    for (key, v) in md.iter() {
+        if key.starts_with("tokenizer.") && !overrides.iter().any(|(k, _)| *k == key) {
+            w.kv(key, v.clone());
+        }
+    }
+    for (key, v) in overrides {
+        w.kv(key, Value::String((*v).into()));
+    }
+
+    let mut noise = Noise(s.seed.max(1));
+    let ty = s.ty;
+    let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize| {
+        let x = noise.fill(cols * rows, 1.0 / (cols as f32).sqrt());
+        w.tensor(
+            name,
+            &[cols as u64, rows as u64],
+            ty,
+            quantize_weights(ty, &x),
+        );
+    };
+    let mut vec_noise = Noise(s.seed.max(1) ^ 0x9E37_79B9_7F4A_7C15);
+    let mut vector = |w: &mut GgufWriter, name: &str, n: usize, centre: f32, spread: f32| {
+        let v: Vec<f32> = vec_noise
+            .fill(n, spread)
+            .into_iter()
+            .map(|x| x + centre)
+            .collect();
+        w.tensor(
+            name,
+            &[n as u64],
+            GgmlType::F32,
+            quantize_weights(GgmlType::F32, &v),
+        );
+    };
+    matrix(&mut w, "token_embd.weight", e, vocab);
+    vector(&mut w, "output_norm.weight", e, 1.0, 0.2);
+    for l in 0..s.layers {
+        let n = |t: &str| format!("blk.{l}.{t}");
+        vector(&mut w, &n("attn_norm.weight"), e, 1.0, 0.2);
+        vector(&mut w, &n("ffn_norm.weight"), e, 1.0, 0.2);
+        matrix(&mut w, &n("attn_q.weight"), e, nh * hd);
+        matrix(&mut w, &n("attn_k.weight"), e, nkv * hd);
+        matrix(&mut w, &n("attn_v.weight"), e, nkv * hd);
+        if s.arch == Arch::Qwen2 {
+            vector(&mut w, &n("attn_q.bias"), nh * hd, 0.0, 0.5);
+            vector(&mut w, &n("attn_k.bias"), nkv * hd, 0.0, 0.5);
+            vector(&mut w, &n("attn_v.bias"), nkv * hd, 0.0, 0.5);
+        }
+        if matches!(s.arch, Arch::Qwen3 | Arch::Gemma3) {
+            vector(&mut w, &n("attn_q_norm.weight"), hd, 1.0, 0.3);
+            vector(&mut w, &n("attn_k_norm.weight"), hd, 1.0, 0.3);
+        }
+        if s.arch == Arch::Gemma3 {
+            vector(&mut w, &n("post_attention_norm.weight"), e, 1.0, 0.2);
+            vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
+        }
+        matrix(&mut w, &n("attn_output.weight"), nh * hd, e);
+        matrix(&mut w, &n("ffn_gate.weight"), e, ff);
+        matrix(&mut w, &n("ffn_up.weight"), e, ff);
+        matrix(&mut w, &n("ffn_down.weight"), ff, e);
+    }
+    Ok(w.to_bytes())
+}
+
+/// A digest of a file's weights: SHA-256 over every tensor, in name order, of its name, type
+/// id and data. Two files with the same digest hold the same weights, whatever their metadata
+/// (`scripts/make-reference.py` computes the same digest of llama.cpp's quantised file).
+pub fn tensor_digest(file: &GgufFile) -> String {
+    let mut tensors: Vec<_> = file.tensors().iter().collect();
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut h = Sha256::new();
+    for t in tensors {
+        h.update(t.name.as_bytes());
+        h.update([0]);
+        h.update(t.ggml_type.id().to_le_bytes());
+        h.update(file.tensor_data(t));
+    }
+    h.finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()
+}
