@@ -207,8 +207,25 @@ fn synthetic_families_shard_like_one_process() {
         let path = dir.join(format!("{arch}.gguf"));
         let path_s = path.to_str().unwrap();
         let mut synth = vec![
-            "synth", "--arch", arch, "--type", ty, "-o", path_s, "--layers", "4", "--embd", "256",
-            "--ff", "768", "--heads", "8", "--kv-heads", "2", "--seed", "7",
+            "synth",
+            "--arch",
+            arch,
+            "--type",
+            ty,
+            "-o",
+            path_s,
+            "--layers",
+            "4",
+            "--embd",
+            "256",
+            "--ff",
+            "768",
+            "--heads",
+            "8",
+            "--kv-heads",
+            "2",
+            "--seed",
+            "7",
         ];
         if let Some(hd) = head_dim {
             synth.extend(["--head-dim", hd]);
@@ -225,7 +242,14 @@ fn synthetic_families_shard_like_one_process() {
         assert!(!want.is_empty(), "{arch}: no output");
         for cfg in [
             &["--ranks", "2", "--strategy", "tensor", "--transport", "shm"][..],
-            &["--ranks", "2", "--strategy", "pipeline", "--transport", "tcp"][..],
+            &[
+                "--ranks",
+                "2",
+                "--strategy",
+                "pipeline",
+                "--transport",
+                "tcp",
+            ][..],
         ] {
             assert_eq!(with(cfg), want, "{arch} {cfg:?}");
         }

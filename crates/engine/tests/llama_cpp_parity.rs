@@ -90,7 +90,8 @@ fn check_synthetic(name: &str) {
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
     let bytes = synth(&spec, &base).unwrap();
-    let path = std::env::temp_dir().join(format!("strata-parity-{name}-{}.gguf", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("strata-parity-{name}-{}.gguf", std::process::id()));
     std::fs::write(&path, &bytes).unwrap();
     let file = GgufFile::open(&path).unwrap();
     assert_eq!(
@@ -108,8 +109,8 @@ fn synthetic_llama_q8_0_matches_llama_cpp() {
 }
 
 #[test]
-fn synthetic_qwen2_q4_0_matches_llama_cpp() {
-    check_synthetic("synth-qwen2-q4_0");
+fn synthetic_qwen2_q4_1_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-q4_1");
 }
 
 #[test]
