@@ -152,3 +152,107 @@ fn truncated_real_model_fails_cleanly() {
         assert!(outcome.starts_with("gguf:"), "cut at {cut}: {outcome}");
     }
 }
+
+/// Metadata edits: a key and its new value (`None` removes it).
+type Edits<'a> = Vec<(&'a str, Option<strata_gguf::Value>)>;
+
+/// A small synthetic Qwen3 model rewritten with metadata `edits` (a `None` value removes the
+/// key) and `extra` tensors; returns what loading it says.
+fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usize)]) -> String {
+    use strata_engine::Arch;
+    use strata_engine::synth::{SynthSpec, synth};
+    use strata_gguf::{GgmlType, GgufWriter};
+    let base = GgufFile::from_bytes(real_model()).unwrap();
+    let spec = SynthSpec {
+        arch: Arch::Qwen3,
+        layers: 2,
+        embd: 64,
+        ff: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: Some(32),
+        ty: GgmlType::Q8_0,
+        seed: 3,
+    };
+    let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata().iter() {
+        if !edits.iter().any(|(e, _)| *e == k) {
+            w.kv(k, v.clone());
+        }
+    }
+    for (k, v) in edits {
+        if let Some(v) = v {
+            w.kv(k, v.clone());
+        }
+    }
+    for t in file.tensors() {
+        w.tensor(&t.name, &t.dims, t.ggml_type, file.tensor_data(t).to_vec());
+    }
+    for (name, len) in extra {
+        w.tensor(name, &[*len as u64], GgmlType::F32, vec![0u8; len * 4]);
+    }
+    let pool = ThreadPool::new(1);
+    load_everything(w.to_bytes(), &pool)
+}
+
+#[test]
+fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
+    use strata_gguf::Value;
+    assert_eq!(load_edited(&[], &[]), "ran");
+    let cases: Vec<(Edits<'_>, Vec<(&str, usize)>, &str)> = vec![
+        (
+            vec![("general.architecture", Some(Value::String("mamba".into())))],
+            vec![],
+            "unsupported architecture \"mamba\"",
+        ),
+        (
+            vec![(
+                "qwen3.attention.layer_norm_rms_epsilon",
+                Some(Value::F32(f32::NAN)),
+            )],
+            vec![],
+            "qwen3.attention.layer_norm_rms_epsilon is NaN",
+        ),
+        (
+            vec![(
+                "qwen3.attention.layer_norm_rms_epsilon",
+                Some(Value::F32(0.0)),
+            )],
+            vec![],
+            "qwen3.attention.layer_norm_rms_epsilon is 0",
+        ),
+        (
+            vec![("qwen3.rope.freq_base", Some(Value::F32(-1.0)))],
+            vec![],
+            "qwen3.rope.freq_base is -1",
+        ),
+        (
+            vec![(
+                "qwen3.rope.scaling.type",
+                Some(Value::String("yarn".into())),
+            )],
+            vec![],
+            "qwen3.rope.scaling.type = \"yarn\" is not supported",
+        ),
+        (
+            vec![("qwen3.rope.dimension_count", Some(Value::U32(96)))],
+            vec![],
+            "qwen3.rope.dimension_count 96",
+        ),
+        (
+            vec![("qwen3.attention.head_count_kv", Some(Value::U32(3)))],
+            vec![],
+            "inconsistent",
+        ),
+        (
+            vec![],
+            vec![("blk.0.attn_output.bias", 64)],
+            "tensor blk.0.attn_output.bias is not part of",
+        ),
+    ];
+    for (edits, extra, needle) in cases {
+        let got = load_edited(&edits, &extra);
+        assert!(got.contains(needle), "{edits:?} {extra:?}: {got}");
+    }
+}
