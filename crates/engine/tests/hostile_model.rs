@@ -156,6 +156,9 @@ fn truncated_real_model_fails_cleanly() {
 /// Metadata edits: a key and its new value (`None` removes it).
 type Edits<'a> = Vec<(&'a str, Option<strata_gguf::Value>)>;
 
+/// Edits, extra tensors (name, f32 length), and what the refusal must say.
+type Case<'a> = (Edits<'a>, Vec<(&'a str, usize)>, &'a str);
+
 /// A small synthetic Qwen3 model rewritten with metadata `edits` (a `None` value removes the
 /// key) and `extra` tensors; returns what loading it says.
 fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usize)]) -> String {
@@ -200,7 +203,7 @@ fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usi
 fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
     use strata_gguf::Value;
     assert_eq!(load_edited(&[], &[]), "ran");
-    let cases: Vec<(Edits<'_>, Vec<(&str, usize)>, &str)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             vec![("general.architecture", Some(Value::String("mamba".into())))],
             vec![],
