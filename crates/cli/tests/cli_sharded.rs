@@ -36,6 +36,16 @@ fn text(out: &Output, what: &str) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// Writes a small synthetic model (4 layers, width 256, FFN 768, 8 query heads) to `path`;
+/// `extra` adds or overrides `strata synth` flags.
+fn synth_small(path: &str, extra: &[&str]) {
+    let mut args = vec![
+        "synth", "-o", path, "--layers", "4", "--embd", "256", "--ff", "768", "--heads", "8",
+    ];
+    args.extend_from_slice(extra);
+    text(&strata(&args), "synth");
+}
+
 fn run(extra: &[&str], prompt: &str, n: &str) -> Output {
     let mut args = vec![
         "run",
@@ -201,36 +211,24 @@ fn gemma_shards_with_one_kv_head() {
 /// parity test).
 #[test]
 fn synthetic_families_shard_like_one_process() {
-    let dir = std::env::temp_dir().join(format!("strata-sharded-synth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::tempdir().unwrap();
     for (arch, ty, head_dim) in [("qwen2", "q8_0", None), ("qwen3", "q4_1", Some("64"))] {
-        let path = dir.join(format!("{arch}.gguf"));
+        let path = dir.path().join(format!("{arch}.gguf"));
         let path_s = path.to_str().unwrap();
-        let mut synth = vec![
-            "synth",
+        let mut extra = vec![
             "--arch",
             arch,
             "--type",
             ty,
-            "-o",
-            path_s,
-            "--layers",
-            "4",
-            "--embd",
-            "256",
-            "--ff",
-            "768",
-            "--heads",
-            "8",
             "--kv-heads",
             "2",
             "--seed",
             "7",
         ];
         if let Some(hd) = head_dim {
-            synth.extend(["--head-dim", hd]);
+            extra.extend(["--head-dim", hd]);
         }
-        text(&strata(&synth), "synth");
+        synth_small(path_s, &extra);
         let base = ["run", "-m", path_s, "-n", "24", "--ignore-eos", "--raw"];
         let with = |extra: &[&str]| {
             let mut a: Vec<&str> = base.to_vec();
@@ -254,7 +252,6 @@ fn synthetic_families_shard_like_one_process() {
             assert_eq!(with(cfg), want, "{arch} {cfg:?}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -391,28 +388,7 @@ fn a_synthetic_model_shards_identically_four_ways() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("synthetic.gguf");
     let model = model.to_str().unwrap();
-    let out = strata(&[
-        "synth",
-        "-o",
-        model,
-        "--layers",
-        "4",
-        "--embd",
-        "256",
-        "--ff",
-        "768",
-        "--heads",
-        "8",
-        "--kv-heads",
-        "4",
-        "--type",
-        "q8_0",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    synth_small(model, &["--kv-heads", "4", "--type", "q8_0"]);
     let base = ["run", "-m", model, "--raw", "-n", "24", "--ignore-eos"];
     let with = |extra: &[&str]| {
         let mut a: Vec<&str> = base.to_vec();

@@ -42,8 +42,11 @@ pub(crate) struct Blocks<'a, 'c> {
     pub(crate) live: usize,
     /// The first row of `x` that `proj` row 0 belongs to.
     out_first: usize,
-    /// Rows in `proj`.
+    /// Rows of the block output.
     out_rows: usize,
+    /// Whether the block output is in `gathered` (an all-gathered model width) rather than
+    /// `proj`.
+    out_gathered: bool,
 }
 
 /// What the attention of one layer computes: which heads, which rows, in which order.
@@ -151,6 +154,7 @@ impl<'a, 'c> Blocks<'a, 'c> {
             live: rows.pos.len(),
             out_first: 0,
             out_rows: 0,
+            out_gathered: false,
         }
     }
 }
@@ -173,7 +177,12 @@ impl Blocks<'_, '_> {
     pub(crate) fn post_norm(&mut self, w: Option<&[f32]>) {
         let e = self.cfg.n_embd;
         if let Some(w) = w {
-            for row in self.s.proj[..self.out_rows * e].chunks_exact_mut(e) {
+            let out = if self.out_gathered {
+                &mut self.s.gathered
+            } else {
+                &mut self.s.proj
+            };
+            for row in out[..self.out_rows * e].chunks_exact_mut(e) {
                 ops::rms_norm_in_place(row, w, self.cfg.rms_eps);
             }
         }
@@ -184,7 +193,12 @@ impl Blocks<'_, '_> {
     pub(crate) fn residual(&mut self) {
         let e = self.cfg.n_embd;
         let s = &mut *self.s;
-        for (tt, row) in s.proj[..self.out_rows * e].chunks_exact(e).enumerate() {
+        let out = if self.out_gathered {
+            &s.gathered
+        } else {
+            &s.proj
+        };
+        for (tt, row) in out[..self.out_rows * e].chunks_exact(e).enumerate() {
             let t = self.out_first + tt;
             ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
         }
@@ -467,10 +481,12 @@ impl Blocks<'_, '_> {
     }
 
     /// Turns this rank's output-projection result (`rows` rows of `part` values in `proj`) into
-    /// the full model-width rows every rank adds to its residual stream, left in `proj`.
+    /// the full model-width rows every rank adds to its residual stream (all-gathered into
+    /// `gathered`, or all-reduced in place in `proj`).
     fn combine_output(&mut self, mode: &CombineMode, rows: usize, part: usize) -> Result<()> {
         let e = self.cfg.n_embd;
         let s = &mut *self.s;
+        self.out_gathered = mode.gather_embd;
         if mode.gather_embd {
             grow(&mut s.gathered, rows * e);
             self.comm
@@ -481,8 +497,6 @@ impl Blocks<'_, '_> {
                     &mut s.gathered[..rows * e],
                 )
                 .map_err(Error::Collective)?;
-            grow(&mut s.proj, rows * e);
-            s.proj[..rows * e].copy_from_slice(&s.gathered[..rows * e]);
             return Ok(());
         }
         if mode.reduce {

@@ -1,4 +1,5 @@
-//! One forward step of a Llama-family or Gemma 3 decoder over a shard.
+//! One forward step of a decoder over a shard: the embedding, the family's layers (see
+//! [`crate::models`] and [`crate::blocks`]) and the LM head.
 //!
 //! The step takes a batch of tokens (the whole prompt during prefill, one token during decode) at
 //! consecutive positions, appends their keys and values to the cache, and leaves either the hidden
