@@ -30,6 +30,8 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
+    IQ4NL,
+    IQ4XS,
 }
 
 impl GgmlType {
@@ -55,6 +57,8 @@ impl GgmlType {
             26 => Self::I32,
             27 => Self::I64,
             28 => Self::F64,
+            20 => Self::IQ4NL,
+            23 => Self::IQ4XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -82,6 +86,8 @@ impl GgmlType {
             Self::I32 => 26,
             Self::I64 => 27,
             Self::F64 => 28,
+            Self::IQ4NL => 20,
+            Self::IQ4XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -89,8 +95,16 @@ impl GgmlType {
     /// Number of elements in one block (1 for plain types).
     pub fn block_size(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Q8_1
+            | Self::IQ4NL => 32,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K | Self::IQ4XS => {
+                256
+            }
             _ => 1,
         }
     }
@@ -114,6 +128,8 @@ impl GgmlType {
             Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Q8K => 292,
+            Self::IQ4NL => 18,
+            Self::IQ4XS => 136,
         }
     }
 
@@ -148,6 +164,8 @@ impl GgmlType {
             Self::I64 => "I64",
             Self::F64 => "F64",
             Self::BF16 => "BF16",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 }
