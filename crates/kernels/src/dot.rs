@@ -38,8 +38,8 @@ pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
             .take(n)
             .map(|(x, y)| rd_f16(x, 0) * rd_f16(y, 0))
             .sum(),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
-            let with_min = ty == GgmlType::Q4_1;
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            let with_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
             let (ab, qoff) = if with_min { (36, 4) } else { (34, 2) };
             let wb = ty.block_bytes();
             let mut acc = [0.0f32; 8];
@@ -66,6 +66,7 @@ pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         }
         GgmlType::Q4K => crate::kquants::dot_q4_k(w, a, n),
         GgmlType::Q6K => crate::kquants::dot_q6_k(w, a, n),
+        ty if crate::kformats::handles(ty) => crate::kformats::dot(ty, w, a, n),
         _ => f32::NAN,
     }
 }

@@ -34,7 +34,7 @@ pub fn round_f16(x: f32) -> f32 {
 
 /// Decodes one block of a 32-element integer format into its signed codes.
 ///
-/// Returns the codes and, for Q4_1, the block minimum (`m`, added as `m * sum(y)` by the dot).
+/// Returns the codes and, for Q4_1 and Q5_1, the block minimum (`m`, added as `m * sum(y)` by the dot).
 pub(crate) fn block_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK]) -> (f32, f32) {
     match ty {
         GgmlType::Q4_0 => {
@@ -61,6 +61,16 @@ pub(crate) fn block_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK]) -> (f32, f
             }
             (rd_f16(b, 0), 0.0)
         }
+        GgmlType::Q5_1 => {
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            for j in 0..16 {
+                let lo = (b[8 + j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                let hi = (b[8 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                out[j] = lo as i8;
+                out[j + 16] = hi as i8;
+            }
+            (rd_f16(b, 0), rd_f16(b, 2))
+        }
         GgmlType::Q8_0 => {
             for j in 0..QK {
                 out[j] = b[2 + j] as i8;
@@ -86,7 +96,7 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
                 *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             let bb = ty.block_bytes();
             let mut codes = [0i8; QK];
             for (o, b) in out.chunks_exact_mut(QK).zip(row.chunks_exact(bb)) {
@@ -98,6 +108,7 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
         }
         GgmlType::Q4K => crate::kquants::dequantize_q4_k(row, out),
         GgmlType::Q6K => crate::kquants::dequantize_q6_k(row, out),
+        ty if crate::kformats::handles(ty) => crate::kformats::dequantize(ty, row, out),
         _ => out.fill(f32::NAN),
     }
 }
@@ -108,7 +119,12 @@ pub fn act_type(ty: GgmlType) -> GgmlType {
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
-        GgmlType::Q4K | GgmlType::Q6K => GgmlType::Q8K,
+        GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K
+        | GgmlType::IQ4XS => GgmlType::Q8K,
         GgmlType::F16 => GgmlType::F16,
         _ => GgmlType::F32,
     }

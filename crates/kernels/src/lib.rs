@@ -14,6 +14,7 @@
 pub mod attn;
 pub mod dot;
 pub mod formats;
+pub mod kformats;
 pub mod kquants;
 mod matmul;
 pub mod membw;
@@ -48,7 +49,7 @@ pub enum Error {
     },
     /// The kernels cannot compute with this weight format (yet).
     #[error(
-        "unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)"
+        "unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)"
     )]
     UnsupportedType(GgmlType),
 }
@@ -65,9 +66,14 @@ pub fn supported_weight(ty: GgmlType) -> bool {
             | GgmlType::Q4_0
             | GgmlType::Q4_1
             | GgmlType::Q5_0
+            | GgmlType::Q5_1
             | GgmlType::Q8_0
+            | GgmlType::Q2K
+            | GgmlType::Q3K
             | GgmlType::Q4K
+            | GgmlType::Q5K
             | GgmlType::Q6K
+            | GgmlType::IQ4XS
     )
 }
 

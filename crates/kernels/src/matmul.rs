@@ -327,7 +327,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             }
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
             // its tiled K-quant kernel takes batches of 8 or more tokens whole.
-            let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && w.ty == GgmlType::Q6K {
+            let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && tiled_format(w) {
                 let d = tiled_dot(w.ty);
                 (d, d, 0)
             } else {
@@ -554,8 +554,21 @@ pub(crate) fn row_dot(
 /// Smallest batch llama.cpp sends through its tiled K-quant kernel.
 const TILED_MIN_BATCH: usize = 8;
 
-/// The dot product of llama.cpp's tiled kernel for `ty` (Q6_K).
+/// Whether llama.cpp sends batches of 8 or more tokens times `w` through its tiled kernel: every
+/// K format it does not repack (Q4_K with a row count that is a multiple of 8 it does).
+fn tiled_format(w: &QMatrix) -> bool {
+    match w.ty {
+        GgmlType::Q6K => true,
+        GgmlType::Q4K => !w.rows.is_multiple_of(8),
+        ty => crate::kformats::handles(ty),
+    }
+}
+
+/// The dot product of llama.cpp's tiled kernel for `ty`.
 pub(crate) fn tiled_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    if ty != GgmlType::Q6K {
+        return crate::kformats::dot_tiled;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.

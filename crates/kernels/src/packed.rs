@@ -6,8 +6,8 @@
 //! therefore regroups rows in fours ([`GROUP`]) and interleaves them block by block:
 //!
 //! ```text
-//! group g, block b:  d[4] f16 | m[4] f16 (Q4_1 only) | quants
-//!   Q4_0 / Q4_1 quants:  row0 16 B | row1 16 B | row2 16 B | row3 16 B   (two rows per 256 bits)
+//! group g, block b:  d[4] f16 | m[4] f16 (Q4_1, Q5_1) | fifth bits (Q5_0, Q5_1) | quants
+//!   4- and 5-bit quants: row0 16 B | row1 16 B | row2 16 B | row3 16 B   (two rows per 256 bits)
 //!   Q8_0 quants:         row0 32 B | row1 32 B | row2 32 B | row3 32 B
 //! ```
 //!
@@ -28,7 +28,7 @@ pub const GROUP: usize = 4;
 pub fn packable(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
     )
 }
 
@@ -38,6 +38,7 @@ pub fn group_block_bytes(ty: GgmlType) -> usize {
         GgmlType::Q4_1 => 8 + 8 + 64,
         GgmlType::Q4_0 => 8 + 64,
         GgmlType::Q5_0 => 8 + 16 + 64,
+        GgmlType::Q5_1 => 8 + 8 + 16 + 64,
         GgmlType::Q8_0 => 8 + 128,
         _ => 0,
     }
@@ -48,11 +49,21 @@ pub(crate) fn quants_offset(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 16,
         GgmlType::Q5_0 => 24,
+        GgmlType::Q5_1 => 32,
         _ => 8,
     }
 }
 
-/// Q5_0's fifth bits of rows `2p` and `2p + 1` as the pair kernel wants them: the low word holds
+/// Offset of the fifth bits inside a group block of the 5-bit formats.
+pub(crate) fn high_bits_offset(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q5_0 => Some(8),
+        GgmlType::Q5_1 => Some(16),
+        _ => None,
+    }
+}
+
+/// Q5_0's (and Q5_1's) fifth bits of rows `2p` and `2p + 1` as the pair kernel wants them: the low word holds
 /// bits 0..16 of both rows (the elements in low nibbles), the high word bits 16..32.
 fn q5_pair_bits(qh0: u32, qh1: u32) -> (u32, u32) {
     (
@@ -91,24 +102,29 @@ pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
                     GgmlType::Q5_0 => {
                         dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[6..22]);
                     }
+                    GgmlType::Q5_1 => {
+                        dst[8 + 2 * r..10 + 2 * r].copy_from_slice(&src[2..4]);
+                        dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[8..24]);
+                    }
                     _ => {
                         dst[qoff + 32 * r..qoff + 32 * (r + 1)].copy_from_slice(&src[2..34]);
                     }
                 }
             }
-            if ty == GgmlType::Q5_0 {
+            if let Some(hoff) = high_bits_offset(ty) {
+                let at_qh = if ty == GgmlType::Q5_1 { 4 } else { 2 };
                 let qh = |r: usize| -> u32 {
                     let row = g * GROUP + r;
                     if row >= rows {
                         return 0;
                     }
-                    let at = row * row_bytes + b * bb + 2;
+                    let at = row * row_bytes + b * bb + at_qh;
                     u32::from_le_bytes([plain[at], plain[at + 1], plain[at + 2], plain[at + 3]])
                 };
                 for p in 0..2 {
                     let (lo, hi) = q5_pair_bits(qh(2 * p), qh(2 * p + 1));
-                    dst[8 + 8 * p..12 + 8 * p].copy_from_slice(&lo.to_le_bytes());
-                    dst[12 + 8 * p..16 + 8 * p].copy_from_slice(&hi.to_le_bytes());
+                    dst[hoff + 8 * p..hoff + 4 + 8 * p].copy_from_slice(&lo.to_le_bytes());
+                    dst[hoff + 4 + 8 * p..hoff + 8 + 8 * p].copy_from_slice(&hi.to_le_bytes());
                 }
             }
         }
@@ -132,19 +148,27 @@ pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u
                 dst[4..20].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
             }
             GgmlType::Q4_0 => dst[2..18].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]),
-            GgmlType::Q5_0 => {
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let hoff = if ty == GgmlType::Q5_1 { 16 } else { 8 };
                 let (p, second) = (i / 2, i % 2 == 1);
                 let word = |at: usize| {
                     u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]])
                 };
-                let (lo, hi) = (word(8 + 8 * p), word(12 + 8 * p));
+                let (lo, hi) = (word(hoff + 8 * p), word(hoff + 4 + 8 * p));
                 let qh = if second {
                     (lo >> 16) | (hi & 0xFFFF_0000)
                 } else {
                     (lo & 0xFFFF) | (hi << 16)
                 };
-                dst[2..6].copy_from_slice(&qh.to_le_bytes());
-                dst[6..22].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
+                // Q5_1 blocks: d, m, qh, quants; Q5_0: d, qh, quants.
+                let at = if ty == GgmlType::Q5_1 {
+                    dst[2..4].copy_from_slice(&src[8 + 2 * i..10 + 2 * i]);
+                    4
+                } else {
+                    2
+                };
+                dst[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+                dst[at + 4..at + 20].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
             }
             _ => dst[2..34].copy_from_slice(&src[qoff + 32 * i..qoff + 32 * (i + 1)]),
         }
@@ -161,6 +185,7 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::Q8_0,
         ] {
             let (rows, nb) = (7, 3);

@@ -68,10 +68,8 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
         let a = &acts.buf_for_test()[t * act_bytes..(t + 1) * act_bytes];
         for r in 0..rows {
             // 1. SIMD (if any) equals the scalar reference bit for bit.
-            let s = if ty == GgmlType::Q6K && n >= 8 {
-                kquants::dot_q6_k_tiled(w.row(r).unwrap(), a, cols)
-            } else if ty == GgmlType::Q4K && rows.is_multiple_of(8) {
-                kquants::dot_q4_k_repacked(w.row(r).unwrap(), a, cols, t < n / 4 * 4)
+            let s = if KFORMATS.contains(&ty) {
+                kquant_reference(ty, rows, n, t).1(ty, w.row(r).unwrap(), a, cols)
             } else {
                 dot_scalar(ty, w.row(r).unwrap(), a, cols)
             };
@@ -169,9 +167,9 @@ fn activation_quantisation_rounds_half_to_even() {
 
 #[test]
 fn unsupported_formats_are_refused() {
-    let e = QMatrix::new(GgmlType::Q5K, 1, 256, WeightBytes::Owned(vec![0; 176])).unwrap_err();
+    let e = QMatrix::new(GgmlType::BF16, 1, 256, WeightBytes::Owned(vec![0; 512])).unwrap_err();
     assert!(
-        e.to_string().contains("unsupported weight format Q5_K"),
+        e.to_string().contains("unsupported weight format BF16"),
         "{e}"
     );
     let e = QMatrix::new(GgmlType::Q8_0, 2, 32, WeightBytes::Owned(vec![0; 34])).unwrap_err();
@@ -468,6 +466,17 @@ fn fused_products_equal_separate_ones() {
     }
 }
 
+/// Offsets of the f16 fields of a K-format block.
+fn kquant_f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
 /// A K-quant matrix of random bytes (every scale and code pattern), with sane f16 scales.
 fn random_kquant_rows(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let bb = ty.block_bytes();
@@ -475,18 +484,56 @@ fn random_kquant_rows(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> 
         .map(|_| (rng.f32().to_bits() >> 7) as u8)
         .collect();
     for blk in bytes.chunks_exact_mut(bb) {
-        let mut put = |at: usize| {
+        for &at in kquant_f16_fields(ty) {
             let v = half::f16::from_f32(rng.f32().abs() * 0.01 + 1e-4);
             blk[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
-        };
-        if ty == GgmlType::Q4K {
-            put(0);
-            put(2);
-        } else {
-            put(208);
         }
     }
     bytes
+}
+
+/// The K formats llama.cpp multiplies with Q8_K activations.
+const KFORMATS: [GgmlType; 6] = [
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q5K,
+    GgmlType::IQ4XS,
+];
+
+/// The scalar reference for token `t` of a batch of `n` times a row of a `rows`-row matrix of
+/// `ty`, in the order llama.cpp's x86 path picks for that product, and the kernel `matmul` runs
+/// for it row by row.
+#[allow(clippy::type_complexity)]
+fn kquant_reference(
+    ty: GgmlType,
+    rows: usize,
+    n: usize,
+    t: usize,
+) -> (
+    fn(GgmlType, &[u8], &[u8], usize) -> f32,
+    fn(GgmlType, &[u8], &[u8], usize) -> f32,
+) {
+    let four = t < n / 4 * 4;
+    let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
+    if n >= 8 && !repacked {
+        let scalar: fn(GgmlType, &[u8], &[u8], usize) -> f32 = if ty == GgmlType::Q6K {
+            |_, w, a, n| kquants::dot_q6_k_tiled(w, a, n)
+        } else {
+            kformats::dot_tiled
+        };
+        (crate::matmul::tiled_dot(ty), scalar)
+    } else if repacked {
+        let scalar: fn(GgmlType, &[u8], &[u8], usize) -> f32 = if four {
+            |_, w, a, n| kquants::dot_q4_k_repacked(w, a, n, true)
+        } else {
+            |_, w, a, n| kquants::dot_q4_k_repacked(w, a, n, false)
+        };
+        (crate::matmul::row_dot(ty, rows, four), scalar)
+    } else {
+        (crate::matmul::row_dot(ty, rows, four), dot_scalar)
+    }
 }
 
 /// The K-quant products of a batch, whatever path `matmul` takes (the tile kernels for batches
@@ -495,25 +542,33 @@ fn random_kquant_rows(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> 
 #[test]
 fn kquant_batches_match_the_per_row_kernels() {
     let mut rng = Rng(0x5EED);
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in KFORMATS {
         for (rows, cols) in [(8usize, 256usize), (40, 768), (13, 512), (72, 512)] {
             for extreme in [0u8, 1, 2] {
-                let bytes = match extreme {
-                    0 => random_kquant_rows(ty, rows, cols, &mut rng),
-                    // All codes at their largest (15 / 63), scales at their largest.
-                    _ => {
-                        let mut b = random_kquant_rows(ty, rows, cols, &mut rng);
-                        for blk in b.chunks_exact_mut(ty.block_bytes()) {
-                            if ty == GgmlType::Q4K {
-                                blk[4..].fill(0xFF);
-                            } else {
-                                blk[..192].fill(0xFF);
-                                blk[192..208].fill(if extreme == 1 { 0x7F } else { 0x80 });
+                let mut bytes = random_kquant_rows(ty, rows, cols, &mut rng);
+                if extreme > 0 {
+                    // Codes and scales at their extremes (Q6_K: largest codes, scales +-127).
+                    for blk in bytes.chunks_exact_mut(ty.block_bytes()) {
+                        let fields = kquant_f16_fields(ty);
+                        for (i, b) in blk.iter_mut().enumerate() {
+                            if !fields.iter().any(|&f| i == f || i == f + 1) {
+                                *b = match ty {
+                                    GgmlType::Q4K => 0xFF,
+                                    GgmlType::Q6K if i >= 192 => {
+                                        if extreme == 1 {
+                                            0x7F
+                                        } else {
+                                            0x80
+                                        }
+                                    }
+                                    GgmlType::Q6K => 0xFF,
+                                    _ if extreme == 1 => 0xFF,
+                                    _ => 0x00,
+                                };
                             }
                         }
-                        b
                     }
-                };
+                }
                 let w = QMatrix::new(ty, rows, cols, WeightBytes::Owned(bytes)).unwrap();
                 for n in [1usize, 3, 4, 5, 6, 7, 8, 13, 16, 17, 29, 64, 70, 130] {
                     let x = match extreme {
@@ -531,25 +586,11 @@ fn kquant_batches_match_the_per_row_kernels() {
                         matmul(&ThreadPool::new(threads), &w, &acts, &mut out);
                         for t in 0..n {
                             let a = &acts.buf_for_test()[t * ab..(t + 1) * ab];
-                            let four = t < n / 4 * 4;
+                            let (kernel, reference) = kquant_reference(ty, rows, n, t);
                             for r in 0..rows {
                                 let row = w.row(r).unwrap();
-                                let (simd, scalar) = if ty == GgmlType::Q6K && n >= 8 {
-                                    (
-                                        crate::matmul::tiled_dot(ty)(ty, row, a, cols),
-                                        kquants::dot_q6_k_tiled(row, a, cols),
-                                    )
-                                } else if ty == GgmlType::Q4K && rows.is_multiple_of(8) {
-                                    (
-                                        crate::matmul::row_dot(ty, rows, four)(ty, row, a, cols),
-                                        kquants::dot_q4_k_repacked(row, a, cols, four),
-                                    )
-                                } else {
-                                    (
-                                        crate::matmul::row_dot(ty, rows, four)(ty, row, a, cols),
-                                        dot_scalar(ty, row, a, cols),
-                                    )
-                                };
+                                let simd = kernel(ty, row, a, cols);
+                                let scalar = reference(ty, row, a, cols);
                                 let got = out[t * rows + r];
                                 let what = format!("{ty} {rows}x{cols} n{n} t{t} r{r} x{extreme}");
                                 assert_eq!(simd.to_bits(), scalar.to_bits(), "{what}");

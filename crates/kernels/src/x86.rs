@@ -30,6 +30,7 @@ pub(crate) struct ActRow {
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
 
 /// Lane indices that spread scales `[d0, d1]` (pair 0) or `[d2, d3]` (pair 1) over the two
 /// halves of a register.
@@ -91,7 +92,7 @@ unsafe fn cvt4_f16(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
 }
 
-/// Q4_0 / Q4_1 / Q5_0 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
 /// activation rows. `out[c][r]` receives row `r` of the group (only the computed rows are set).
 ///
 /// # Safety
@@ -110,15 +111,16 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
     mins: Option<&[[f32; 4]; C]>,
     out: &mut [[f32; 4]; C],
 ) {
-    const { assert!(FMT <= Q5_0) };
-    let min = FMT == Q4_1;
+    const { assert!(FMT <= Q5_1) };
+    let min = FMT == Q4_1 || FMT == Q5_1;
     // Whether this loop sums Q4_1's offset terms itself.
     let own_mins = min && mins.is_none();
-    let five = FMT == Q5_0;
-    let (gbb, qoff) = match FMT {
-        Q4_1 => (80, 16),
-        Q5_0 => (88, 24),
-        _ => (72, 8),
+    let five = FMT == Q5_0 || FMT == Q5_1;
+    let (gbb, qoff, hoff) = match FMT {
+        Q4_1 => (80, 16, 0),
+        Q5_0 => (88, 24, 8),
+        Q5_1 => (96, 32, 16),
+        _ => (72, 8, 0),
     };
     let bit_shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
@@ -157,7 +159,7 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
             nib_lo[i] = _mm256_and_si256(v, mask);
             nib_hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             if five {
-                let bits = blk.add(8 + 8 * (p0 + i)) as *const u32;
+                let bits = blk.add(hoff + 8 * (p0 + i)) as *const u32;
                 nib_lo[i] = _mm256_or_si256(nib_lo[i], high_bits(bits.read_unaligned()));
                 nib_hi[i] = _mm256_or_si256(nib_hi[i], high_bits(bits.add(1).read_unaligned()));
             }
@@ -210,7 +212,8 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
     }
 }
 
-/// Q4_1's offset terms of the four rows of the group at `g` for `C` activation rows:
+/// Q4_1's (or Q5_1's: group blocks `gbb` bytes apart) offset terms of the four rows of the group
+/// at `g` for `C` activation rows:
 /// `sum over blocks of m_w * s_a`, accumulated block by block with one fused multiply-add per
 /// row, exactly as [`q4_tile`] does when it sums them itself.
 ///
@@ -219,12 +222,13 @@ pub(crate) unsafe fn q4_tile<const C: usize, const NP: usize, const FMT: u8>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_1_mins<const C: usize>(
     g: *const u8,
+    gbb: usize,
     nb: usize,
     a: &[ActRow; C],
 ) -> [[f32; 4]; C] {
     let mut summs = [_mm_setzero_ps(); C];
     for b in 0..nb {
-        let m4 = cvt4_f16(g.add(b * 80 + 8));
+        let m4 = cvt4_f16(g.add(b * gbb + 8));
         for c in 0..C {
             summs[c] = _mm_fmadd_ps(m4, _mm_set1_ps(*a[c].s.add(b)), summs[c]);
         }
@@ -297,12 +301,18 @@ pub(crate) unsafe fn group<const C: usize>(
         (T::Q4_1, 1) => q4_tile::<C, 2, Q4_1>(g, 0, nb, a, None, out),
         (T::Q4_0, 1) => q4_tile::<C, 2, Q4_0>(g, 0, nb, a, None, out),
         (T::Q5_0, 1) => q4_tile::<C, 2, Q5_0>(g, 0, nb, a, None, out),
+        (T::Q5_1, 1) => q4_tile::<C, 2, Q5_1>(g, 0, nb, a, None, out),
         // Several: one pair at a time keeps the accumulators in registers, and Q4_1's offset
         // terms are summed once for both pairs.
         (T::Q4_1, _) => {
-            let mins = q4_1_mins::<C>(g, nb, a);
+            let mins = q4_1_mins::<C>(g, 80, nb, a);
             q4_tile::<C, 1, Q4_1>(g, 0, nb, a, Some(&mins), out);
             q4_tile::<C, 1, Q4_1>(g, 1, nb, a, Some(&mins), out);
+        }
+        (T::Q5_1, _) => {
+            let mins = q4_1_mins::<C>(g, 96, nb, a);
+            q4_tile::<C, 1, Q5_1>(g, 0, nb, a, Some(&mins), out);
+            q4_tile::<C, 1, Q5_1>(g, 1, nb, a, Some(&mins), out);
         }
         (T::Q4_0, _) => {
             q4_tile::<C, 1, Q4_0>(g, 0, nb, a, None, out);
