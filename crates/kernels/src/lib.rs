@@ -26,6 +26,8 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_attn;
 #[cfg(target_arch = "x86_64")]
+mod x86_kformats;
+#[cfg(target_arch = "x86_64")]
 mod x86_kquants;
 #[cfg(target_arch = "x86_64")]
 mod x86_ops;

@@ -385,15 +385,15 @@ fn ktiles_enabled() -> bool {
     })
 }
 
-/// Whether the product of `w` with `acts` goes through the K-quant tile kernels: Q6_K, and Q4_K
-/// with a row count that is a multiple of 8 (llama.cpp's repacked order), when the activations
-/// were interleaved.
+/// Whether the product of `w` with `acts` goes through the K-quant tile kernels, when the
+/// activations were interleaved: Q6_K; Q4_K with a row count that is a multiple of 8
+/// (llama.cpp's repacked order); batches of 8 or more of the other K formats (its tiled order).
 fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
     !acts.tiles.is_empty()
         && match w.ty {
-            GgmlType::Q4K => w.rows.is_multiple_of(8),
+            GgmlType::Q4K if w.rows.is_multiple_of(8) => true,
             GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,
-            _ => false,
+            ty => crate::kformats::tiles(ty) && acts.n >= TILED_MIN_BATCH,
         }
 }
 
@@ -408,7 +408,11 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
     let n_tb = groups.div_ceil(per_block);
     let n_rc = w.rows.div_ceil(KTILE_ROWS);
     // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
-    let n4 = if w.ty == GgmlType::Q4K { n / 4 * 4 } else { n };
+    let n4 = if w.ty == GgmlType::Q4K && w.rows.is_multiple_of(8) {
+        n / 4 * 4
+    } else {
+        n
+    };
     let next = AtomicUsize::new(0);
     pool.run(&|_tid| {
         loop {
@@ -457,7 +461,7 @@ fn ktile_rows<const CV: usize>(
         let mut o = [[0.0f32; 8]; CV];
         // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row holds `nb` blocks
         // and each group `nb` interleaved blocks.
-        unsafe { ktile::<CV>(w.ty, n, split, row, nb, &y, &mut o) };
+        unsafe { ktile::<CV>(w.ty, w.rows, n, split, row, nb, &y, &mut o) };
         for t in t0..t1 {
             let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
             // SAFETY: in bounds (checked by `check_shapes`); this thread alone owns the rows of
@@ -467,14 +471,16 @@ fn ktile_rows<const CV: usize>(
     }
 }
 
-/// One row of `ty` times the `CV` token groups at `y`: llama.cpp's order for a batch of `n`
-/// tokens, the first `split` of them in the Q4_K four-token kernel's.
+/// One row of `ty` (of a `rows`-row matrix) times the `CV` token groups at `y`: llama.cpp's
+/// order for a batch of `n` tokens, the first `split` of them in the Q4_K four-token kernel's.
 ///
 /// # Safety
 /// As for [`crate::x86_kquants::q4_k_tile`].
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn ktile<const CV: usize>(
     ty: GgmlType,
+    rows: usize,
     n: usize,
     split: usize,
     row: *const u8,
@@ -486,7 +492,9 @@ unsafe fn ktile<const CV: usize>(
     // SAFETY: as the caller promised.
     unsafe {
         use crate::x86_kquants::{BLOCKS, CHUNKS, SPLIT, q4_k_tile, q6_k_tile};
-        if ty == GgmlType::Q4K {
+        if ty != GgmlType::Q6K && !(ty == GgmlType::Q4K && rows.is_multiple_of(8)) {
+            crate::x86_kformats::tile::<CV>(ty, row, nb, y, out);
+        } else if ty == GgmlType::Q4K {
             match split {
                 0 => q4_k_tile::<CV, BLOCKS>(row, nb, y, 0, out),
                 s if s >= 8 * CV => q4_k_tile::<CV, CHUNKS>(row, nb, y, s, out),
@@ -499,7 +507,7 @@ unsafe fn ktile<const CV: usize>(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("tiles exist only on x86_64: {ty} {n} {split} {row:?} {nb} {y:?} {out:?}");
+    unreachable!("tiles exist only on x86_64: {ty} {rows} {n} {split} {row:?} {nb} {y:?} {out:?}");
 }
 
 /// One matrix of a packed product: the weights and where its output goes.
@@ -541,6 +549,9 @@ pub(crate) fn row_dot(
             }
             GgmlType::Q4K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q4_k(w, a, n) },
             GgmlType::Q6K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q6_k(w, a, n) },
+            ty if crate::kformats::handles(ty) => {
+                return |ty, w, a, n| unsafe { crate::x86_kformats::dot(ty, w, a, n) };
+            }
             _ => {}
         }
     }
