@@ -239,10 +239,10 @@ pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
 }
 
 /// Quantises f32 values to `ty` blocks (for tests and tools that write synthetic models; not
-/// used on the inference path). The legacy formats follow llama.cpp's reference quantisers
-/// (`quantize_row_*_ref`, what `llama-quantize` runs without an importance matrix) operation
-/// for operation, so they write the bytes llama.cpp writes; the K-quants use a simpler
-/// round-to-nearest.
+/// used on the inference path). Every format follows llama.cpp's reference quantiser (what
+/// `llama-quantize` runs without an importance matrix) operation for operation, so it writes
+/// the bytes llama.cpp writes: the legacy formats here, the K-quants, Q5_1, IQ4_NL, IQ4_XS and
+/// BF16 in [`crate::quantize`]. A trailing partial block is dropped.
 pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let n_blocks = x.len() / ty.block_size();
     let mut out = vec![0u8; n_blocks * ty.block_bytes()];
@@ -294,8 +294,19 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
                 }
             }
         }
-        GgmlType::Q4K => out = crate::kquants::quantize_q4_k(x),
-        GgmlType::Q6K => out = crate::kquants::quantize_q6_k(x),
+        GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K
+        | GgmlType::Q5_1
+        | GgmlType::IQ4NL
+        | GgmlType::IQ4XS
+        | GgmlType::BF16 => {
+            if let Some(q) = crate::quantize::quantize(ty, &x[..n_blocks * ty.block_size()]) {
+                out = q;
+            }
+        }
         GgmlType::Q4_1 => {
             for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
                 let min = xb.iter().copied().fold(f32::INFINITY, f32::min);

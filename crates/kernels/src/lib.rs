@@ -21,6 +21,7 @@ pub mod membw;
 pub mod ops;
 pub mod packed;
 mod pool;
+pub mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
