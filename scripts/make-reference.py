@@ -15,6 +15,7 @@ The second argument picks the prompt set: `smollm2` (default; chat-templated and
 Synthetic models of any family (random weights, real tokenizer):
 
     python3 scripts/make-reference.py --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0.json
+    python3 scripts/make-reference.py --synth qwen3 q4_k_m > fixtures/reference/synth-qwen3-q4_k_m.json
 
 writes the family's model in f32 with `strata synth` (dimensions and seed from SYNTH below, the
 binary from $STRATA_BIN or target/release/strata), quantises it with llama.cpp's own quantiser
@@ -70,7 +71,23 @@ SYNTH_PROMPTS = [
     {"mode": "raw", "system": None, "prompt": "The history of the Roman Empire"},
     {"mode": "raw", "system": None, "prompt": "def fibonacci(n):\n    return n"},
 ]
-FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8}
+# llama.cpp's file types: a plain type quantises every matrix to it (`pure`); a mix (`q4_k_m`...)
+# lets llama.cpp pick each tensor's type as `llama-quantize` does, and the fixture lists them.
+FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
+          "q2_k": 10, "q3_k": 11, "q4_k": 14, "q5_k": 16, "q6_k": 18, "iq4_nl": 25,
+          "iq4_xs": 30, "bf16": 32}
+MIXES = {"q3_k_m": (12, "q3_k"), "q4_k_m": (15, "q4_k"), "q5_k_m": (17, "q5_k")}
+GGML_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
+              10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 20: "iq4_nl",
+              23: "iq4_xs", 30: "bf16"}
+
+
+def tensor_types(path, base):
+    """The matrices whose type is not `base`, by name (ggml type names)."""
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    return {t.name: GGML_NAMES[int(t.tensor_type)] for t in r.tensors
+            if len(t.shape) > 1 and GGML_NAMES[int(t.tensor_type)] != base}
 
 
 def tensor_digest(path):
@@ -101,8 +118,8 @@ def make_synth(arch, ty, workdir):
         return f32, dims
     out = os.path.join(workdir, f"{arch}-{ty}.gguf")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[ty]
-    params.pure = True
+    params.ftype = MIXES[ty][0] if ty in MIXES else FTYPES[ty]
+    params.pure = ty not in MIXES
     params.nthread = 2
     rc = llama_cpp.llama_model_quantize(f32.encode(), out.encode(), params)
     if rc != 0:
@@ -123,7 +140,9 @@ def main():
         arch, ty = sys.argv[2], sys.argv[3]
         workdir = tempfile.mkdtemp()
         path, dims = make_synth(arch, ty, workdir)
-        synth = {"arch": arch, "type": ty, **dims, "weights_digest": tensor_digest(path)}
+        base = MIXES[ty][1] if ty in MIXES else ty
+        synth = {"arch": arch, "ftype": ty, "type": base, **dims,
+                 "tensor_types": tensor_types(path, base), "weights_digest": tensor_digest(path)}
         family = "synth"
     else:
         path = sys.argv[1]

@@ -42,49 +42,39 @@ pub(crate) struct SynthArgs {
     /// Head width (default: width / heads).
     #[arg(long)]
     head_dim: Option<usize>,
-    /// Weight format.
-    #[arg(long, value_enum, default_value_t = WeightType::Q4_0)]
-    r#type: WeightType,
+    /// Weight format of the matrices: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k,
+    /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs (written as llama.cpp's quantiser writes them).
+    #[arg(long, default_value = "q4_0", value_parser = parse_type)]
+    r#type: GgmlType,
+    /// Another type for one tensor, as `NAME=TYPE` (repeatable): a quantisation mix such as
+    /// llama.cpp's Q4_K_M.
+    #[arg(long = "tensor-type", value_parser = parse_tensor_type)]
+    tensor_types: Vec<(String, GgmlType)>,
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
-/// `--type`.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-#[allow(non_camel_case_types)]
-pub(crate) enum WeightType {
-    /// 32-bit floats.
-    #[value(name = "f32")]
-    F32,
-    /// 16-bit floats.
-    #[value(name = "f16")]
-    F16,
-    /// 4-bit, 32-element blocks.
-    #[value(name = "q4_0")]
-    Q4_0,
-    /// 4-bit with a minimum, 32-element blocks.
-    #[value(name = "q4_1")]
-    Q4_1,
-    /// 5-bit, 32-element blocks.
-    #[value(name = "q5_0")]
-    Q5_0,
-    /// 8-bit, 32-element blocks.
-    #[value(name = "q8_0")]
-    Q8_0,
+fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
+    GgmlType::from_name(s)
+        .filter(|t| strata_engine::synth::WRITABLE.contains(t))
+        .ok_or_else(|| {
+            let names: Vec<String> = strata_engine::synth::WRITABLE
+                .iter()
+                .map(|t| t.name().to_lowercase())
+                .collect();
+            format!(
+                "unknown or unwritable type {s:?} (one of {})",
+                names.join(", ")
+            )
+        })
 }
 
-impl WeightType {
-    fn ggml(self) -> GgmlType {
-        match self {
-            WeightType::F32 => GgmlType::F32,
-            WeightType::F16 => GgmlType::F16,
-            WeightType::Q4_0 => GgmlType::Q4_0,
-            WeightType::Q4_1 => GgmlType::Q4_1,
-            WeightType::Q5_0 => GgmlType::Q5_0,
-            WeightType::Q8_0 => GgmlType::Q8_0,
-        }
-    }
+fn parse_tensor_type(s: &str) -> std::result::Result<(String, GgmlType), String> {
+    let (name, ty) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=TYPE"))?;
+    Ok((name.to_string(), parse_type(ty)?))
 }
 
 pub(crate) fn synth(a: SynthArgs) -> Result<()> {
@@ -99,7 +89,8 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         heads: a.heads,
         kv_heads: a.kv_heads,
         head_dim: a.head_dim,
-        ty: a.r#type.ggml(),
+        ty: a.r#type,
+        tensor_types: a.tensor_types,
         seed: a.seed,
     };
     let bytes = strata_engine::synth::synth(&spec, &base)?;

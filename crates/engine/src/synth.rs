@@ -6,7 +6,7 @@
 //! get reference logits for families whose real weights cannot be downloaded here. Weights are
 //! uniform noise scaled by `1/sqrt(fan_in)` (activations stay finite through many layers); norm
 //! weights and biases are noise around their neutral value, so a swapped or skipped one changes
-//! the output. The legacy quant types are written with llama.cpp's reference quantiser, so
+//! the output. Every quant type is written as llama.cpp's quantiser writes it (no importance matrix), so
 //! the bytes are those `llama-quantize` would write from the f32 model ([`tensor_digest`]
 //! checks this against a digest llama.cpp's file gave).
 
@@ -35,6 +35,9 @@ pub struct SynthSpec {
     pub head_dim: Option<usize>,
     /// Type of the weight matrices (norms and biases stay f32).
     pub ty: GgmlType,
+    /// Tensors of another type than `ty`, by name: a quantisation mix such as llama.cpp's
+    /// `Q4_K_M` (whose reference file lists each tensor's type).
+    pub tensor_types: Vec<(String, GgmlType)>,
     /// Noise seed.
     pub seed: u64,
 }
@@ -99,6 +102,25 @@ impl Noise {
     }
 }
 
+/// The types [`quantize_weights`] writes as llama.cpp's quantiser does.
+pub const WRITABLE: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+];
+
 /// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
 pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     let s = spec;
@@ -112,12 +134,17 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         None if e.is_multiple_of(nh) => e / nh,
         None => return bad("embd must be a multiple of heads (or give a head width)"),
     };
-    let block = s.ty.block_size();
-    if !e.is_multiple_of(block) || !ff.is_multiple_of(block) || !(nh * hd).is_multiple_of(block) {
-        return bad(&format!(
-            "embd, ff and heads x head width must be multiples of {block} ({} blocks)",
-            s.ty
-        ));
+    for ty in std::iter::once(s.ty).chain(s.tensor_types.iter().map(|(_, t)| *t)) {
+        let block = ty.block_size();
+        if !e.is_multiple_of(block) || !ff.is_multiple_of(block) || !(nh * hd).is_multiple_of(block)
+        {
+            return bad(&format!(
+                "embd, ff and heads x head width must be multiples of {block} ({ty} blocks)"
+            ));
+        }
+        if !WRITABLE.contains(&ty) {
+            return bad(&format!("cannot write {ty} tensors"));
+        }
     }
     if hd % 2 != 0 {
         return bad("the head width must be even (RoPE rotates pairs)");
@@ -170,8 +197,12 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     }
 
     let mut noise = Noise(s.seed.max(1));
-    let ty = s.ty;
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize| {
+        let ty = s
+            .tensor_types
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(s.ty, |(_, t)| *t);
         let x = noise.fill(cols * rows, 1.0 / (cols as f32).sqrt());
         w.tensor(
             name,

@@ -175,6 +175,7 @@ fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usi
         kv_heads: 2,
         head_dim: Some(32),
         ty: GgmlType::Q8_0,
+        tensor_types: Vec::new(),
         seed: 3,
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();

@@ -67,15 +67,16 @@ fn check_against_llama_cpp_fixture(id: &str, fixture_name: &str, logit_tolerance
 fn check_synthetic(name: &str) {
     let fx = fixture(name);
     let sy = &fx["synth"];
-    let ty = match sy["type"].as_str().unwrap() {
-        "f32" => GgmlType::F32,
-        "f16" => GgmlType::F16,
-        "q4_0" => GgmlType::Q4_0,
-        "q4_1" => GgmlType::Q4_1,
-        "q5_0" => GgmlType::Q5_0,
-        "q8_0" => GgmlType::Q8_0,
-        other => panic!("fixture type {other}"),
-    };
+    let ty = GgmlType::from_name(sy["type"].as_str().unwrap()).unwrap();
+    // A quantisation mix lists the tensors of other types than `type`.
+    let tensor_types = sy["tensor_types"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), GgmlType::from_name(v.as_str().unwrap()).unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
     let n = |k: &str| sy[k].as_u64().unwrap() as usize;
     let spec = SynthSpec {
         arch: Arch::parse(sy["arch"].as_str().unwrap()).unwrap(),
@@ -86,6 +87,7 @@ fn check_synthetic(name: &str) {
         kv_heads: n("kv_heads"),
         head_dim: sy["head_dim"].as_u64().map(|h| h as usize),
         ty,
+        tensor_types,
         seed: sy["seed"].as_u64().unwrap(),
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
@@ -99,8 +101,44 @@ fn check_synthetic(name: &str) {
         sy["weights_digest"].as_str().unwrap(),
         "{name}: strata's synthetic weights differ from those llama.cpp's quantiser wrote"
     );
-    check_model_against(&path, name, &fx, 1e-3);
+    // Bit for bit: the same weights through the same float operations.
+    check_model_against(&path, name, &fx, 0.0);
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn synthetic_llama_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-llama-q4_k_m");
+}
+
+#[test]
+fn synthetic_llama_q2_k_matches_llama_cpp() {
+    check_synthetic("synth-llama-q2_k");
+}
+
+#[test]
+fn synthetic_qwen2_q5_k_m_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-q5_k_m");
+}
+
+#[test]
+fn synthetic_qwen2_q3_k_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-q3_k");
+}
+
+#[test]
+fn synthetic_qwen3_q3_k_m_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-q3_k_m");
+}
+
+#[test]
+fn synthetic_qwen3_iq4_xs_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-iq4_xs");
+}
+
+#[test]
+fn synthetic_qwen3_q5_1_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-q5_1");
 }
 
 #[test]

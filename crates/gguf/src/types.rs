@@ -170,6 +170,41 @@ impl GgmlType {
     }
 }
 
+impl GgmlType {
+    /// Every type this build knows.
+    pub const ALL: [GgmlType; 22] = [
+        Self::F32,
+        Self::F16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q8_1,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+        Self::Q8K,
+        Self::I8,
+        Self::I16,
+        Self::I32,
+        Self::I64,
+        Self::F64,
+        Self::BF16,
+        Self::IQ4NL,
+        Self::IQ4XS,
+    ];
+
+    /// The type named `name` as ggml names it, in any case (`q4_k`, `Q4_K`, `iq4_xs`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+}
+
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -187,6 +222,16 @@ mod tests {
                 assert_eq!(t.id(), id);
             }
         }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for t in GgmlType::ALL {
+            assert_eq!(GgmlType::from_name(t.name()), Some(t));
+            assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+        }
+        assert_eq!(GgmlType::from_name("q4_k_m"), None);
     }
 
     #[test]

@@ -12,8 +12,6 @@
 //! - Q6_K (210): 128 low-nibble bytes `ql`, 64 high-bit bytes `qh`, 16 `i8` scales, `d` f16.
 //! - Q8_K (292): `d` f32, 256 `i8` quants, 16 `i16` sums of each 16 quants.
 
-use half::f16;
-
 use crate::dot::hsum8;
 use crate::formats::rd_f16;
 
@@ -283,101 +281,6 @@ pub fn dequantize_q6_k(row: &[u8], out: &mut [f32]) {
             *v = d * q6k_scale(x, e / 16) as f32 * (q6k_code(x, e) - 32) as f32;
         }
     }
-}
-
-fn put_f16(b: &mut [u8], at: usize, v: f32) {
-    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
-}
-
-/// Quantises to Q4_K with plain rounding (for tests and synthetic models, not for quality).
-pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
-    let mut out = vec![0u8; x.len() / QK_K * Q4_K_BYTES];
-    for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q4_K_BYTES)) {
-        // Per 32-element sub-block: scale = range / 15, minimum = -min (stored as positive).
-        let mut scales = [0.0f32; 8];
-        let mut mins = [0.0f32; 8];
-        for s in 0..8 {
-            let sub = &xb[32 * s..32 * (s + 1)];
-            let lo = sub.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
-            let hi = sub.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            scales[s] = (hi - lo) / 15.0;
-            mins[s] = -lo;
-        }
-        let max_sc = scales.iter().copied().fold(0.0, f32::max);
-        let max_m = mins.iter().copied().fold(0.0, f32::max);
-        let d = f16::from_f32(max_sc / 63.0).to_f32();
-        let dmin = f16::from_f32(max_m / 63.0).to_f32();
-        put_f16(ob, 0, d);
-        put_f16(ob, 2, dmin);
-        let q6 = |v: f32, unit: f32| {
-            if unit > 0.0 {
-                (v / unit).round().clamp(0.0, 63.0) as u8
-            } else {
-                0
-            }
-        };
-        let sc: Vec<u8> = scales.iter().map(|&s| q6(s, d)).collect();
-        let m: Vec<u8> = mins.iter().map(|&v| q6(v, dmin)).collect();
-        let packed = &mut ob[4..16];
-        for j in 0..4 {
-            packed[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
-            packed[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
-            packed[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
-        }
-        for j in 0..4 {
-            for half in 0..2 {
-                let s = 2 * j + half;
-                let unit = d * f32::from(sc[s]);
-                let off = dmin * f32::from(m[s]);
-                for p in 0..32 {
-                    let v = xb[64 * j + 32 * half + p];
-                    let q = if unit > 0.0 {
-                        ((v + off) / unit).round().clamp(0.0, 15.0) as u8
-                    } else {
-                        0
-                    };
-                    ob[16 + 32 * j + p] |= q << (4 * half);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Quantises to Q6_K with plain rounding (for tests and synthetic models, not for quality).
-pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
-    let mut out = vec![0u8; x.len() / QK_K * Q6_K_BYTES];
-    for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q6_K_BYTES)) {
-        let sub: Vec<f32> = xb
-            .chunks_exact(16)
-            .map(|s| s.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0)
-            .collect();
-        let max_sub = sub.iter().copied().fold(0.0, f32::max);
-        let d = f16::from_f32(max_sub / 127.0).to_f32();
-        put_f16(ob, 208, d);
-        for (s, &v) in sub.iter().enumerate() {
-            let sc = if d > 0.0 {
-                (v / d).round().clamp(-128.0, 127.0)
-            } else {
-                0.0
-            };
-            ob[192 + s] = sc as i8 as u8;
-        }
-        for e in 0..QK_K {
-            let unit = d * f32::from(ob[192 + e / 16] as i8);
-            let q = if unit != 0.0 {
-                ((xb[e] / unit).round() + 32.0).clamp(0.0, 63.0) as u8
-            } else {
-                32
-            };
-            let (half, r) = (e / 128, e % 128);
-            let (k, p) = (r / 32, r % 32);
-            let ql = 64 * half + if k % 2 == 1 { 32 + p } else { p };
-            ob[ql] |= (q & 15) << if k >= 2 { 4 } else { 0 };
-            ob[128 + 32 * half + p] |= (q >> 4) << (2 * k);
-        }
-    }
-    out
 }
 
 /// Tokens of a group in the interleaved Q8_K layout ([`interleave_q8k`]).

@@ -18,12 +18,17 @@ impl Rng {
     }
 }
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::Q4K,
     GgmlType::Q6K,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q5K,
+    GgmlType::IQ4XS,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::F16,
     GgmlType::F32,
@@ -140,9 +145,11 @@ fn weight_quantisers_round_trip() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         let bound = match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => 0.15,
+            GgmlType::Q2K => 0.4,
+            GgmlType::Q3K => 0.25,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::IQ4XS => 0.15,
             GgmlType::Q6K => 0.05,
-            GgmlType::Q5_0 => 0.07,
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.07,
             GgmlType::Q8_0 => 0.01,
             _ => 1e-3,
         };
@@ -185,7 +192,12 @@ fn simd_activation_quantisation_matches_scalar() {
             x[5] = 0.0;
             x[40..72].fill(0.0); // an all-zero block
         }
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+        ] {
             let mut acts = QuantActs::new();
             acts.quantize(ty, &x, 1, 96);
             let act = act_type(ty);
@@ -430,6 +442,7 @@ fn fused_products_equal_separate_ones() {
     for ty in [
         GgmlType::Q4_1,
         GgmlType::Q4_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::F16,
     ] {

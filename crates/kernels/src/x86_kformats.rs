@@ -56,8 +56,8 @@ unsafe fn scales(ty: GgmlType, x: *const u8) -> Scales {
         }
         GgmlType::Q3K => {
             let v = q3k_scales(std::slice::from_raw_parts(x, 110));
-            for k in 0..16 {
-                s.sc[k] = i16::from(v[k]) - 32;
+            for (sc, v) in s.sc.iter_mut().zip(v) {
+                *sc = i16::from(v) - 32;
             }
             s.d = f16_at(x.add(108));
         }
