@@ -205,14 +205,21 @@ fn gemma_shards_with_one_kv_head() {
     assert_eq!(text(&strata(&tp), "tensor"), want);
 }
 
-/// Every family beyond the two real models, synthesised (random weights, real tokenizer): tensor
+/// Every family beyond the two real models, synthesised (random weights, real tokenizer) in
+/// legacy and K formats: tensor
 /// and pipeline shards give exactly the single-process output, biases and per-head norms
 /// included (the single-process output itself is checked against llama.cpp by the engine's
 /// parity test).
 #[test]
 fn synthetic_families_shard_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for (arch, ty, head_dim) in [("qwen2", "q8_0", None), ("qwen3", "q4_1", Some("64"))] {
+    for (arch, ty, head_dim) in [
+        ("qwen2", "q8_0", None),
+        ("qwen3", "q4_1", Some("64")),
+        ("qwen2", "q5_k", None),
+        ("llama", "q3_k", None),
+        ("qwen3", "iq4_xs", Some("64")),
+    ] {
         let path = dir.path().join(format!("{arch}.gguf"));
         let path_s = path.to_str().unwrap();
         let mut extra = vec![
