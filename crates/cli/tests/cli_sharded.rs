@@ -219,6 +219,7 @@ fn synthetic_families_shard_like_one_process() {
         ("qwen2", "q5_k", None),
         ("llama", "q3_k", None),
         ("qwen3", "iq4_xs", Some("64")),
+        ("phi3", "q5_k", None),
     ] {
         let path = dir.path().join(format!("{arch}.gguf"));
         let path_s = path.to_str().unwrap();

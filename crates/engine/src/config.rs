@@ -41,6 +41,11 @@ pub struct ModelConfig {
     pub rope_dims: usize,
     /// Linear RoPE scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
     pub rope_freq_scale: f32,
+    /// Multiplies RoPE's cosines and sines (`rope.scaling.attn_factor`; Phi-3's LongRoPE).
+    pub rope_attn_factor: f32,
+    /// The context the model was trained for before any extension: LongRoPE's long factors apply
+    /// beyond it, its short ones within (`rope.scaling.original_context_length`).
+    pub rope_ctx_orig: usize,
     /// Whether the LM head reuses the token embedding.
     pub tied_embeddings: bool,
     /// Factor applied to token embeddings (Gemma: `sqrt(n_embd)`).
@@ -198,6 +203,14 @@ impl ModelConfig {
         let rms_eps = md.get_f32(&hp.key("attention.layer_norm_rms_epsilon"))?;
         let rms_eps = hp.positive_f32("attention.layer_norm_rms_epsilon", rms_eps)?;
         let rope_freq_scale = rope_scaling(&hp)?;
+        let rope_attn_factor = match hp.opt_f32("rope.scaling.attn_factor")? {
+            Some(f) => hp.positive_f32("rope.scaling.attn_factor", f)?,
+            None => 1.0,
+        };
+        let n_ctx_train = hp.u32("context_length")?;
+        let rope_ctx_orig = hp
+            .opt_u32("rope.scaling.original_context_length")?
+            .unwrap_or(n_ctx_train);
         let embd = file.require_tensor("token_embd.weight")?;
         let n_vocab = embd.n_rows();
         let mut cfg = ModelConfig {
@@ -208,11 +221,13 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             n_vocab,
-            n_ctx_train: hp.u32("context_length")?,
+            n_ctx_train,
             rms_eps,
             rope_base,
             rope_dims,
             rope_freq_scale,
+            rope_attn_factor,
+            rope_ctx_orig,
             tied_embeddings: file.tensor("output.weight").is_none(),
             embed_scale: None,
             query_scale: None,
@@ -265,7 +280,9 @@ fn rope_scaling(hp: &Hparams<'_>) -> Result<f32> {
         None => hp.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
     };
     match hp.opt_str("rope.scaling.type")? {
-        None | Some("none") | Some("linear") => {}
+        // llama.cpp never scales when the type says so, whatever the factor.
+        Some("none") => return Ok(1.0),
+        None | Some("linear") => {}
         Some(other) => {
             return Err(Error::InvalidModel(format!(
                 "{} = {other:?} is not supported yet (supported: none, linear)",

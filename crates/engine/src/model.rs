@@ -364,7 +364,8 @@ impl Model {
             StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
         }
 
-        self.fill_rope(scratch, &rows.pos);
+        let ctx = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        self.fill_rope(scratch, &rows.pos, ctx);
         let family = crate::models::family(cfg.kind);
         let last_layer = self.spec.layers.len() - 1;
         let mut b = Blocks::new(self, pool, caches, scratch, rows, order, comm);
@@ -399,7 +400,18 @@ impl Model {
 
     /// RoPE tables for the rows at positions `pos`: one for the model's base and, with a
     /// sliding window, one for the window layers' base (after the first `n * half` entries).
-    fn fill_rope(&self, s: &mut Scratch, pos: &[usize]) {
+    /// LongRoPE models take their long factors when the context (`ctx` positions) exceeds the
+    /// original one, as llama.cpp decides by its context size.
+    fn fill_rope(&self, s: &mut Scratch, pos: &[usize], ctx: usize) {
+        let factors = self.weights.rope_factors.as_deref().or_else(|| {
+            self.weights.rope_long_short.as_ref().map(|(long, short)| {
+                if ctx > self.cfg.rope_ctx_orig {
+                    long.as_slice()
+                } else {
+                    short.as_slice()
+                }
+            })
+        });
         let n = pos.len();
         let half = self.cfg.rope_dims / 2;
         let bases: &[f32] = match &self.cfg.swa {
@@ -416,7 +428,8 @@ impl Model {
                     self.cfg.rope_dims,
                     base,
                     self.cfg.rope_freq_scale,
-                    self.weights.rope_factors.as_deref(),
+                    factors,
+                    self.cfg.rope_attn_factor,
                     &mut s.rope_cos[at..at + half],
                     &mut s.rope_sin[at..at + half],
                 );

@@ -86,6 +86,9 @@ You are a helpful assistant.<|im_end|>
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"#;
 
+/// Phi-3.5's chat template (it has no tool-call format of its own).
+const PHI3_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
 struct Noise(u64);
 
 impl Noise {
@@ -161,7 +164,9 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         .kv(
             "general.name",
             Value::String(format!(
-                "synthetic {arch} {}L {e}x{ff} {nh}/{nkv} heads {}",
+                // Not the family's name: llama.cpp keys vocabulary quirks on it (for Phi-3,
+                // tokens this copied vocabulary lacks).
+                "synthetic {}L {e}x{ff} {nh}/{nkv} heads {}",
                 s.layers, s.ty
             )),
         )
@@ -174,6 +179,11 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
         .kv(&k("rope.freq_base"), Value::F32(1_000_000.0))
         .kv(&k("rope.dimension_count"), Value::U32(hd as u32));
+    if s.arch == Arch::Phi3 {
+        // LongRoPE: factors for within and beyond the original context, and its magnitude.
+        w.kv(&k("rope.scaling.attn_factor"), Value::F32(1.190_238))
+            .kv(&k("rope.scaling.original_context_length"), Value::U32(4096));
+    }
     if s.head_dim.is_some() {
         w.kv(&k("attention.key_length"), Value::U32(hd as u32))
             .kv(&k("attention.value_length"), Value::U32(hd as u32));
@@ -185,6 +195,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             ("tokenizer.ggml.pre", "qwen2"),
             ("tokenizer.chat_template", QWEN_TEMPLATE),
         ],
+        Arch::Phi3 => &[("tokenizer.chat_template", PHI3_TEMPLATE)],
         Arch::Llama | Arch::Gemma3 => &[],
     };
     for (key, v) in md.iter() {
@@ -227,13 +238,22 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
     vector(&mut w, "output_norm.weight", e, 1.0, 0.2);
+    if s.arch == Arch::Phi3 {
+        vector(&mut w, "rope_factors_short.weight", hd / 2, 1.5, 0.5);
+        vector(&mut w, "rope_factors_long.weight", hd / 2, 8.0, 4.0);
+    }
     for l in 0..s.layers {
         let n = |t: &str| format!("blk.{l}.{t}");
         vector(&mut w, &n("attn_norm.weight"), e, 1.0, 0.2);
         vector(&mut w, &n("ffn_norm.weight"), e, 1.0, 0.2);
-        matrix(&mut w, &n("attn_q.weight"), e, nh * hd);
-        matrix(&mut w, &n("attn_k.weight"), e, nkv * hd);
-        matrix(&mut w, &n("attn_v.weight"), e, nkv * hd);
+        if s.arch == Arch::Phi3 {
+            // One fused tensor: Q's rows, then K's, then V's.
+            matrix(&mut w, &n("attn_qkv.weight"), e, (nh + 2 * nkv) * hd);
+        } else {
+            matrix(&mut w, &n("attn_q.weight"), e, nh * hd);
+            matrix(&mut w, &n("attn_k.weight"), e, nkv * hd);
+            matrix(&mut w, &n("attn_v.weight"), e, nkv * hd);
+        }
         if s.arch == Arch::Qwen2 {
             vector(&mut w, &n("attn_q.bias"), nh * hd, 0.0, 0.5);
             vector(&mut w, &n("attn_k.bias"), nkv * hd, 0.0, 0.5);
@@ -248,8 +268,13 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
         }
         matrix(&mut w, &n("attn_output.weight"), nh * hd, e);
-        matrix(&mut w, &n("ffn_gate.weight"), e, ff);
-        matrix(&mut w, &n("ffn_up.weight"), e, ff);
+        if s.arch == Arch::Phi3 {
+            // One fused tensor: the gate's rows, then the up projection's.
+            matrix(&mut w, &n("ffn_up.weight"), e, 2 * ff);
+        } else {
+            matrix(&mut w, &n("ffn_gate.weight"), e, ff);
+            matrix(&mut w, &n("ffn_up.weight"), e, ff);
+        }
         matrix(&mut w, &n("ffn_down.weight"), ff, e);
     }
     Ok(w.to_bytes())

@@ -47,6 +47,9 @@ pub(crate) struct Weights {
     pub(crate) head: Option<(Vec<f32>, QMatrix)>,
     /// Llama 3's per-frequency RoPE divisors (`rope_freqs.weight`, `rope_dims / 2` values).
     pub(crate) rope_factors: Option<Vec<f32>>,
+    /// LongRoPE's divisors beyond and within the original context (Phi-3's
+    /// `rope_factors_long` / `rope_factors_short`).
+    pub(crate) rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 fn kernel_err(t: &TensorInfo) -> impl FnOnce(strata_kernels::Error) -> Error + '_ {
@@ -226,9 +229,12 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     for t in file.tensors() {
         let name = t.name.as_str();
         let known = match name {
-            "token_embd.weight" | "output_norm.weight" | "output.weight" | "rope_freqs.weight" => {
-                true
-            }
+            "token_embd.weight"
+            | "output_norm.weight"
+            | "output.weight"
+            | "rope_freqs.weight"
+            | "rope_factors_long.weight"
+            | "rope_factors_short.weight" => true,
             _ => name
                 .strip_prefix("blk.")
                 .and_then(|rest| rest.split_once('.'))
@@ -356,11 +362,22 @@ impl Weights {
             Some(_) => Some(vector(file, "rope_freqs.weight", cfg.rope_dims / 2)?),
             None => None,
         };
+        let rope_long_short = match (
+            file.tensor("rope_factors_long.weight"),
+            file.tensor("rope_factors_short.weight"),
+        ) {
+            (None, None) => None,
+            _ => Some((
+                vector(file, "rope_factors_long.weight", cfg.rope_dims / 2)?,
+                vector(file, "rope_factors_short.weight", cfg.rope_dims / 2)?,
+            )),
+        };
         Ok(Weights {
             layers,
             embd,
             head,
             rope_factors,
+            rope_long_short,
         })
     }
 }

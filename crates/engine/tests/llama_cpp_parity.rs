@@ -142,6 +142,16 @@ fn synthetic_qwen3_q5_1_matches_llama_cpp() {
 }
 
 #[test]
+fn synthetic_phi3_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-phi3-q8_0");
+}
+
+#[test]
+fn synthetic_phi3_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-phi3-q4_k_m");
+}
+
+#[test]
 fn synthetic_llama_q8_0_matches_llama_cpp() {
     check_synthetic("synth-llama-q8_0");
 }

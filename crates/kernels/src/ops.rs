@@ -26,13 +26,15 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 /// Cosine/sine table of rotary embeddings for one position, computed as ggml's rope cache does:
 /// the angle advances by repeated multiplication, each pair's angle is divided by its frequency
 /// factor (Llama 3's `rope_freqs`, 1 when absent) and multiplied by the linear scale
-/// `freq_scale` (1 without scaling; both are exact no-ops at 1).
+/// `freq_scale` (1 without scaling; both are exact no-ops at 1); cosines and sines are then
+/// multiplied by `mscale` (ggml's `attn_factor`, also exact at 1).
 pub fn rope_table(
     pos: usize,
     n_dims: usize,
     freq_base: f32,
     freq_scale: f32,
     factors: Option<&[f32]>,
+    mscale: f32,
     out_cos: &mut [f32],
     out_sin: &mut [f32],
 ) {
@@ -41,8 +43,8 @@ pub fn rope_table(
     for i in 0..n_dims / 2 {
         let ff = factors.map_or(1.0, |f| f[i]);
         let angle = freq_scale * (theta / ff);
-        out_cos[i] = angle.cos();
-        out_sin[i] = angle.sin();
+        out_cos[i] = angle.cos() * mscale;
+        out_sin[i] = angle.sin() * mscale;
         theta *= theta_scale;
     }
 }

@@ -14,6 +14,7 @@
 
 mod gemma3;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -34,6 +35,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): per-head Q/K RMSNorm, NEOX RoPE, no biases.
     Qwen3,
+    /// Phi-3 / Phi-3.5 (dense): fused QKV and gate/up tensors, NEOX RoPE with LongRoPE factors,
+    /// the query scaled before the scores.
+    Phi3,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -42,6 +46,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("gemma3", Arch::Gemma3),
     ("qwen2", Arch::Qwen2),
     ("qwen3", Arch::Qwen3),
+    ("phi3", Arch::Phi3),
 ];
 
 impl Arch {
@@ -104,6 +109,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Gemma3 => &gemma3::Gemma3,
         Arch::Qwen2 => &qwen2::Qwen2,
         Arch::Qwen3 => &qwen3::Qwen3,
+        Arch::Phi3 => &phi3::Phi3,
     }
 }
 
