@@ -423,13 +423,16 @@ impl Model {
         for (bi, &base) in bases.iter().enumerate() {
             for (t, &p) in pos.iter().enumerate() {
                 let at = (bi * n + t) * half;
+                let freqs = ops::RopeFreqs {
+                    n_dims: self.cfg.rope_dims,
+                    base,
+                    freq_scale: self.cfg.rope_freq_scale,
+                    factors,
+                    mscale: self.cfg.rope_attn_factor,
+                };
                 ops::rope_table(
                     p,
-                    self.cfg.rope_dims,
-                    base,
-                    self.cfg.rope_freq_scale,
-                    factors,
-                    self.cfg.rope_attn_factor,
+                    &freqs,
                     &mut s.rope_cos[at..at + half],
                     &mut s.rope_sin[at..at + half],
                 );

@@ -23,28 +23,33 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// A model's rotary embedding frequencies.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeFreqs<'a> {
+    /// Rotated dimensions of a head.
+    pub n_dims: usize,
+    /// Frequency base.
+    pub base: f32,
+    /// Linear position scale (1 without scaling).
+    pub freq_scale: f32,
+    /// Per-frequency divisors (Llama 3's `rope_freqs`, LongRoPE's factors), `n_dims / 2`.
+    pub factors: Option<&'a [f32]>,
+    /// Magnitude of the cosines and sines (ggml's `attn_factor`, 1 without scaling).
+    pub mscale: f32,
+}
+
 /// Cosine/sine table of rotary embeddings for one position, computed as ggml's rope cache does:
 /// the angle advances by repeated multiplication, each pair's angle is divided by its frequency
-/// factor (Llama 3's `rope_freqs`, 1 when absent) and multiplied by the linear scale
-/// `freq_scale` (1 without scaling; both are exact no-ops at 1); cosines and sines are then
-/// multiplied by `mscale` (ggml's `attn_factor`, also exact at 1).
-pub fn rope_table(
-    pos: usize,
-    n_dims: usize,
-    freq_base: f32,
-    freq_scale: f32,
-    factors: Option<&[f32]>,
-    mscale: f32,
-    out_cos: &mut [f32],
-    out_sin: &mut [f32],
-) {
-    let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+/// factor (1 when absent) and multiplied by the linear scale; cosines and sines are then
+/// multiplied by `mscale` (each step an exact no-op at 1).
+pub fn rope_table(pos: usize, f: &RopeFreqs<'_>, out_cos: &mut [f32], out_sin: &mut [f32]) {
+    let theta_scale = f.base.powf(-2.0 / f.n_dims as f32);
     let mut theta = pos as f32;
-    for i in 0..n_dims / 2 {
-        let ff = factors.map_or(1.0, |f| f[i]);
-        let angle = freq_scale * (theta / ff);
-        out_cos[i] = angle.cos() * mscale;
-        out_sin[i] = angle.sin() * mscale;
+    for i in 0..f.n_dims / 2 {
+        let ff = f.factors.map_or(1.0, |v| v[i]);
+        let angle = f.freq_scale * (theta / ff);
+        out_cos[i] = angle.cos() * f.mscale;
+        out_sin[i] = angle.sin() * f.mscale;
         theta *= theta_scale;
     }
 }
