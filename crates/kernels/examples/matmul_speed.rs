@@ -1,5 +1,6 @@
 //! Times matmul on SmolLM2's shapes (Q4_1, Q8_0) and Gemma 3 270M's (Q5_0 gate/up and q, Q8_0 v,
-//! K-quant attn_output 640x1024 and ffn_down 640x2048): `cargo run --release -p strata-kernels --example matmul_speed
+//! K-quant attn_output 640x1024 and ffn_down 640x2048), and a 1B model's FFN matrix in each
+//! further type: `cargo run --release -p strata-kernels --example matmul_speed
 //! [threads] [tokens] [filter]`, `filter` keeping the shapes whose name contains it (e.g. `_K`).
 //! Prints the median of several calls and GB/s of weights streamed per call. Set
 //! `STRATA_NO_KTILES=1` to time K-quant batches row by row instead of with the tile kernels.
@@ -28,6 +29,12 @@ fn main() {
         ("Q4_K 640x2048", GgmlType::Q4K, 640, 2048),
         ("Q6_K 640x1024", GgmlType::Q6K, 640, 1024),
         ("Q6_K 640x2048", GgmlType::Q6K, 640, 2048),
+        // A 1B model's FFN matrix in each further type (8192 x 2048).
+        ("Q5_1 8192x2048", GgmlType::Q5_1, 8192, 2048),
+        ("Q2_K 8192x2048", GgmlType::Q2K, 8192, 2048),
+        ("Q3_K 8192x2048", GgmlType::Q3K, 8192, 2048),
+        ("Q5_K 8192x2048", GgmlType::Q5K, 8192, 2048),
+        ("IQ4_XS 8192x2048", GgmlType::IQ4XS, 8192, 2048),
     ] {
         if !name.contains(filter) {
             continue;
