@@ -220,6 +220,9 @@ fn synthetic_families_shard_like_one_process() {
         ("llama", "q3_k", None),
         ("qwen3", "iq4_xs", Some("64")),
         ("phi3", "q5_k", None),
+        ("llama", "iq4_nl", None),
+        ("qwen2", "bf16", None),
+        ("qwen3", "q4_0", Some("64")),
     ] {
         let path = dir.path().join(format!("{arch}.gguf"));
         let path_s = path.to_str().unwrap();

@@ -347,6 +347,8 @@ impl Blocks<'_, '_> {
             n_out,
             att_in.len() / n_out.max(1),
         );
+        // llama.cpp projects every row before it drops all but the last: follow its order.
+        s.acts.as_rows_of(n, t_first);
         mm(pool, &lw.wo, &s.acts, &mut s.proj);
         self.combine_output(&combine, n_out, lw.wo.rows())?;
         self.out_first = t_first;

@@ -86,7 +86,9 @@ fn row_slice(
         start: t.offset as usize + rows.start * rb,
         len: rows.len() * rb,
     };
-    QMatrix::new(t.ggml_type, rows.len(), cols, data).map_err(kernel_err(t))
+    QMatrix::new(t.ggml_type, rows.len(), cols, data)
+        .map(|m| m.cut_from(n_rows))
+        .map_err(kernel_err(t))
 }
 
 /// A row slice in the layout the compute kernels prefer (repacked into an owned buffer when a
@@ -126,7 +128,7 @@ fn col_slice(
         out.extend_from_slice(&src[r * rb + skip..r * rb + skip + take]);
     }
     QMatrix::new(ty, n_rows, keep.len(), WeightBytes::Owned(out))
-        .map(QMatrix::prepared)
+        .map(|m| m.cut_from(n_rows).prepared())
         .map_err(kernel_err(t))
 }
 

@@ -176,6 +176,26 @@ fn synthetic_qwen3_q5_0_matches_llama_cpp() {
     check_synthetic("synth-qwen3-q5_0");
 }
 
+#[test]
+fn synthetic_llama_iq4_nl_matches_llama_cpp() {
+    check_synthetic("synth-llama-iq4_nl");
+}
+
+#[test]
+fn synthetic_llama_q4_0_matches_llama_cpp() {
+    check_synthetic("synth-llama-q4_0");
+}
+
+#[test]
+fn synthetic_qwen2_bf16_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-bf16");
+}
+
+#[test]
+fn synthetic_qwen3_f16_matches_llama_cpp() {
+    check_synthetic("synth-qwen3-f16");
+}
+
 fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_tolerance: f32) {
     let add_bos = fx["add_bos"].as_bool().unwrap_or(false);
     let mut g = Generator::load(path, 2, Some(1024)).unwrap();

@@ -26,6 +26,12 @@ pub(crate) fn rd_f16(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
+/// A bf16 value (its bits) as f32: the upper half of the f32's bits, exactly.
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
 /// Rounds an f32 to f16 precision and back (what ggml does when it stores an f16).
 #[inline]
 pub fn round_f16(x: f32) -> f32 {
@@ -77,6 +83,14 @@ pub(crate) fn block_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK]) -> (f32, f
             }
             (rd_f16(b, 0), 0.0)
         }
+        GgmlType::IQ4NL => {
+            use crate::kformats::IQ4NL_VALUES as V;
+            for j in 0..16 {
+                out[j] = V[usize::from(b[2 + j] & 0x0F)];
+                out[j + 16] = V[usize::from(b[2 + j] >> 4)];
+            }
+            (rd_f16(b, 0), 0.0)
+        }
         _ => (0.0, 0.0),
     }
 }
@@ -96,7 +110,17 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
                 *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+        GgmlType::BF16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q8_0
+        | GgmlType::IQ4NL => {
             let bb = ty.block_bytes();
             let mut codes = [0i8; QK];
             for (o, b) in out.chunks_exact_mut(QK).zip(row.chunks_exact(bb)) {
@@ -118,7 +142,7 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
 pub fn act_type(ty: GgmlType) -> GgmlType {
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => GgmlType::Q8_0,
         GgmlType::Q2K
         | GgmlType::Q3K
         | GgmlType::Q4K
@@ -126,6 +150,7 @@ pub fn act_type(ty: GgmlType) -> GgmlType {
         | GgmlType::Q6K
         | GgmlType::IQ4XS => GgmlType::Q8K,
         GgmlType::F16 => GgmlType::F16,
+        GgmlType::BF16 => GgmlType::BF16,
         _ => GgmlType::F32,
     }
 }
@@ -234,6 +259,11 @@ pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
         GgmlType::Q8_1 => quantize_row_q8_1(x, out),
         GgmlType::Q8K => crate::kquants::quantize_row_q8_k(x, out),
         GgmlType::F16 => quantize_row_f16(x, out),
+        GgmlType::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&crate::quantize::fp32_to_bf16(v).to_le_bytes());
+            }
+        }
         _ => quantize_row_f32(x, out),
     }
 }

@@ -32,6 +32,8 @@ mod x86_kformats;
 mod x86_kquants;
 #[cfg(target_arch = "x86_64")]
 mod x86_ops;
+#[cfg(target_arch = "x86_64")]
+mod x86_rowdot;
 
 use std::sync::OnceLock;
 
@@ -52,7 +54,7 @@ pub enum Error {
     },
     /// The kernels cannot compute with this weight format (yet).
     #[error(
-        "unsupported weight format {0} (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)"
+        "unsupported weight format {0} (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
     )]
     UnsupportedType(GgmlType),
 }
@@ -66,6 +68,7 @@ pub fn supported_weight(ty: GgmlType) -> bool {
         ty,
         GgmlType::F32
             | GgmlType::F16
+            | GgmlType::BF16
             | GgmlType::Q4_0
             | GgmlType::Q4_1
             | GgmlType::Q5_0
@@ -76,6 +79,7 @@ pub fn supported_weight(ty: GgmlType) -> bool {
             | GgmlType::Q4K
             | GgmlType::Q5K
             | GgmlType::Q6K
+            | GgmlType::IQ4NL
             | GgmlType::IQ4XS
     )
 }

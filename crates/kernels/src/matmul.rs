@@ -54,6 +54,10 @@ enum Storage {
 pub struct QMatrix {
     ty: GgmlType,
     rows: usize,
+    /// The row count of the whole tensor this matrix was cut from: llama.cpp picks its kernel
+    /// (and with it the float order strata must follow) by the tensor's row count, so a slice
+    /// keeps its tensor's order.
+    order_rows: usize,
     cols: usize,
     row_bytes: usize,
     data: Storage,
@@ -85,6 +89,7 @@ impl QMatrix {
         Ok(QMatrix {
             ty,
             rows,
+            order_rows: rows,
             cols,
             row_bytes,
             data: Storage::Plain(data),
@@ -108,7 +113,10 @@ impl QMatrix {
         let Storage::Plain(plain) = &self.data else {
             return self;
         };
-        if !crate::packed::packable(self.ty) {
+        // IQ4_NL has a packed kernel only in llama.cpp's repacked order.
+        let iq4_nl_other_order =
+            self.ty == GgmlType::IQ4NL && !repacked_b32(self.ty, self.order_rows);
+        if !crate::packed::packable(self.ty) || iq4_nl_other_order {
             return self;
         }
         let nb = self.cols / self.ty.block_size();
@@ -118,6 +126,13 @@ impl QMatrix {
             file.release(*start, *len);
         }
         QMatrix { data, ..self }
+    }
+
+    /// The matrix as a slice of a tensor of `rows` rows (see `order_rows`): products follow the
+    /// float order llama.cpp uses for the whole tensor.
+    pub fn cut_from(mut self, rows: usize) -> QMatrix {
+        self.order_rows = rows;
+        self
     }
 
     /// Whether the matrix is in the packed layout.
@@ -176,6 +191,9 @@ pub struct QuantActs {
     /// Q8_K rows interleaved by eight tokens for the K-quant tile kernels (batches of
     /// [`KTILE_MIN_BATCH`] or more on AVX2), else empty.
     tiles: Vec<u8>,
+    /// The batch whose float order the products follow, if not these rows' own: its size and
+    /// the index of row 0 in it (see [`QuantActs::as_rows_of`]).
+    order: Option<(usize, usize)>,
 }
 
 impl QuantActs {
@@ -227,6 +245,7 @@ impl QuantActs {
             }
         }
         self.tiles.clear();
+        self.order = None;
         if act == GgmlType::Q8K && n >= KTILE_MIN_BATCH && ktiles_enabled() {
             crate::kquants::interleave_q8k(
                 &self.buf,
@@ -241,6 +260,15 @@ impl QuantActs {
         self.n = n;
         self.cols = cols;
         self.row_bytes = row_bytes;
+    }
+
+    /// Makes the products of these rows follow the float order llama.cpp uses for them inside a
+    /// batch of `batch` tokens of which they are the rows from `first` on. llama.cpp projects a
+    /// prompt's attention output through the output matrix for every token and keeps the last
+    /// row after that; strata projects only the last row, so it must pick the kernel order the
+    /// whole batch would get. Reset by the next [`QuantActs::quantize`].
+    pub fn as_rows_of(&mut self, batch: usize, first: usize) {
+        self.order = (batch != self.n || first != 0).then_some((batch, first));
     }
 
     /// Number of activation rows (tokens).
@@ -325,16 +353,21 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             if ktiled(w, acts) {
                 return matmul_ktiles(pool, w, bytes, acts, optr);
             }
+            // The batch whose order applies, and the index of row 0 in it.
+            let (order_n, first) = acts.order.unwrap_or((n, 0));
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
             // its tiled K-quant kernel takes batches of 8 or more tokens whole.
-            let (dot, dot4, n4) = if n >= TILED_MIN_BATCH && tiled_format(w) {
+            let (dot, dot4, n4) = if order_n >= TILED_MIN_BATCH && tiled_format(w) {
                 let d = tiled_dot(w.ty);
+                (d, d, 0)
+            } else if tinyblas_order(w, order_n) {
+                let d = tinyblas_dot(w.ty);
                 (d, d, 0)
             } else {
                 (
-                    row_dot(w.ty, w.rows, false),
-                    row_dot(w.ty, w.rows, true),
-                    n / 4 * 4,
+                    row_dot(w.ty, w.order_rows, false),
+                    row_dot(w.ty, w.order_rows, true),
+                    (order_n / 4 * 4).saturating_sub(first),
                 )
             };
             let n_chunks = w.rows.div_ceil(ROW_CHUNK);
@@ -391,7 +424,7 @@ fn ktiles_enabled() -> bool {
 fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
     !acts.tiles.is_empty()
         && match w.ty {
-            GgmlType::Q4K if w.rows.is_multiple_of(8) => true,
+            GgmlType::Q4K if w.order_rows.is_multiple_of(8) => true,
             GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,
             ty => crate::kformats::tiles(ty) && acts.n >= TILED_MIN_BATCH,
         }
@@ -408,7 +441,7 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
     let n_tb = groups.div_ceil(per_block);
     let n_rc = w.rows.div_ceil(KTILE_ROWS);
     // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
-    let n4 = if w.ty == GgmlType::Q4K && w.rows.is_multiple_of(8) {
+    let n4 = if w.ty == GgmlType::Q4K && w.order_rows.is_multiple_of(8) {
         n / 4 * 4
     } else {
         n
@@ -461,7 +494,7 @@ fn ktile_rows<const CV: usize>(
         let mut o = [[0.0f32; 8]; CV];
         // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row holds `nb` blocks
         // and each group `nb` interleaved blocks.
-        unsafe { ktile::<CV>(w.ty, w.rows, n, split, row, nb, &y, &mut o) };
+        unsafe { ktile::<CV>(w.ty, w.order_rows, n, split, row, nb, &y, &mut o) };
         for t in t0..t1 {
             let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
             // SAFETY: in bounds (checked by `check_shapes`); this thread alone owns the rows of
@@ -532,6 +565,9 @@ pub(crate) fn row_dot(
     rows: usize,
     four: bool,
 ) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    if repacked_b32(ty, rows) {
+        return crate::dot::dot_repacked;
+    }
     let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
@@ -549,6 +585,15 @@ pub(crate) fn row_dot(
             }
             GgmlType::Q4K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q4_k(w, a, n) },
             GgmlType::Q6K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q6_k(w, a, n) },
+            GgmlType::IQ4NL => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_iq4_nl::<true>(w, a, n) };
+            }
+            GgmlType::BF16 => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_half::<true>(w, a, n) };
+            }
+            GgmlType::F16 => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_half::<false>(w, a, n) };
+            }
             ty if crate::kformats::handles(ty) => {
                 return |ty, w, a, n| unsafe { crate::x86_kformats::dot(ty, w, a, n) };
             }
@@ -562,6 +607,53 @@ pub(crate) fn row_dot(
     }
 }
 
+/// Whether llama.cpp's AVX2 build repacks a `rows`-row tensor of `ty` into its 8-row Q4_0 /
+/// IQ4_NL layout, whose kernels sum each block whole before scaling it (see
+/// [`crate::dot::dot_repacked`]).
+pub(crate) fn repacked_b32(ty: GgmlType, rows: usize) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL) && rows.is_multiple_of(8)
+}
+
+/// Whether llama.cpp sends a batch of `n` tokens times `w` through tinyBLAS in an order other
+/// than its `vec_dot`'s: IQ4_NL matrices it does not repack, and BF16 and F16 ones whose shape
+/// tinyBLAS takes (row length a multiple of 8, row count a multiple of 4). For Q4_0, Q5_0 and
+/// Q8_0 the two orders are the same.
+fn tinyblas_order(w: &QMatrix, n: usize) -> bool {
+    n >= 2
+        && match w.ty {
+            GgmlType::IQ4NL => !repacked_b32(w.ty, w.order_rows),
+            GgmlType::BF16 | GgmlType::F16 => {
+                w.cols.is_multiple_of(8) && w.order_rows.is_multiple_of(4)
+            }
+            _ => false,
+        }
+}
+
+/// The dot product in tinyBLAS's order for `ty` (see [`crate::dot::dot_tinyblas`]).
+pub(crate) fn tinyblas_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY (both): `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
+        match ty {
+            GgmlType::IQ4NL => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_iq4_nl::<false>(w, a, n) };
+            }
+            GgmlType::BF16 => {
+                return |_, w, a, n| unsafe {
+                    crate::x86_rowdot::dot_half_tinyblas::<true>(w, a, n)
+                };
+            }
+            GgmlType::F16 => {
+                return |_, w, a, n| unsafe {
+                    crate::x86_rowdot::dot_half_tinyblas::<false>(w, a, n)
+                };
+            }
+            _ => {}
+        }
+    }
+    crate::dot::dot_tinyblas
+}
+
 /// Smallest batch llama.cpp sends through its tiled K-quant kernel.
 const TILED_MIN_BATCH: usize = 8;
 
@@ -570,7 +662,7 @@ const TILED_MIN_BATCH: usize = 8;
 fn tiled_format(w: &QMatrix) -> bool {
     match w.ty {
         GgmlType::Q6K => true,
-        GgmlType::Q4K => !w.rows.is_multiple_of(8),
+        GgmlType::Q4K => !w.order_rows.is_multiple_of(8),
         ty => crate::kformats::handles(ty),
     }
 }
@@ -604,6 +696,7 @@ impl PackedJob<'static> {
 static EMPTY_MATRIX: QMatrix = QMatrix {
     ty: GgmlType::F32,
     rows: 0,
+    order_rows: 0,
     cols: 0,
     row_bytes: 0,
     data: Storage::Packed(Vec::new()),
@@ -656,6 +749,7 @@ fn matmul_packed(pool: &ThreadPool, jobs: &mut [PackedJob<'_>], acts: &QuantActs
             unsafe {
                 crate::x86::matmul_groups(
                     j.w.ty,
+                    repacked_b32(j.w.ty, j.w.order_rows),
                     j.packed.as_ptr(),
                     j.w.cols / QK,
                     j.w.rows,

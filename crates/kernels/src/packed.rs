@@ -28,7 +28,12 @@ pub const GROUP: usize = 4;
 pub fn packable(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4NL
     )
 }
 
@@ -36,7 +41,7 @@ pub fn packable(ty: GgmlType) -> bool {
 pub fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 8 + 8 + 64,
-        GgmlType::Q4_0 => 8 + 64,
+        GgmlType::Q4_0 | GgmlType::IQ4NL => 8 + 64,
         GgmlType::Q5_0 => 8 + 16 + 64,
         GgmlType::Q5_1 => 8 + 8 + 16 + 64,
         GgmlType::Q8_0 => 8 + 128,
@@ -96,7 +101,7 @@ pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
                         dst[8 + 2 * r..10 + 2 * r].copy_from_slice(&src[2..4]);
                         dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[4..20]);
                     }
-                    GgmlType::Q4_0 => {
+                    GgmlType::Q4_0 | GgmlType::IQ4NL => {
                         dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[2..18]);
                     }
                     GgmlType::Q5_0 => {
@@ -147,7 +152,9 @@ pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u
                 dst[2..4].copy_from_slice(&src[8 + 2 * i..10 + 2 * i]);
                 dst[4..20].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
             }
-            GgmlType::Q4_0 => dst[2..18].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]),
+            GgmlType::Q4_0 | GgmlType::IQ4NL => {
+                dst[2..18].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)])
+            }
             GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 let hoff = if ty == GgmlType::Q5_1 { 16 } else { 8 };
                 let (p, second) = (i / 2, i % 2 == 1);
@@ -187,6 +194,7 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q8_0,
+            GgmlType::IQ4NL,
         ] {
             let (rows, nb) = (7, 3);
             let rb = nb * ty.block_bytes();

@@ -122,7 +122,7 @@ fn fp16_to_fp32(h: u16) -> f32 {
 }
 
 /// `ggml_compute_fp32_to_bf16`: round to nearest even, NaN kept (and made quiet).
-fn fp32_to_bf16(s: f32) -> u16 {
+pub(crate) fn fp32_to_bf16(s: f32) -> u16 {
     let u = s.to_bits();
     if u & 0x7FFF_FFFF > 0x7F80_0000 {
         return ((u >> 16) | 64) as u16;
@@ -766,7 +766,7 @@ fn iq4(x: &[f32], out: &mut [u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
 
@@ -804,7 +804,7 @@ mod tests {
     }
 
     /// Row `kind` of the fixture's input (`case` in scripts/make-quant-vectors.py).
-    fn case(kind: usize) -> Vec<f32> {
+    pub(crate) fn case(kind: usize) -> Vec<f32> {
         let mut r = SplitMix(1000 + kind as u64);
         (0..N_PER_ROW)
             .map(|i| match kind {

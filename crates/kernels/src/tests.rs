@@ -18,7 +18,7 @@ impl Rng {
     }
 }
 
-const TYPES: [GgmlType; 13] = [
+const TYPES: [GgmlType; 15] = [
     GgmlType::Q4K,
     GgmlType::Q6K,
     GgmlType::Q2K,
@@ -30,6 +30,8 @@ const TYPES: [GgmlType; 13] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::IQ4NL,
+    GgmlType::BF16,
     GgmlType::F16,
     GgmlType::F32,
 ];
@@ -41,6 +43,7 @@ fn tolerance(ty: GgmlType) -> f32 {
     match act_type(ty) {
         GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8K => 1.0 / 100.0,
         GgmlType::F16 => 1.0 / 1000.0,
+        GgmlType::BF16 => 1.0 / 100.0,
         _ => 1e-5,
     }
 }
@@ -76,7 +79,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
             let s = if KFORMATS.contains(&ty) {
                 kquant_reference(ty, rows, n, t).1(ty, w.row(r).unwrap(), a, cols)
             } else {
-                dot_scalar(ty, w.row(r).unwrap(), a, cols)
+                b32_reference(ty, rows, cols, n)(ty, w.row(r).unwrap(), a, cols)
             };
             assert_eq!(plain_out[t * rows + r].to_bits(), s.to_bits());
             let got = out[t * rows + r];
@@ -99,10 +102,36 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
     }
 }
 
+/// The scalar reference for a batch of `n` times a `rows x cols` matrix of one of the
+/// non-K formats, in the order llama.cpp's AVX2 build computes it: Q4_0 and IQ4_NL tensors with
+/// a row count that is a multiple of 8 in its repacked kernels' order; batches of two or more
+/// through tinyBLAS (IQ4_NL; BF16 when the shape suits it); `vec_dot` otherwise.
+fn b32_reference(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    let repacked = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL) && rows.is_multiple_of(8);
+    let tinyblas = n >= 2
+        && match ty {
+            GgmlType::IQ4NL => !repacked,
+            GgmlType::BF16 | GgmlType::F16 => cols.is_multiple_of(8) && rows.is_multiple_of(4),
+            _ => false,
+        };
+    if repacked {
+        crate::dot::dot_repacked
+    } else if tinyblas {
+        crate::dot::dot_tinyblas
+    } else {
+        dot_scalar
+    }
+}
+
 #[test]
 fn matmul_matches_scalar_and_f32_reference() {
     for (i, ty) in TYPES.into_iter().enumerate() {
-        let shapes: [(usize, usize, usize, usize); 11] = [
+        let shapes: [(usize, usize, usize, usize); 15] = [
             (1, 32, 1, 1),
             (7, 64, 3, 2),
             (37, 256, 9, 2),
@@ -114,6 +143,10 @@ fn matmul_matches_scalar_and_f32_reference() {
             (16, 512, 6, 2),
             (16, 512, 11, 2),
             (5, 1024, 1, 1),
+            (8, 96, 1, 1),
+            (24, 160, 7, 2),
+            (12, 96, 2, 1),
+            (6, 40, 3, 1),
         ];
         for (rows, cols, n, threads) in shapes {
             if !cols.is_multiple_of(ty.block_size()) {
@@ -147,7 +180,10 @@ fn weight_quantisers_round_trip() {
         let bound = match ty {
             GgmlType::Q2K => 0.4,
             GgmlType::Q3K => 0.25,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::IQ4XS => 0.15,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::IQ4NL => {
+                0.15
+            }
+            GgmlType::BF16 => 4e-3,
             GgmlType::Q6K => 0.05,
             GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.07,
             GgmlType::Q8_0 => 0.01,
@@ -174,9 +210,9 @@ fn activation_quantisation_rounds_half_to_even() {
 
 #[test]
 fn unsupported_formats_are_refused() {
-    let e = QMatrix::new(GgmlType::BF16, 1, 256, WeightBytes::Owned(vec![0; 512])).unwrap_err();
+    let e = QMatrix::new(GgmlType::Q8K, 1, 256, WeightBytes::Owned(vec![0; 292])).unwrap_err();
     assert!(
-        e.to_string().contains("unsupported weight format BF16"),
+        e.to_string().contains("unsupported weight format Q8_K"),
         "{e}"
     );
     let e = QMatrix::new(GgmlType::Q8_0, 2, 32, WeightBytes::Owned(vec![0; 34])).unwrap_err();
@@ -615,4 +651,39 @@ fn kquant_batches_match_the_per_row_kernels() {
             }
         }
     }
+}
+
+/// The one-token dot products of the formats whose `vec_dot` order has special cases equal
+/// llama.cpp's own functions bit for bit (`fixtures/quant/dots.json`, written by
+/// scripts/make-dot-vectors.py through libggml-cpu): the scalar twin and this CPU's kernel.
+#[test]
+fn vec_dot_orders_match_llama_cpp() {
+    let doc: serde_json::Value =
+        serde_json::from_str(include_str!("../../../fixtures/quant/dots.json")).unwrap();
+    let mut checked = 0;
+    for (name, cases) in doc["types"].as_object().unwrap() {
+        let ty = GgmlType::from_name(name).unwrap();
+        for c in cases.as_array().unwrap() {
+            let n = c["n"].as_u64().unwrap() as usize;
+            let row = |k: &str| crate::quantize::tests::case(c[k].as_u64().unwrap() as usize);
+            let (w, x) = (row("w"), row("a"));
+            let wq = quantize_weights(ty, &w[..n]);
+            let mut acts = QuantActs::new();
+            acts.quantize(ty, &x[..n], 1, n);
+            let a = &acts.buf_for_test()[..act_type(ty).row_bytes(n).unwrap()];
+            let want = c["bits"].as_u64().unwrap() as u32;
+            let scalar = dot_scalar(ty, &wq, a, n);
+            let fast = crate::matmul::row_dot(ty, 1, false)(ty, &wq, a, n);
+            let what = format!("{name} n{n} w{} a{}", c["w"], c["a"]);
+            assert_eq!(
+                scalar.to_bits(),
+                want,
+                "{what}: scalar {scalar} vs {}",
+                f32::from_bits(want)
+            );
+            assert_eq!(fast.to_bits(), want, "{what}: kernel {fast}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 100, "{checked} cases");
 }

@@ -283,6 +283,78 @@ pub(crate) unsafe fn q8_tile<const C: usize>(
     }
 }
 
+/// Q4_0 / IQ4_NL weights in the order of llama.cpp's repacked 8-row kernels: the four rows of the
+/// group at `g` times `C` activation rows (Q8_0), each block's whole integer sum times
+/// `d_w * d_a` fused into one accumulator per row ([`crate::dot::dot_repacked`]).
+///
+/// The codes come from a 16-entry table (`lut`: `i - 8` for Q4_0, the IQ4_NL values), so one
+/// kernel serves both. Per block, the lane sums of rows 0/1 and 2/3 are reduced with two
+/// horizontal adds into one register of four row sums.
+///
+/// # Safety
+/// As for [`q4_tile`], for the Q4_0 packed layout (which IQ4_NL shares).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn b32_repacked_tile<const C: usize>(
+    lut: __m256i,
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow; C],
+    out: &mut [[f32; 4]; C],
+) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm_setzero_ps(); C];
+    for b in 0..nb {
+        let blk = g.add(b * 72);
+        prefetch(blk);
+        let d4 = cvt4_f16(blk);
+        // Codes of rows 0/1 (`x[0]`: elements 0..16 of both, `x[1]`: 16..32) and of rows 2/3.
+        let mut x = [_mm256_setzero_si256(); 4];
+        let mut ax = [_mm256_setzero_si256(); 4];
+        for p in 0..2 {
+            let v = _mm256_loadu_si256(blk.add(8 + 32 * p) as *const __m256i);
+            x[2 * p] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
+            x[2 * p + 1] =
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+        }
+        for i in 0..4 {
+            ax[i] = _mm256_sign_epi8(x[i], x[i]);
+        }
+        for c in 0..C {
+            let yq = a[c].q.add(b * a[c].stride);
+            let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
+            let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq.add(16) as *const __m128i));
+            let part = |i: usize, y: __m256i| {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ax[i], _mm256_sign_epi8(y, x[i])), ones)
+            };
+            let p01 = _mm256_add_epi32(part(0, ylo), part(1, yhi));
+            let p23 = _mm256_add_epi32(part(2, ylo), part(3, yhi));
+            // [r0 r0 r2 r2 | r1 r1 r3 r3] partial sums, then [r0 r2 r0 r2 | r1 r3 r1 r3].
+            let h = _mm256_hadd_epi32(p01, p23);
+            let h = _mm256_hadd_epi32(h, h);
+            let sums =
+                _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let scale = _mm_mul_ps(d4, _mm_set1_ps(*a[c].d.add(b)));
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), scale, acc[c]);
+        }
+    }
+    for c in 0..C {
+        _mm_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+    }
+}
+
+/// The code table of [`b32_repacked_tile`] for `ty` (Q4_0 or IQ4_NL), in both halves.
+#[target_feature(enable = "avx2")]
+unsafe fn b32_lut(ty: strata_gguf::GgmlType) -> __m256i {
+    let q4_0: [i8; 16] = std::array::from_fn(|i| i as i8 - 8);
+    let t = if ty == strata_gguf::GgmlType::IQ4NL {
+        &crate::kformats::IQ4NL_VALUES
+    } else {
+        &q4_0
+    };
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+}
+
 /// Computes the whole group at `g` for `C` activation rows, choosing the pair split by width.
 ///
 /// # Safety
@@ -338,6 +410,7 @@ pub(crate) unsafe fn group<const C: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matmul_groups(
     ty: strata_gguf::GgmlType,
+    repacked_order: bool,
     packed: *const u8,
     nb: usize,
     rows: usize,
@@ -356,13 +429,21 @@ pub(crate) unsafe fn matmul_groups(
             }
         }
     };
+    // Q4_0 / IQ4_NL in llama.cpp's repacked order use their own kernel and its code table.
+    let lut = if repacked_order {
+        Some(b32_lut(ty))
+    } else {
+        None
+    };
     for g in groups {
         let gp = packed.add(g * gstride);
         let mut t = tokens.start;
         while t + 4 <= tokens.end {
             let a = [acts(t), acts(t + 1), acts(t + 2), acts(t + 3)];
             let mut o = [[0.0f32; 4]; 4];
-            if ty == strata_gguf::GgmlType::Q8_0 {
+            if let Some(lut) = lut {
+                b32_repacked_tile::<4>(lut, gp, nb, &a, &mut o);
+            } else if ty == strata_gguf::GgmlType::Q8_0 {
                 // Four rows x four tokens of Q8_0 would not fit in registers: two by two.
                 let mut o2 = [[0.0f32; 4]; 2];
                 group::<2>(ty, gp, nb, &[a[0], a[1]], &mut o2);
@@ -381,7 +462,10 @@ pub(crate) unsafe fn matmul_groups(
         }
         while t < tokens.end {
             let mut o = [[0.0f32; 4]; 1];
-            group::<1>(ty, gp, nb, &[acts(t)], &mut o);
+            match lut {
+                Some(lut) => b32_repacked_tile::<1>(lut, gp, nb, &[acts(t)], &mut o),
+                None => group::<1>(ty, gp, nb, &[acts(t)], &mut o),
+            }
             store(t, g, &o[0]);
             t += 1;
         }

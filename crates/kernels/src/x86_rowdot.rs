@@ -1,0 +1,156 @@
+//! AVX2 row-by-row dot products of IQ4_NL, BF16 and F16 weights in the orders of llama.cpp's AVX2
+//! `vec_dot` and tinyBLAS kernels. Each is bit-identical to its scalar twin in [`crate::dot`]:
+//! `dot_iq4_nl` / `dot_half` (`vec_dot`) and `dot_tinyblas`.
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+
+use crate::formats::rd_f16;
+use crate::kformats::IQ4NL_VALUES;
+use crate::x86::hsum8;
+
+/// Bytes of an IQ4_NL block (f16 scale, 16 bytes of indices) and of a Q8_0 block.
+const IQ4_NL_BYTES: usize = 18;
+const Q8_0_BYTES: usize = 34;
+
+/// The 32 signed codes of the IQ4_NL block whose 16 index bytes are at `qs`: elements 0..16
+/// (low nibbles) in the low half, 16..32 (high nibbles) in the high half.
+#[inline(always)]
+unsafe fn iq4_nl_codes(qs: *const u8) -> __m256i {
+    let lut = _mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i);
+    let m4 = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m4));
+    let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// The eight lane sums (four products each) of signed codes `x` and signed quants `y`.
+#[inline(always)]
+unsafe fn lane_sums(x: __m256i, y: __m256i) -> __m256 {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+/// IQ4_NL times Q8_0 activations: `PAIRS` is `ggml_vec_dot_iq4_nl_q8_0`'s order (even and odd
+/// blocks in two accumulators, an odd last block added unfused), otherwise tinyBLAS's (one
+/// accumulator).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` and `a` must hold `n / 32` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_iq4_nl<const PAIRS: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / 32;
+    assert!(w.len() >= nb * IQ4_NL_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let block = |ib: usize, acc: __m256| {
+        let x = wp.add(ib * IQ4_NL_BYTES);
+        let y = ap.add(ib * Q8_0_BYTES);
+        let d = rd_f16(a, ib * Q8_0_BYTES) * rd_f16(w, ib * IQ4_NL_BYTES);
+        let q = _mm256_loadu_si256(y.add(2) as *const __m256i);
+        _mm256_fmadd_ps(_mm256_set1_ps(d), lane_sums(iq4_nl_codes(x.add(2)), q), acc)
+    };
+    if !PAIRS {
+        let mut acc = _mm256_setzero_ps();
+        for ib in 0..nb {
+            acc = block(ib, acc);
+        }
+        return hsum8(acc);
+    }
+    let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut ib = 0;
+    while ib + 1 < nb {
+        acc1 = block(ib, acc1);
+        acc2 = block(ib + 1, acc2);
+        ib += 2;
+    }
+    let mut sum = hsum8(_mm256_add_ps(acc1, acc2));
+    if ib < nb {
+        // The odd last block: `sumf += d * (sumi1 + sumi2)`, one rounding each.
+        let x = wp.add(ib * IQ4_NL_BYTES + 2);
+        let q = _mm256_loadu_si256(ap.add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        let c = iq4_nl_codes(x);
+        let p = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q, c)),
+            _mm256_set1_epi16(1),
+        );
+        let s = crate::x86::hsum_epi32(p);
+        let d = rd_f16(a, ib * Q8_0_BYTES) * rd_f16(w, ib * IQ4_NL_BYTES);
+        sum += d * s as f32;
+    }
+    sum
+}
+
+/// Eight bf16 (`BF`) or f16 values at `p` as f32.
+#[inline(always)]
+unsafe fn load_half<const BF: bool>(p: *const u8) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    if BF {
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    } else {
+        _mm256_cvtph_ps(h)
+    }
+}
+
+/// Element `i` of a row of bf16 (`BF`) or f16 values.
+#[inline(always)]
+fn half_at<const BF: bool>(row: &[u8], i: usize) -> f32 {
+    let bits = u16::from_le_bytes([row[2 * i], row[2 * i + 1]]);
+    if BF {
+        crate::formats::bf16_to_f32(bits)
+    } else {
+        half::f16::from_bits(bits).to_f32()
+    }
+}
+
+/// BF16 (`BF`) or F16 times the same in `ggml_vec_dot_bf16` / `ggml_vec_dot_f16`'s AVX2 order
+/// (see [`crate::dot`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` and `a` must hold `n` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_half<const BF: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    assert!(w.len() >= 2 * n && a.len() >= 2 * n);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, c) in c.iter_mut().enumerate() {
+            let at = 2 * (i + 8 * k);
+            let p = _mm256_mul_ps(load_half::<BF>(wp.add(at)), load_half::<BF>(ap.add(at)));
+            *c = _mm256_add_ps(p, *c);
+        }
+        i += 32;
+    }
+    let c1 = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+    let mut sum = f64::from(if BF {
+        hsum8(c1)
+    } else {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(c1), _mm256_extractf128_ps(c1, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    });
+    for j in i..n {
+        sum += f64::from(half_at::<BF>(w, j) * half_at::<BF>(a, j));
+    }
+    sum as f32
+}
+
+/// BF16 (`BF`) or F16 in tinyBLAS's order: one 8-lane accumulator (`n` a multiple of 8).
+///
+/// # Safety
+/// As for [`dot_half`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_half_tinyblas<const BF: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    assert!(w.len() >= 2 * n && a.len() >= 2 * n);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n / 8 * 8).step_by(8) {
+        acc = _mm256_fmadd_ps(
+            load_half::<BF>(wp.add(2 * i)),
+            load_half::<BF>(ap.add(2 * i)),
+            acc,
+        );
+    }
+    hsum8(acc)
+}
