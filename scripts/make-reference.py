@@ -66,6 +66,9 @@ SYNTH = {
     "qwen2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
     "qwen3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=64, seed=7),
     "phi3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "smollm3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "granite": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "gemma2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
 }
 SYNTH_PROMPTS = [
     {"mode": "chat", "system": "You are a helpful assistant.", "prompt": "What is the capital of France?"},

@@ -18,7 +18,7 @@ pub(crate) struct SynthArgs {
     /// Where to write the GGUF file.
     #[arg(long, short = 'o')]
     output: PathBuf,
-    /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma3.
+    /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma2, gemma3, smollm3, granite.
     #[arg(long, default_value = "llama")]
     arch: String,
     /// Model whose tokenizer to copy (catalog id or path).

@@ -192,14 +192,18 @@ impl Blocks<'_, '_> {
     /// row stays live (moved to row 0).
     pub(crate) fn residual(&mut self) {
         let e = self.cfg.n_embd;
+        let scale = self.cfg.residual_scale;
         let s = &mut *self.s;
         let out = if self.out_gathered {
-            &s.gathered
+            &mut s.gathered
         } else {
-            &s.proj
+            &mut s.proj
         };
-        for (tt, row) in out[..self.out_rows * e].chunks_exact(e).enumerate() {
+        for (tt, row) in out[..self.out_rows * e].chunks_exact_mut(e).enumerate() {
             let t = self.out_first + tt;
+            if let Some(f) = scale {
+                ops::scale(row, f);
+            }
             ops::add_assign(&mut s.x[t * e..(t + 1) * e], row);
         }
         if self.out_first > 0 {
@@ -209,12 +213,14 @@ impl Blocks<'_, '_> {
         }
     }
 
-    /// Queries already scaled (Gemma) meet a softmax scale of 1.
+    /// Queries already scaled (Gemma) meet a softmax scale of 1; Granite sets its own.
     fn softmax_scale(&self) -> f32 {
         if self.cfg.query_scale.is_some() {
             1.0
         } else {
-            1.0 / (self.cfg.head_dim as f32).sqrt()
+            self.cfg
+                .attn_scale
+                .unwrap_or_else(|| 1.0 / (self.cfg.head_dim as f32).sqrt())
         }
     }
 
@@ -274,7 +280,11 @@ impl Blocks<'_, '_> {
         // converts to f16 (the K/V cache, and Q when it meets the f16 keys).
         let gl = self.spec.layers.start + li;
         let table = if cfg.is_swa(gl) { n } else { 0 };
+        let use_rope = cfg.uses_rope(gl);
         let rope = |x: &mut [f32], c: &[f32], sn: &[f32]| {
+            if !use_rope {
+                return;
+            }
             if cfg.rope_neox {
                 ops::rope_apply_neox(x, c, sn);
             } else {
@@ -366,6 +376,7 @@ impl Blocks<'_, '_> {
         let n_out = rows.pos.len() - t_first;
         let scale = self.softmax_scale();
         let window = self.window(job.gl);
+        let softcap = self.cfg.attn_softcap;
         let flavour = self.flavour;
         let pool = self.pool;
         let caches: &[&mut KvCache] = self.caches;
@@ -409,6 +420,9 @@ impl Blocks<'_, '_> {
             attn::scores_grouped(order, qg, hd, keys, len, scale, sc, stride);
             for row in sc.chunks_exact_mut(stride).take(g) {
                 let row = &mut row[..lenp];
+                if let Some(cap) = softcap {
+                    ops::softcap(&mut row[..len], cap);
+                }
                 mask_window(&mut row[..len], query_pos, window);
                 ops::softmax(&mut row[..len], flavour);
                 // llama.cpp converts the probabilities to f16 before the product with V.

@@ -59,6 +59,18 @@ pub struct ModelConfig {
     pub swa: Option<SlidingWindow>,
     /// The gated activation of the feed-forward block.
     pub ffn_act: FfnAct,
+    /// Attention scores become `cap * tanh(score / cap)` before the softmax (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// The logits become `cap * tanh(logit / cap)` (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Layers `il` with `(il + 1) % step == 0` apply no RoPE (SmolLM3's NoPE layers; 1: none).
+    pub no_rope_step: Option<usize>,
+    /// The softmax scale of the attention scores, when not `1 / sqrt(head_dim)` (Granite).
+    pub attn_scale: Option<f32>,
+    /// Each block's output is multiplied by this before it joins the residual stream (Granite).
+    pub residual_scale: Option<f32>,
+    /// The logits are multiplied by this (Granite: `1 / logit_scale`).
+    pub logit_factor: Option<f32>,
 }
 
 /// The gated activation of a feed-forward block: `act(gate) * up`.
@@ -87,6 +99,12 @@ impl ModelConfig {
         self.swa
             .as_ref()
             .is_some_and(|w| w.pattern == 0 || il % w.pattern < w.pattern - 1)
+    }
+
+    /// Whether layer `il` applies RoPE.
+    pub fn uses_rope(&self, il: usize) -> bool {
+        self.no_rope_step
+            .is_none_or(|step| step == 0 || !(il + 1).is_multiple_of(step))
     }
 
     /// RoPE base of layer `il`.
@@ -133,6 +151,14 @@ impl Hparams<'_> {
     pub(crate) fn opt_u32(&self, k: &str) -> Result<Option<usize>> {
         match self.md.get(&self.key(k)) {
             Some(_) => Ok(Some(self.u32(k)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An optional boolean.
+    pub(crate) fn opt_bool(&self, k: &str) -> Result<Option<bool>> {
+        match self.md.get(&self.key(k)) {
+            Some(_) => Ok(Some(self.md.get_bool(&self.key(k))?)),
             None => Ok(None),
         }
     }
@@ -233,6 +259,12 @@ impl ModelConfig {
             query_scale: None,
             rope_neox: false,
             swa: None,
+            attn_softcap: None,
+            final_softcap: None,
+            no_rope_step: None,
+            attn_scale: None,
+            residual_scale: None,
+            logit_factor: None,
             ffn_act: FfnAct::Silu,
             kind,
             arch: arch.clone(),

@@ -305,6 +305,9 @@ impl Model {
         let mut rows = std::mem::take(&mut scratch.rows);
         rows.fill(caches.iter().enumerate().map(|(i, c)| (i, c.len())));
         let order = self.flavour.single();
+        // Every row's products in a one-token order too (llama.cpp picks other kernels for
+        // batches of some formats).
+        scratch.acts.set_rows_independent(true);
         let res = self.step(
             pool,
             caches,
@@ -315,6 +318,7 @@ impl Model {
             false,
             &mut NoComm,
         );
+        scratch.acts.set_rows_independent(false);
         scratch.rows = rows;
         res?;
         for c in caches.iter_mut() {
@@ -394,6 +398,12 @@ impl Model {
                 .quantize(head.ggml_type(), &scratch.xn[..count * e], count, e);
             scratch.logits.resize(count * head.rows(), 0.0);
             matmul(pool, head, &scratch.acts, &mut scratch.logits);
+            if let Some(f) = cfg.logit_factor {
+                ops::scale(&mut scratch.logits, f);
+            }
+            if let Some(cap) = cfg.final_softcap {
+                ops::softcap(&mut scratch.logits, cap);
+            }
         }
         Ok(())
     }

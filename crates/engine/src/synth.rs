@@ -184,6 +184,20 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         w.kv(&k("rope.scaling.attn_factor"), Value::F32(1.190_238))
             .kv(&k("rope.scaling.original_context_length"), Value::U32(4096));
     }
+    if s.arch == Arch::Gemma2 {
+        // Caps low enough that tanh bends the synthetic scores and logits, and a window short
+        // enough that the test prompts reach past it.
+        w.kv(&k("attn_logit_softcapping"), Value::F32(10.0))
+            .kv(&k("final_logit_softcapping"), Value::F32(8.0))
+            .kv(&k("attention.sliding_window"), Value::U32(16));
+    }
+    if s.arch == Arch::Granite {
+        // Granite 3's multipliers, of the sizes its 2B model has.
+        w.kv(&k("embedding_scale"), Value::F32(12.0))
+            .kv(&k("attention.scale"), Value::F32(0.015_625))
+            .kv(&k("residual_scale"), Value::F32(0.22))
+            .kv(&k("logit_scale"), Value::F32(8.0));
+    }
     if s.head_dim.is_some() {
         w.kv(&k("attention.key_length"), Value::U32(hd as u32))
             .kv(&k("attention.value_length"), Value::U32(hd as u32));
@@ -196,7 +210,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             ("tokenizer.chat_template", QWEN_TEMPLATE),
         ],
         Arch::Phi3 => &[("tokenizer.chat_template", PHI3_TEMPLATE)],
-        Arch::Llama | Arch::Gemma3 => &[],
+        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::Granite => &[],
     };
     for (key, v) in md.iter() {
         if key.starts_with("tokenizer.") && !overrides.iter().any(|(k, _)| *k == key) {
@@ -263,7 +277,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("attn_q_norm.weight"), hd, 1.0, 0.3);
             vector(&mut w, &n("attn_k_norm.weight"), hd, 1.0, 0.3);
         }
-        if s.arch == Arch::Gemma3 {
+        if matches!(s.arch, Arch::Gemma2 | Arch::Gemma3) {
             vector(&mut w, &n("post_attention_norm.weight"), e, 1.0, 0.2);
             vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
         }

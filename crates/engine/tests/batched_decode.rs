@@ -3,8 +3,9 @@
 //! when sequences join and leave the batch at different steps.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use strata_engine::{Batch, GenerateRequest, Generator, Model, SamplingParams};
-use strata_gguf::GgufFile;
+use strata_engine::synth::{SynthSpec, synth};
+use strata_engine::{Arch, Batch, GenerateRequest, Generator, Model, SamplingParams};
+use strata_gguf::{GgmlType, GgufFile};
 
 fn solo(g: &mut Generator, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut logits = vec![g.prompt_logits(prompt).unwrap()];
@@ -17,13 +18,45 @@ fn solo(g: &mut Generator, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>
     (toks, logits)
 }
 
-#[test]
-fn batched_decode_equals_decoding_each_sequence_alone() {
-    let path = strata_store::Store::from_env()
+fn smollm2() -> std::path::PathBuf {
+    strata_store::Store::from_env()
         .expect("model store")
         .ensure("smollm2-135m-instruct")
-        .expect("fetching the default model");
-    let mut g = Generator::load(&path, 2, Some(512)).unwrap();
+        .expect("fetching the default model")
+}
+
+#[test]
+fn batched_decode_equals_decoding_each_sequence_alone() {
+    check_batched_decode(&smollm2());
+}
+
+/// BF16 is a format llama.cpp multiplies in another order for a batch of two or more rows than
+/// for one (tinyBLAS, not `vec_dot`): a batch of sequences must still get each its solo bits.
+#[test]
+fn batched_decode_keeps_one_token_order_for_batch_order_formats() {
+    let base = GgufFile::open(&smollm2()).unwrap();
+    let spec = SynthSpec {
+        arch: Arch::Qwen2,
+        layers: 2,
+        embd: 128,
+        ff: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: None,
+        ty: GgmlType::BF16,
+        tensor_types: Vec::new(),
+        seed: 11,
+    };
+    let bytes = synth(&spec, &base).unwrap();
+    let path =
+        std::env::temp_dir().join(format!("strata-batched-bf16-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    check_batched_decode(&path);
+    let _ = std::fs::remove_file(&path);
+}
+
+fn check_batched_decode(path: &std::path::Path) {
+    let mut g = Generator::load(path, 2, Some(512)).unwrap();
     let tok = g.tokenizer_shared();
     let prompts: Vec<Vec<u32>> = [
         "The capital of France is",
@@ -36,7 +69,7 @@ fn batched_decode_equals_decoding_each_sequence_alone() {
     let steps = 20;
     let expected: Vec<_> = prompts.iter().map(|p| solo(&mut g, p, steps)).collect();
 
-    let file = GgufFile::open(&path).unwrap();
+    let file = GgufFile::open(path).unwrap();
     let mut batch = Batch::new(Model::load_full(&file).unwrap(), 2, 2, 512).unwrap();
     // Sequence i joins at step 3*i; only two slots, so the third waits for the first to finish
     // (its `steps` tokens done) and reuses its slot.

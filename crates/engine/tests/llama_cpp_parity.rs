@@ -196,6 +196,36 @@ fn synthetic_qwen3_f16_matches_llama_cpp() {
     check_synthetic("synth-qwen3-f16");
 }
 
+#[test]
+fn synthetic_gemma2_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-gemma2-q8_0");
+}
+
+#[test]
+fn synthetic_gemma2_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-gemma2-q4_k_m");
+}
+
+#[test]
+fn synthetic_smollm3_q4_0_matches_llama_cpp() {
+    check_synthetic("synth-smollm3-q4_0");
+}
+
+#[test]
+fn synthetic_smollm3_q5_k_m_matches_llama_cpp() {
+    check_synthetic("synth-smollm3-q5_k_m");
+}
+
+#[test]
+fn synthetic_granite_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-granite-q8_0");
+}
+
+#[test]
+fn synthetic_granite_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-granite-q4_k_m");
+}
+
 fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_tolerance: f32) {
     let add_bos = fx["add_bos"].as_bool().unwrap_or(false);
     let mut g = Generator::load(path, 2, Some(1024)).unwrap();

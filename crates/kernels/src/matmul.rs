@@ -194,6 +194,9 @@ pub struct QuantActs {
     /// The batch whose float order the products follow, if not these rows' own: its size and
     /// the index of row 0 in it (see [`QuantActs::as_rows_of`]).
     order: Option<(usize, usize)>,
+    /// Whether every row is computed in the order of a batch of one (kept across
+    /// [`QuantActs::quantize`] calls; see [`QuantActs::set_rows_independent`]).
+    independent: bool,
 }
 
 impl QuantActs {
@@ -269,6 +272,22 @@ impl QuantActs {
     /// whole batch would get. Reset by the next [`QuantActs::quantize`].
     pub fn as_rows_of(&mut self, batch: usize, first: usize) {
         self.order = (batch != self.n || first != 0).then_some((batch, first));
+    }
+
+    /// Makes every row's products follow the order of a one-token batch, until switched off:
+    /// batched decoding of independent sequences must give each sequence the bits it would get
+    /// alone. Unlike [`QuantActs::as_rows_of`], this persists across quantisations.
+    pub fn set_rows_independent(&mut self, on: bool) {
+        self.independent = on;
+    }
+
+    /// The batch whose float order these rows' products follow and the index of row 0 in it.
+    fn order_batch(&self) -> (usize, usize) {
+        if self.independent {
+            (1, 0)
+        } else {
+            self.order.unwrap_or((self.n, 0))
+        }
     }
 
     /// Number of activation rows (tokens).
@@ -354,7 +373,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
                 return matmul_ktiles(pool, w, bytes, acts, optr);
             }
             // The batch whose order applies, and the index of row 0 in it.
-            let (order_n, first) = acts.order.unwrap_or((n, 0));
+            let (order_n, first) = acts.order_batch();
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
             // its tiled K-quant kernel takes batches of 8 or more tokens whole.
             let (dot, dot4, n4) = if order_n >= TILED_MIN_BATCH && tiled_format(w) {
@@ -423,6 +442,7 @@ fn ktiles_enabled() -> bool {
 /// (llama.cpp's repacked order); batches of 8 or more of the other K formats (its tiled order).
 fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
     !acts.tiles.is_empty()
+        && acts.order_batch() == (acts.n, 0)
         && match w.ty {
             GgmlType::Q4K if w.order_rows.is_multiple_of(8) => true,
             GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,

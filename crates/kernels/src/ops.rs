@@ -155,6 +155,15 @@ pub fn scale(x: &mut [f32], s: f32) {
     }
 }
 
+/// Soft-capping, `cap * tanh(x / cap)` in place, in ggml's three steps (`ggml_scale` by the f32
+/// `1 / cap`, `ggml_tanh`, which is libm's `tanhf`, `ggml_scale` by `cap`), so the bits match.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    for v in x {
+        *v = (*v * inv).tanh() * cap;
+    }
+}
+
 /// ggml's vectorised `expf` (`ggml_v_expf`, after ARM's optimized-routines): a degree-5
 /// polynomial on a reduced argument, within 1.5 ulp of the true value. strata uses it rather than
 /// libm's `expf` because llama.cpp does, and greedy parity needs the same bits.

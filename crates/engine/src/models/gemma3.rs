@@ -36,14 +36,6 @@ impl Family for Gemma3 {
     }
 
     fn layer(&self, b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()> {
-        b.norm(&lw.attn_norm);
-        b.attention(lw)?;
-        b.post_norm(lw.attn_post_norm.as_deref());
-        b.residual();
-        b.norm(&lw.ffn_norm);
-        b.ffn(lw)?;
-        b.post_norm(lw.ffn_post_norm.as_deref());
-        b.residual();
-        Ok(())
+        super::post_norm_layer(b, lw)
     }
 }

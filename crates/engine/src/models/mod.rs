@@ -12,11 +12,14 @@
 //! (`strata synth --arch NAME` writes a model of it; `scripts/make-reference.py` makes the
 //! reference).
 
+mod gemma2;
 mod gemma3;
+mod granite;
 mod llama;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod smollm3;
 
 use crate::blocks::Blocks;
 use crate::config::Hparams;
@@ -28,6 +31,9 @@ use crate::{Error, ModelConfig, Result};
 pub enum Arch {
     /// Llama and its relatives (SmolLM2, Mistral): RMSNorm, RoPE on adjacent pairs, SwiGLU.
     Llama,
+    /// Gemma 2: Gemma 3's layer without Q/K norms, with soft-capped attention scores and
+    /// logits and a sliding window on every other layer.
+    Gemma2,
     /// Gemma 3: scaled embeddings, per-head Q/K norms, NEOX RoPE with a separate base for
     /// sliding-window layers, norms after attention and FFN, GeGLU.
     Gemma3,
@@ -38,15 +44,23 @@ pub enum Arch {
     /// Phi-3 / Phi-3.5 (dense): fused QKV and gate/up tensors, NEOX RoPE with LongRoPE factors,
     /// the query scaled before the scores.
     Phi3,
+    /// SmolLM3: Llama's layer with RoPE left out of every fourth layer.
+    SmolLm3,
+    /// Granite 3 (dense): Llama's layer with embedding, attention, residual and logit
+    /// multipliers.
+    Granite,
 }
 
 /// Every family: its `general.architecture` name and its variant.
 const FAMILIES: &[(&str, Arch)] = &[
     ("llama", Arch::Llama),
+    ("gemma2", Arch::Gemma2),
     ("gemma3", Arch::Gemma3),
     ("qwen2", Arch::Qwen2),
     ("qwen3", Arch::Qwen3),
     ("phi3", Arch::Phi3),
+    ("smollm3", Arch::SmolLm3),
+    ("granite", Arch::Granite),
 ];
 
 impl Arch {
@@ -106,10 +120,13 @@ pub(crate) trait Family: Sync {
 pub(crate) fn family(arch: Arch) -> &'static dyn Family {
     match arch {
         Arch::Llama => &llama::Llama,
+        Arch::Gemma2 => &gemma2::Gemma2,
         Arch::Gemma3 => &gemma3::Gemma3,
         Arch::Qwen2 => &qwen2::Qwen2,
         Arch::Qwen3 => &qwen3::Qwen3,
         Arch::Phi3 => &phi3::Phi3,
+        Arch::SmolLm3 => &smollm3::SmolLm3,
+        Arch::Granite => &granite::Granite,
     }
 }
 
@@ -121,6 +138,19 @@ pub(crate) fn pre_norm_layer(b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Resul
     b.residual();
     b.norm(&lw.ffn_norm);
     b.ffn(lw)?;
+    b.residual();
+    Ok(())
+}
+
+/// The Gemma layer: each block's output RMS-normed again before it joins the residual stream.
+pub(crate) fn post_norm_layer(b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()> {
+    b.norm(&lw.attn_norm);
+    b.attention(lw)?;
+    b.post_norm(lw.attn_post_norm.as_deref());
+    b.residual();
+    b.norm(&lw.ffn_norm);
+    b.ffn(lw)?;
+    b.post_norm(lw.ffn_post_norm.as_deref());
     b.residual();
     Ok(())
 }
