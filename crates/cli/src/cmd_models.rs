@@ -1,12 +1,20 @@
-//! `strata models`: list, pull, verify, remove and locate models in the local store.
+//! `strata models`: list, pull, verify, remove, locate and import models in the local store.
 //!
 //! A thin layer over `strata_store::Store`: this module parses arguments, draws progress and
-//! formats output; every decision about files, hashes and locking is the store's.
+//! formats output; every decision about files, hashes and locking is the store's. The one thing
+//! it adds is for `import`: the store never reads GGUF, so this module checks that the file
+//! loads in the engine and reads the card's description of it from its metadata.
 
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use strata_store::{ModelStatus, Store, TerminalProgress};
+use strata_gguf::{GgmlType, GgufFile};
+use strata_store::{
+    ImportMeta, ImportMethod, ModelStatus, Store, TerminalProgress, check_import_id,
+    default_import_id,
+};
 
 /// Manage downloaded models (`$STRATA_HOME`, default `~/.cache/strata`).
 #[derive(Debug, clap::Args)]
@@ -44,11 +52,22 @@ enum ModelsCmd {
         /// Model id.
         id: String,
     },
+    /// Add a local GGUF file to the store under an id, once it is checked to load; it then runs
+    /// by id and nodes of a cluster can copy it from this one.
+    Import {
+        /// The GGUF file. It is hard-linked into the store when on the same file system, else
+        /// copied.
+        path: PathBuf,
+        /// Id to store it under. Default: the file name, lowercased, without `.gguf`, with
+        /// characters outside [a-z0-9._-] replaced by '-'.
+        #[arg(long)]
+        id: Option<String>,
+    },
 }
 
 /// Runs a `strata models` subcommand.
 pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
-    let store = Store::from_env()?;
+    let mut store = Store::from_env()?;
     match args.cmd {
         ModelsCmd::List { json } => list(&store, json),
         ModelsCmd::Pull { id } => {
@@ -67,8 +86,12 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCmd::Rm { id } => {
+            let imported = store.catalog().card(&id)?.is_import();
             if store.remove(&id)? {
-                println!("removed {id}");
+                let card = if imported { " and its import card" } else { "" };
+                println!("removed {id}{card}");
+            } else if imported {
+                println!("{id} was not on this node; removed its import card");
             } else {
                 println!("{id} was not downloaded");
             }
@@ -77,6 +100,9 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
         ModelsCmd::Path { id } => {
             let path = store.path(&id)?;
             if !store.is_present(&id)? {
+                if store.catalog().card(&id)?.is_import() {
+                    return Err(strata_store::Error::ImportNotPresent { id }.into());
+                }
                 anyhow::bail!(
                     "model '{id}' is not downloaded (expected at {}); run `strata models pull {id}`",
                     path.display()
@@ -85,7 +111,138 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        ModelsCmd::Import { path, id } => import(&mut store, &path, id),
     }
+}
+
+/// `strata models import`: checks the id and the file before the store links or copies it, so
+/// a refused file leaves nothing behind.
+fn import(store: &mut Store, path: &Path, id: Option<String>) -> anyhow::Result<()> {
+    let md = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if !md.is_file() {
+        anyhow::bail!(
+            "{} is not a regular file (expected a .gguf model file)",
+            path.display()
+        );
+    }
+    let id = match id {
+        Some(id) => {
+            check_import_id(&id)?;
+            id
+        }
+        None => {
+            let id = default_import_id(path);
+            check_import_id(&id).with_context(|| {
+                format!(
+                    "no usable id in the file name of {} (give one with --id)",
+                    path.display()
+                )
+            })?;
+            id
+        }
+    };
+    let meta = inspect(path).with_context(|| format!("{} cannot be imported", path.display()))?;
+    let imported = store
+        .import(path, &id, meta)
+        .with_context(|| format!("importing {}", path.display()))?;
+    let card = &imported.card;
+    let how = match imported.method {
+        ImportMethod::AlreadyPresent => {
+            println!(
+                "{id} is already in the store with the same SHA-256: nothing to do ({})",
+                imported.path.display()
+            );
+            return Ok(());
+        }
+        ImportMethod::HardLinked => "hard link",
+        _ => "copy",
+    };
+    println!(
+        "imported {} as {id} ({how}): {} {} {} {}, sha256 {}\n{}",
+        path.display(),
+        card.architecture,
+        card.params,
+        card.quant,
+        human_size(card.size),
+        card.sha256,
+        imported.path.display()
+    );
+    Ok(())
+}
+
+/// Loads the file the way `strata run` does (tokenizer, chat template, every weight, a KV
+/// cache), so a file that imports is one that runs and an unsupported architecture or tensor
+/// type is refused with the engine's own message; then describes it for its card.
+///
+/// This holds the whole model in memory once, as a run would.
+fn inspect(path: &Path) -> anyhow::Result<ImportMeta> {
+    let generator = strata_engine::Generator::load(path, 1, Some(1))?;
+    drop(generator);
+    describe(&GgufFile::open(path)?)
+}
+
+/// The card's description of a GGUF file, from its metadata and tensor table.
+fn describe(file: &GgufFile) -> anyhow::Result<ImportMeta> {
+    let md = file.metadata();
+    let architecture = md.get_str("general.architecture")?.to_string();
+    let family = md
+        .get_str("general.basename")
+        .map_or_else(|_| architecture.clone(), str::to_lowercase);
+    let context_length = md.get_u32(&format!("{architecture}.context_length"))?;
+    let license = md
+        .get_str("general.license")
+        .unwrap_or("unknown")
+        .to_string();
+    let elements = file
+        .tensors()
+        .iter()
+        .map(|t| t.dims.iter().product::<u64>())
+        .sum();
+    Ok(ImportMeta {
+        family,
+        architecture,
+        params: human_count(elements),
+        quant: main_matrix_type(file).map_or_else(|| "unknown".to_string(), |t| t.name().into()),
+        context_length,
+        license,
+    })
+}
+
+/// The weight format most matrices have (ties: the one covering more elements), which is what
+/// a model's quantisation is called by; vectors (norms, biases) are usually F32 and not counted.
+fn main_matrix_type(file: &GgufFile) -> Option<GgmlType> {
+    let mut by_type: BTreeMap<&'static str, (usize, u64, GgmlType)> = BTreeMap::new();
+    for t in file.tensors().iter().filter(|t| t.dims.len() >= 2) {
+        let entry = by_type
+            .entry(t.ggml_type.name())
+            .or_insert((0, 0, t.ggml_type));
+        entry.0 += 1;
+        entry.1 += t.dims.iter().product::<u64>();
+    }
+    by_type
+        .into_values()
+        .max_by_key(|&(count, elements, _)| (count, elements))
+        .map(|(_, _, ty)| ty)
+}
+
+/// A parameter count as model names write it: `135M`, `1.2B`, `7B`.
+fn human_count(n: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1_000_000_000_000, "T"),
+        (1_000_000_000, "B"),
+        (1_000_000, "M"),
+        (1_000, "K"),
+    ];
+    let Some(&(scale, unit)) = UNITS.iter().find(|(scale, _)| n >= *scale) else {
+        return n.to_string();
+    };
+    let value = n as f64 / scale as f64;
+    let text = if value < 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.0}")
+    };
+    format!("{}{unit}", text.strip_suffix(".0").unwrap_or(&text))
 }
 
 fn list(store: &Store, json: bool) -> anyhow::Result<()> {
@@ -96,7 +253,11 @@ fn list(store: &Store, json: bool) -> anyhow::Result<()> {
         writeln!(out)?;
     } else {
         write!(out, "{}", table(&models))?;
-        writeln!(out, "store: {}  (* = default)", store.root().display())?;
+        writeln!(
+            out,
+            "store: {}  (* = default, + = imported)",
+            store.root().display()
+        )?;
     }
     Ok(())
 }
@@ -107,7 +268,11 @@ fn table(models: &[ModelStatus]) -> String {
     let rows: Vec<[String; 6]> = models
         .iter()
         .map(|m| {
-            let mark = if m.is_default { "*" } else { "" };
+            let mark = match (m.is_default, m.imported) {
+                (true, _) => "*",
+                (false, true) => "+",
+                (false, false) => "",
+            };
             [
                 format!("{}{mark}", m.card.id),
                 m.card.family.clone(),
@@ -166,6 +331,90 @@ mod tests {
         assert_eq!(human_size(98_362_432), "93.8 MiB");
         assert_eq!(human_size(253_113_024), "241.4 MiB");
         assert_eq!(human_size(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn human_counts() {
+        assert_eq!(human_count(999), "999");
+        assert_eq!(human_count(134_515_008), "135M");
+        assert_eq!(human_count(268_098_176), "268M");
+        assert_eq!(human_count(1_235_814_400), "1.2B");
+        assert_eq!(human_count(8_030_261_248), "8B");
+        assert_eq!(human_count(64_000), "64K");
+    }
+
+    /// A GGUF with the given metadata and (name, dims, type) tensors, zero-filled.
+    fn gguf(kv: &[(&str, &str)], tensors: &[(&str, &[u64], GgmlType)]) -> GgufFile {
+        use strata_gguf::{GgufWriter, Value};
+        let mut w = GgufWriter::new();
+        for (k, v) in kv {
+            w.kv(k, Value::String((*v).to_string()));
+        }
+        w.kv("llama.context_length", Value::U32(4096));
+        for (name, dims, ty) in tensors {
+            let n: u64 = dims.iter().product();
+            let bytes = ty.row_bytes(n as usize).unwrap_or(0);
+            w.tensor(name, dims, *ty, vec![0; bytes]);
+        }
+        GgufFile::from_bytes(w.to_bytes()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn import_cards_describe_the_file() {
+        let file = gguf(
+            &[
+                ("general.architecture", "llama"),
+                ("general.basename", "SmolLM2"),
+                ("general.license", "apache-2.0"),
+            ],
+            &[
+                ("token_embd.weight", &[256, 4], GgmlType::Q6K),
+                ("blk.0.attn_q.weight", &[256, 2], GgmlType::Q4K),
+                ("blk.0.attn_k.weight", &[256, 2], GgmlType::Q4K),
+                ("blk.0.attn_norm.weight", &[64], GgmlType::F32),
+                ("blk.0.ffn_norm.weight", &[64], GgmlType::F32),
+                ("blk.0.ffn_bias", &[64], GgmlType::F32),
+            ],
+        );
+        let meta = describe(&file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(meta.architecture, "llama");
+        assert_eq!(meta.family, "smollm2");
+        assert_eq!(meta.license, "apache-2.0");
+        assert_eq!(meta.context_length, 4096);
+        // The matrices decide, not the many F32 vectors.
+        assert_eq!(meta.quant, "Q4_K");
+        assert_eq!(meta.params, "2.2K");
+
+        let bare = gguf(&[("general.architecture", "llama")], &[]);
+        let meta = describe(&bare).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                meta.family.as_str(),
+                meta.license.as_str(),
+                meta.quant.as_str()
+            ),
+            ("llama", "unknown", "unknown")
+        );
+    }
+
+    #[test]
+    fn table_marks_imports() {
+        let mut status = Store::new("/nonexistent/strata-test-root").list();
+        let mut imported = status[1].clone();
+        imported.card.id = "mine".to_string();
+        imported.imported = true;
+        status.push(imported);
+        let text = table(&status);
+        assert!(
+            text.lines().last().is_some_and(|l| l.starts_with("mine+ ")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .nth(2)
+                .is_some_and(|l| l.starts_with("gemma3-270m ")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -3,13 +3,22 @@
 //! catalog card, exactly as it checks a download. Only files of catalog models that are
 //! installed in the store are ever served, never arbitrary paths.
 //!
-//! A transfer is one zenoh query: the first reply says how many bytes follow, then the file
-//! comes in 4 MiB replies, in order, over the encrypted control plane.
+//! Models imported on one node (`strata models import`) are catalog models of that node's store,
+//! so they are served the same way. A node that has never heard of an id asks its peers for it
+//! too: the card then comes from the peer, and is accepted only if it is a valid import card for
+//! exactly that id (a built-in model's card never comes from a peer: every node has its own).
+//! The bytes are checked against it as any copy is, and the card is kept, so this node can serve
+//! the import further.
+//!
+//! A transfer is one zenoh query: the first reply is a JSON head with the size and the model's
+//! card (`{"size": n, "card": {...}}`, or `{"error": "..."}`), then the file comes in 4 MiB
+//! replies, in order, over the encrypted control plane.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use strata_store::{ModelCard, Store};
 use zenoh::Wait as _;
 
 use crate::{Error, Result};
@@ -35,21 +44,30 @@ impl std::fmt::Debug for Peers {
 }
 
 /// The model file for `spec` on this node: from its store if installed; for a catalog model
-/// it lacks, a verified copy from the first peer that has one; else whatever the store does
-/// (download). A path is used as it is.
+/// it lacks, or an id it does not know (a peer's import), a verified copy from the first peer
+/// that has one; else whatever the store does (download, or say the model is unknown). A path is
+/// used as it is.
 pub fn resolve(spec: &str, peers: Option<&Peers>) -> Result<PathBuf> {
-    let store = strata_store::Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
-    if let (Some(peers), Some(card)) = (peers, store.catalog().get(spec))
-        && !store.is_present(spec).unwrap_or(false)
+    let mut store = Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
+    if let Some(peers) = peers
+        && !strata_store::is_path_spec(spec)
     {
-        let card = card.clone();
-        for peer in &peers.ids {
-            match fetch_from(&store, &card, peers, peer) {
-                Ok(path) => {
-                    eprintln!("strata: got {spec} from node {peer} (SHA-256 verified)");
-                    return Ok(path);
+        // What a peer's copy is checked against: this node's card when it has one, else the
+        // peer's import card. Ids that could not name an import are not worth asking about.
+        let local = store.catalog().get(spec).cloned();
+        let ask = match &local {
+            Some(_) => !store.is_present(spec).unwrap_or(false),
+            None => strata_store::check_import_id(spec).is_ok(),
+        };
+        if ask {
+            for peer in &peers.ids {
+                match fetch_from(&mut store, spec, local.as_ref(), peers, peer) {
+                    Ok(path) => {
+                        eprintln!("strata: got {spec} from node {peer} (SHA-256 verified)");
+                        return Ok(path);
+                    }
+                    Err(e) => eprintln!("strata: {spec} from node {peer}: {e}"),
                 }
-                Err(e) => eprintln!("strata: {spec} from node {peer}: {e}"),
             }
         }
     }
@@ -59,16 +77,19 @@ pub fn resolve(spec: &str, peers: Option<&Peers>) -> Result<PathBuf> {
     Ok(resolved.path)
 }
 
+/// Copies model `id` from `peer` into `store`, checked against `local` (this node's card) or,
+/// when this node has none, against the import card the peer sends.
 fn fetch_from(
-    store: &strata_store::Store,
-    card: &strata_store::ModelCard,
+    store: &mut Store,
+    id: &str,
+    local: Option<&ModelCard>,
     peers: &Peers,
     peer: &str,
 ) -> Result<PathBuf> {
     let replies = peers
         .session
         .get(format!("{}/rpc/{peer}/model", peers.prefix))
-        .payload(card.id.clone().into_bytes())
+        .payload(id.as_bytes().to_vec())
         .consolidation(zenoh::query::ConsolidationMode::None)
         .timeout(Duration::from_secs(3600))
         .wait()
@@ -84,14 +105,39 @@ fn fetch_from(
         buf: Vec::new(),
         at: 0,
     };
-    store
-        .install_from(
-            card,
-            &mut reader,
-            Path::new(&format!("node {peer}")),
-            &mut |_| {},
-        )
-        .map_err(|e| Error::Instance(e.to_string()))
+    let origin = format!("node {peer}");
+    let origin = Path::new(&origin);
+    match local {
+        Some(card) => store.install_from(card, &mut reader, origin, &mut |_| {}),
+        None => {
+            let card = peer_import_card(&head, id)?;
+            store.install_import(&card, &mut reader, origin, &mut |_| {})
+        }
+    }
+    .map_err(|e| Error::Instance(e.to_string()))
+}
+
+/// The card in a peer's head, if it is a valid import card for exactly `id`. Its strings name
+/// files in this node's store, so it gets every check a card gets; and only an import may be
+/// introduced by a peer, since built-in cards are the same on every node.
+fn peer_import_card(head: &serde_json::Value, id: &str) -> Result<ModelCard> {
+    let refuse = |why: String| Error::Instance(format!("refusing the peer's card for {id}: {why}"));
+    let card = head
+        .get("card")
+        .ok_or_else(|| refuse("the peer sent none".into()))?;
+    let card: ModelCard =
+        serde_json::from_value(card.clone()).map_err(|e| refuse(e.to_string()))?;
+    card.validate("from a peer")
+        .map_err(|e| refuse(e.to_string()))?;
+    if !card.is_import() {
+        return Err(refuse(
+            "it is a catalog card this node does not have, not an import".into(),
+        ));
+    }
+    if card.id != id {
+        return Err(refuse(format!("it is for '{}'", card.id)));
+    }
+    Ok(card)
 }
 
 fn next(replies: &zenoh::handlers::FifoChannelHandler<zenoh::query::Reply>) -> Option<Vec<u8>> {
@@ -124,29 +170,29 @@ impl Read for Replies {
     }
 }
 
-/// Answers a peer's request for a model: the size, then the file, if it is an installed
-/// catalog model (blocking; run it off the async threads).
+/// Answers a peer's request for a model: the size and card, then the file, if it is an
+/// installed catalog model, built-in or imported (blocking; run it off the async threads).
 pub fn serve(q: &zenoh::query::Query) {
     let key = q.key_expr().clone();
     let id = q
         .payload()
         .map(|p| String::from_utf8_lossy(&p.to_bytes()).into_owned())
         .unwrap_or_default();
-    let file = (|| -> std::result::Result<(std::fs::File, u64), String> {
-        let store = strata_store::Store::from_env().map_err(|e| e.to_string())?;
-        // Catalog ids only: a peer never names a path.
-        if store.catalog().get(&id).is_none() {
-            return Err(format!("{id:?} is not a catalog model"));
-        }
+    let file = (|| -> std::result::Result<(std::fs::File, u64, ModelCard), String> {
+        let store = Store::from_env().map_err(|e| e.to_string())?;
+        // Catalog ids only (imports included): a peer never names a path.
+        let Some(card) = store.catalog().get(&id).cloned() else {
+            return Err(format!("{id:?} is not a model this node knows"));
+        };
         if !store.is_present(&id).unwrap_or(false) {
             return Err(format!("{id} is not installed here"));
         }
         let path = store.path(&id).map_err(|e| e.to_string())?;
         let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
         let len = f.metadata().map_err(|e| e.to_string())?.len();
-        Ok((f, len))
+        Ok((f, len, card))
     })();
-    let (mut f, len) = match file {
+    let (mut f, len, card) = match file {
         Ok(x) => x,
         Err(e) => {
             let _ = q
@@ -155,10 +201,8 @@ pub fn serve(q: &zenoh::query::Query) {
             return;
         }
     };
-    if q.reply(key.clone(), serde_json::json!({ "size": len }).to_string())
-        .wait()
-        .is_err()
-    {
+    let head = serde_json::json!({ "size": len, "card": card });
+    if q.reply(key.clone(), head.to_string()).wait().is_err() {
         return;
     }
     let mut buf = vec![0u8; CHUNK];

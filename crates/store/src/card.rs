@@ -6,9 +6,15 @@
 //! file: that covers a model shipped whole inside one package and one split over several chunk
 //! packages to stay under PyPI's size limit.
 //!
+//! A card may instead record that the file was imported from a local path (`strata models
+//! import`): such a card has no parts, since nothing can be downloaded for it, and its bytes only
+//! ever come from the importing node or from a peer that has a copy, checked against the same size
+//! and SHA-256.
+//!
 //! Cards are validated when parsed, because their strings end up in file paths (`id`,
 //! `file_name`) and on a pip command line (`package`, `version`): a value that could escape the
-//! store directory or be read by pip as an option is rejected here, not discovered later.
+//! store directory or be read by pip as an option is rejected here, not discovered later. Import
+//! cards also arrive from peers, so they get the same checks as the built-in ones.
 
 use serde::{Deserialize, Serialize};
 
@@ -44,12 +50,18 @@ pub struct ModelCard {
     pub source: Source,
 }
 
-/// Where a model's bytes come from: parts concatenated in order.
+/// Where a model's bytes come from: parts concatenated in order, or a local import.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Source {
-    /// The parts, in file order. Never empty on a validated card.
+    /// The parts, in file order. Never empty on a validated catalog card; always empty on a
+    /// validated import card.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<WheelPart>,
+    /// For a model imported from a local file: the path it was imported from (on the node that
+    /// imported it). Provenance only; nothing ever reads that path again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_from: Option<String>,
 }
 
 /// One member of one wheel on PyPI.
@@ -71,7 +83,17 @@ impl WheelPart {
     }
 }
 
+/// The name of an import's card inside its model directory (`models/<id>/card.toml`); an
+/// imported model file may not have this name.
+pub const IMPORT_CARD_FILE: &str = "card.toml";
+
 impl ModelCard {
+    /// Whether this card describes a model imported from a local file rather than a catalog
+    /// model with a download source.
+    pub fn is_import(&self) -> bool {
+        self.source.imported_from.is_some()
+    }
+
     /// Parses and validates a card. `origin` names it in errors (a file name, say).
     pub fn from_toml(text: &str, origin: &str) -> Result<ModelCard> {
         let card: ModelCard = toml::from_str(text).map_err(|e| Error::CardParse {
@@ -119,11 +141,34 @@ impl ModelCard {
         if self.context_length == 0 {
             return Err(bad("context_length", "must be greater than 0".to_string()));
         }
-        if self.source.parts.is_empty() {
-            return Err(bad(
-                "source.parts",
-                "must list at least one part".to_string(),
-            ));
+        match &self.source.imported_from {
+            // The origin is shown in listings: one line, and something to show.
+            Some(from) if from.is_empty() || from.contains(char::is_control) => {
+                return Err(bad(
+                    "source.imported_from",
+                    "must be a non-empty path without control characters".to_string(),
+                ));
+            }
+            Some(_) if !self.source.parts.is_empty() => {
+                return Err(bad(
+                    "source.parts",
+                    "an imported model has no download parts".to_string(),
+                ));
+            }
+            Some(_) if self.file_name == IMPORT_CARD_FILE => {
+                return Err(bad(
+                    "file_name",
+                    format!("'{IMPORT_CARD_FILE}' is the name of the import's own card"),
+                ));
+            }
+            Some(_) => {}
+            None if self.source.parts.is_empty() => {
+                return Err(bad(
+                    "source.parts",
+                    "must list at least one part".to_string(),
+                ));
+            }
+            None => {}
         }
         for (i, part) in self.source.parts.iter().enumerate() {
             if !is_package_name(&part.package) {
@@ -282,6 +327,61 @@ mod tests {
         let text = format!("{}source = {{ parts = [] }}\n", &GOOD[..start]);
         assert_eq!(invalid_field(&text), "source.parts");
         assert_eq!(invalid_field(&with("size = 3", "size = 0")), "size");
+    }
+
+    /// GOOD as an import: no parts, the origin recorded instead.
+    fn import_card() -> String {
+        let start = GOOD.find("[[source.parts]]").unwrap();
+        format!(
+            "{}[source]\nimported_from = \"/models/tiny.gguf\"\n",
+            &GOOD[..start]
+        )
+    }
+
+    #[test]
+    fn import_cards_need_no_parts_and_round_trip() {
+        let card = ModelCard::from_toml(&import_card(), "test").unwrap();
+        assert!(card.is_import());
+        assert!(card.source.parts.is_empty());
+        let text = toml::to_string(&card).unwrap();
+        assert!(!text.contains("parts"), "{text}");
+        assert_eq!(ModelCard::from_toml(&text, "again").unwrap(), card);
+        // A catalog card still writes its parts and no import field.
+        let catalog = ModelCard::from_toml(GOOD, "test").unwrap();
+        assert!(!catalog.is_import());
+        let text = toml::to_string(&catalog).unwrap();
+        assert!(!text.contains("imported_from"), "{text}");
+        assert_eq!(ModelCard::from_toml(&text, "again").unwrap(), catalog);
+    }
+
+    #[test]
+    fn import_cards_keep_every_other_check() {
+        let text = import_card();
+        let swap = |from: &str, to: &str| {
+            assert!(text.contains(from), "fixture lacks {from}");
+            text.replace(from, to)
+        };
+        // The origin is shown on one line, and is not a place to hide download parts.
+        let empty = swap(r#""/models/tiny.gguf""#, r#""""#);
+        assert_eq!(invalid_field(&empty), "source.imported_from");
+        let multiline = swap(r#""/models/tiny.gguf""#, r#""/a\nb""#);
+        assert_eq!(invalid_field(&multiline), "source.imported_from");
+        let with_parts =
+            format!("{text}[[source.parts]]\npackage = \"p\"\nversion = \"1.0\"\nmember = \"m\"\n");
+        assert_eq!(invalid_field(&with_parts), "source.parts");
+        // Ids, file names and hashes are as restricted as a catalog card's.
+        let id = swap(r#"id = "tiny""#, r#"id = "../x""#);
+        assert_eq!(invalid_field(&id), "id");
+        for name in ["../evil.gguf", "card.toml", ""] {
+            let bad = swap(
+                r#"file_name = "tiny.gguf""#,
+                &format!("file_name = {name:?}"),
+            );
+            assert_eq!(invalid_field(&bad), "file_name", "{name}");
+        }
+        let sha = swap(&"0".repeat(64), &"0".repeat(63));
+        assert_eq!(invalid_field(&sha), "sha256");
+        assert_eq!(invalid_field(&swap("size = 3", "size = 0")), "size");
     }
 
     #[test]

@@ -65,6 +65,16 @@ impl Catalog {
         Ok(Catalog { cards })
     }
 
+    /// Appends one card (an import), validating it and rejecting a duplicate id.
+    pub(crate) fn add(&mut self, card: ModelCard) -> Result<()> {
+        card.validate(&format!("'{}'", card.id))?;
+        if self.get(&card.id).is_some() {
+            return Err(Error::DuplicateId(card.id));
+        }
+        self.cards.push(card);
+        Ok(())
+    }
+
     /// The card with this id, if any.
     pub fn get(&self, id: &str) -> Option<&ModelCard> {
         self.cards.iter().find(|c| c.id == id)

@@ -1,7 +1,8 @@
-//! SHA-256 helpers shared by pulling (hash while writing) and verifying (re-hash a file).
+//! SHA-256 helpers shared by pulling (hash while writing), verifying (re-hash a file) and
+//! importing (hash while copying).
 
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -25,6 +26,50 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Reads `src` to its end in [`CHUNK`]-sized pieces and hands each to `each`, retrying
+/// interrupted reads. `action` and `origin` name the read in errors ("reading", the path).
+///
+/// Every loop over model bytes (pulling, verifying, importing) goes through here, so they all
+/// treat short reads and interruptions alike.
+pub(crate) fn for_each_chunk(
+    src: &mut dyn Read,
+    action: &'static str,
+    origin: &Path,
+    each: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).at(action, origin),
+        };
+        each(&buf[..n])?;
+    }
+}
+
+/// Size and lowercase hex SHA-256 of everything `src` yields, writing each piece to `copy_to`
+/// (a file and its path, for errors) as well when given, so a copy is hashed in the same pass
+/// that makes it.
+pub(crate) fn hash_stream(
+    src: &mut dyn Read,
+    origin: &Path,
+    mut copy_to: Option<(&mut File, &Path)>,
+) -> Result<(u64, String)> {
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    for_each_chunk(src, "reading", origin, &mut |piece| {
+        hasher.update(piece);
+        size += piece.len() as u64;
+        if let Some((out, out_path)) = copy_to.as_mut() {
+            out.write_all(piece).at("writing", out_path)?;
+        }
+        Ok(())
+    })?;
+    Ok((size, to_hex(&hasher.finalize())))
+}
+
 /// Checks `path` against `card`: size first (cheap, catches truncation), then the full SHA-256.
 /// Reports hashing progress as [`PullEvent::Progress`].
 pub(crate) fn check_file(
@@ -42,22 +87,16 @@ pub(crate) fn check_file(
         });
     }
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
     let mut done = 0u64;
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).at("reading", path),
-        };
-        hasher.update(&buf[..n]);
-        done += n as u64;
+    for_each_chunk(&mut file, "reading", path, &mut |piece| {
+        hasher.update(piece);
+        done += piece.len() as u64;
         on_event(PullEvent::Progress {
             done,
             total: card.size,
         });
-    }
+        Ok(())
+    })?;
     // The file may have changed length under us; the hash covers what was read.
     let actual = to_hex(&hasher.finalize());
     if actual != card.sha256 {

@@ -67,6 +67,35 @@ pub enum Error {
         /// Where the file would be.
         path: PathBuf,
     },
+    /// An imported model's card is in the catalog but its file is not in this store. There is
+    /// nothing to download: only the node that imported it, or a peer with a copy, has it.
+    #[error(
+        "imported model '{id}' is not on this node; import it or load it from a peer that has it"
+    )]
+    ImportNotPresent {
+        /// The model id.
+        id: String,
+    },
+    /// An id an import would be stored under is unusable.
+    #[error("cannot import as '{id}': {reason}; choose another id")]
+    InvalidImportId {
+        /// The id, as given or derived from the file name.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An import names an id that already belongs to a different model.
+    #[error(
+        "model id '{id}' is already taken by {existing} with different contents (SHA-256 {sha256}); choose another id"
+    )]
+    ImportConflict {
+        /// The id.
+        id: String,
+        /// What holds it: "a built-in catalog model" or "an imported model".
+        existing: &'static str,
+        /// The SHA-256 of the model that holds it.
+        sha256: String,
+    },
     /// Neither `$STRATA_HOME` nor `$HOME` is set, so there is no default store location.
     #[error("no model store location: set STRATA_HOME (or HOME, for ~/.cache/strata)")]
     NoHome,

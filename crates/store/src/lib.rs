@@ -6,6 +6,9 @@
 //! `~/.cache/strata`). A file only ever appears at its final path after its size and SHA-256
 //! matched its card, so [`Store::ensure`] and [`Store::resolve`] can hand the engine a path it
 //! may trust. Progress is reported as [`PullEvent`]s; [`TerminalProgress`] draws them.
+//! [`Store::import`] adds a local file to the store under a card of its own (an [`ImportMeta`]
+//! the caller read from the file), after which it is a catalog model like the built-in ones,
+//! except that it can never be downloaded, only copied from a node that has it.
 //!
 //! This is the bottom layer, beside `strata-gguf`: it must never depend on the tokenizer,
 //! kernels, engine, net or cluster crates, nor read GGUF contents. Model files are opaque bytes
@@ -19,15 +22,17 @@ mod catalog;
 mod digest;
 mod error;
 mod fetch;
+mod import;
 mod install;
 mod progress;
 mod store;
 #[cfg(test)]
 mod testutil;
 
-pub use card::{ModelCard, Source, WheelPart};
+pub use card::{IMPORT_CARD_FILE, ModelCard, Source, WheelPart};
 pub use catalog::{Catalog, DEFAULT_MODEL_ID, default_model_id};
 pub use error::{Error, Result};
 pub use fetch::{Fetcher, PipFetcher, WheelDir};
+pub use import::{ImportMeta, ImportMethod, Imported, check_import_id, default_import_id};
 pub use progress::{PullEvent, TerminalProgress};
-pub use store::{ModelStatus, ResolvedModel, Store};
+pub use store::{ModelStatus, ResolvedModel, Store, is_path_spec};

@@ -4,12 +4,13 @@
 //!
 //! ```text
 //! models/<id>/<file_name>   installed, verified model files (only ever created by rename)
+//! models/<id>/card.toml     the card of a model imported from a local file (see `import.rs`)
 //! locks/<id>.lock           per-model lock files (see `install`)
 //! tmp/                      temp files and download directories of pulls in progress
 //! ```
 //!
-//! Pulling lives in `install.rs`; this module has construction, lookup, resolution of a
-//! user's model spec, listing, verification and removal.
+//! Pulling lives in `install.rs`, importing local files in `import.rs`; this module has
+//! construction, lookup, resolution of a user's model spec, listing, verification and removal.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -19,19 +20,23 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::card::ModelCard;
+use crate::card::{IMPORT_CARD_FILE, ModelCard};
 use crate::catalog::{Catalog, DEFAULT_MODEL_ID};
 use crate::digest::check_file;
 use crate::error::{Error, IoContext, Result};
 use crate::fetch::{Fetcher, PipFetcher};
+use crate::import::with_imports;
 use crate::progress::PullEvent;
 
 /// A directory of verified model files, a catalog of what can go in it, and a way to fetch.
 #[derive(Clone)]
 pub struct Store {
     root: PathBuf,
-    catalog: Catalog,
+    pub(crate) catalog: Catalog,
     pub(crate) fetcher: Arc<dyn Fetcher>,
+    /// Whether an import may hard-link its file (else it always copies). Always true outside
+    /// tests, which turn it off to exercise the copy on a single file system.
+    pub(crate) link_imports: bool,
 }
 
 impl fmt::Debug for Store {
@@ -56,6 +61,9 @@ pub struct ModelStatus {
     /// Whether this is the default model.
     #[serde(rename = "default")]
     pub is_default: bool,
+    /// Whether the model was imported from a local file (`strata models import`) rather than
+    /// being a built-in catalog model.
+    pub imported: bool,
 }
 
 /// What a model spec given by a user resolved to.
@@ -68,13 +76,20 @@ pub struct ResolvedModel {
 }
 
 impl Store {
-    /// A store rooted at `root`, with the built-in catalog, fetching with pip
-    /// (`$STRATA_PYTHON` or `python3`). Nothing is created on disk until it is needed.
+    /// A store rooted at `root`, with the built-in catalog plus the models imported under
+    /// `root`, fetching with pip (`$STRATA_PYTHON` or `python3`). Nothing is created on disk
+    /// until it is needed.
+    ///
+    /// The imports are read once, here: a store sees imports made by other processes after it
+    /// was built only if it is built again (every CLI command and every node request builds
+    /// its own). An unreadable or invalid import card is skipped with a warning on stderr.
     pub fn new(root: impl Into<PathBuf>) -> Store {
+        let root = root.into();
         Store {
-            root: root.into(),
-            catalog: Catalog::builtin(),
+            catalog: with_imports(Catalog::builtin(), &root),
+            root,
             fetcher: Arc::new(PipFetcher::from_env()),
+            link_imports: true,
         }
     }
 
@@ -90,9 +105,9 @@ impl Store {
         self
     }
 
-    /// Replaces the catalog.
+    /// Replaces the catalog (the imports under the root are added to it, as in [`new`](Self::new)).
     pub fn with_catalog(mut self, catalog: Catalog) -> Store {
-        self.catalog = catalog;
+        self.catalog = with_imports(catalog, &self.root);
         self
     }
 
@@ -116,7 +131,8 @@ impl Store {
         Ok(self.installed(self.catalog.card(id)?))
     }
 
-    /// Every catalog model with its path and presence, in catalog order.
+    /// Every catalog model (built-in, then imported) with its path and presence, in catalog
+    /// order.
     pub fn list(&self) -> Vec<ModelStatus> {
         self.catalog
             .cards()
@@ -126,11 +142,13 @@ impl Store {
                 path: self.card_path(card),
                 present: self.installed(card),
                 is_default: card.id == DEFAULT_MODEL_ID,
+                imported: card.is_import(),
             })
             .collect()
     }
 
-    /// The path of model `id`, pulling it first if it is not installed.
+    /// The path of model `id`, pulling it first if it is not installed. An imported model is
+    /// never pulled: if its file is missing this is [`Error::ImportNotPresent`].
     pub fn ensure(&self, id: &str) -> Result<PathBuf> {
         self.ensure_with(id, &mut |_| {})
     }
@@ -148,6 +166,11 @@ impl Store {
         let card = self.catalog.card(id)?;
         if self.installed(card) {
             return Ok(self.card_path(card));
+        }
+        if card.is_import() {
+            return Err(Error::ImportNotPresent {
+                id: card.id.clone(),
+            });
         }
         self.pull(card, on_event)
     }
@@ -168,7 +191,7 @@ impl Store {
         spec: &str,
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<ResolvedModel> {
-        if !looks_like_path(spec) {
+        if !is_path_spec(spec) {
             let card = self.catalog.card(spec)?;
             let path = self.ensure_with(spec, on_event)?;
             return Ok(ResolvedModel {
@@ -177,19 +200,11 @@ impl Store {
             });
         }
         let path = Path::new(spec);
-        match std::fs::metadata(path) {
-            Ok(md) if md.is_file() => Ok(ResolvedModel {
-                path: std::path::absolute(path).at("resolving", path)?,
-                card: None,
-            }),
-            Ok(_) => Err(Error::NotAFile {
-                path: path.to_path_buf(),
-            }),
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::LocalFileMissing {
-                path: path.to_path_buf(),
-            }),
-            Err(e) => Err(e).at("reading", path),
-        }
+        local_file(path)?;
+        Ok(ResolvedModel {
+            path: std::path::absolute(path).at("resolving", path)?,
+            card: None,
+        })
     }
 
     /// Re-hashes model `id`'s installed file; returns its path if it matches the card.
@@ -207,6 +222,10 @@ impl Store {
     }
 
     /// Deletes model `id`'s file; returns whether there was one. Waits for a pull in progress.
+    ///
+    /// For an imported model the card goes too (after the file, so an interruption leaves at
+    /// worst a card without a file, which lists as not present and which a re-import of the same
+    /// file fills again). This store value still knows the card afterwards; a new one does not.
     pub fn remove(&self, id: &str) -> Result<bool> {
         let card = self.catalog.card(id)?;
         let _lock = self.lock_model(&card.id, &mut |_| {})?;
@@ -216,9 +235,22 @@ impl Store {
             Err(e) if e.kind() == ErrorKind::NotFound => false,
             Err(e) => return Err(e).at("removing", &path),
         };
+        if card.is_import() {
+            let card_file = self.import_card_path(&card.id);
+            match std::fs::remove_file(&card_file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e).at("removing", &card_file),
+            }
+        }
         // Leaves the directory if someone put other files there.
         let _ = std::fs::remove_dir(self.model_dir(&card.id));
         Ok(existed)
+    }
+
+    /// Where an imported model's card is kept: beside its file.
+    pub(crate) fn import_card_path(&self, id: &str) -> PathBuf {
+        self.model_dir(id).join(IMPORT_CARD_FILE)
     }
 
     pub(crate) fn card_path(&self, card: &ModelCard) -> PathBuf {
@@ -237,9 +269,23 @@ impl Store {
         self.root.join("locks")
     }
 
-    fn installed(&self, card: &ModelCard) -> bool {
+    pub(crate) fn installed(&self, card: &ModelCard) -> bool {
         std::fs::metadata(self.card_path(card))
             .is_ok_and(|md| md.is_file() && md.len() == card.size)
+    }
+}
+
+/// The metadata of a local model file a user named, or why it is not one.
+pub(crate) fn local_file(path: &Path) -> Result<std::fs::Metadata> {
+    match std::fs::metadata(path) {
+        Ok(md) if md.is_file() => Ok(md),
+        Ok(_) => Err(Error::NotAFile {
+            path: path.to_path_buf(),
+        }),
+        Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::LocalFileMissing {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(e).at("reading", path),
     }
 }
 
@@ -257,7 +303,10 @@ pub(crate) fn root_from_env(
     }
 }
 
-fn looks_like_path(spec: &str) -> bool {
+/// Whether a user's model spec names a local file rather than a catalog id: it contains a path
+/// separator, ends in `.gguf`, or names an existing path. [`Store::resolve`] reads specs this
+/// way, and so must anyone who decides by the spec where a model comes from.
+pub fn is_path_spec(spec: &str) -> bool {
     spec.contains('/')
         || spec.contains(MAIN_SEPARATOR)
         || spec.to_ascii_lowercase().ends_with(".gguf")

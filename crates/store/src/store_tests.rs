@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use super::{looks_like_path, root_from_env};
+use super::{is_path_spec, root_from_env};
 use crate::catalog::{Catalog, DEFAULT_MODEL_ID};
 use crate::error::Error;
 use crate::store::Store;
@@ -36,12 +36,12 @@ fn root_prefers_strata_home_then_home() {
 
 #[test]
 fn specs_with_separators_or_gguf_suffix_are_paths() {
-    assert!(looks_like_path("./x"));
-    assert!(looks_like_path("/models/x"));
-    assert!(looks_like_path("model.gguf"));
-    assert!(looks_like_path("MODEL.GGUF"));
-    assert!(!looks_like_path("smollm2-135m-instruct"));
-    assert!(!looks_like_path(""));
+    assert!(is_path_spec("./x"));
+    assert!(is_path_spec("/models/x"));
+    assert!(is_path_spec("model.gguf"));
+    assert!(is_path_spec("MODEL.GGUF"));
+    assert!(!is_path_spec("smollm2-135m-instruct"));
+    assert!(!is_path_spec(""));
 }
 
 /// A store over a temp root whose catalog has one local-wheel model, `tiny`.

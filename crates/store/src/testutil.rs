@@ -72,6 +72,7 @@ pub(crate) fn card(id: &str, parts: &[(&str, &str)], content: &[u8]) -> ModelCar
                     member: member.to_string(),
                 })
                 .collect(),
+            imported_from: None,
         },
     }
 }
