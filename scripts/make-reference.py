@@ -16,8 +16,10 @@ Synthetic models of any family (random weights, real tokenizer):
 
     python3 scripts/make-reference.py --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0.json
     python3 scripts/make-reference.py --synth qwen3 q4_k_m > fixtures/reference/synth-qwen3-q4_k_m.json
+    python3 scripts/make-reference.py --synth olmo2-swa q8_0 > fixtures/reference/synth-olmo2-swa-q8_0.json
 
-writes the family's model in f32 with `strata synth` (dimensions and seed from SYNTH below, the
+writes the family's model (a SYNTH variant such as `olmo2-swa` names its architecture and extra
+synth flags) in f32 with `strata synth` (dimensions and seed from SYNTH below, the
 binary from $STRATA_BIN or target/release/strata), quantises it with llama.cpp's own quantiser
 (`llama_model_quantize`, every matrix to the type), and records the digest of the quantised
 weights: the parity test synthesises the model in the type itself and must get the same digest,
@@ -69,6 +71,11 @@ SYNTH = {
     "smollm3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
     "granite": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
     "gemma2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "mistral3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    "olmo2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    # OLMo 3 (llama.cpp's `olmo2` with a sliding window on three layers of four, YaRN on the rest).
+    "olmo2-swa": dict(arch="olmo2", layers=4, embd=256, ff=768, heads=8, kv_heads=2,
+                      head_dim=None, seed=7, sliding_window=16),
 }
 SYNTH_PROMPTS = [
     {"mode": "chat", "system": "You are a helpful assistant.", "prompt": "What is the capital of France?"},
@@ -107,20 +114,23 @@ def tensor_digest(path):
     return h.hexdigest()
 
 
-def make_synth(arch, ty, workdir):
+def make_synth(variant, ty, workdir):
+    """Writes the f32 model of a SYNTH variant with strata and quantises it with llama.cpp;
+    returns its path and the synth parameters for the fixture (with the real architecture)."""
     import os
     import subprocess
-    dims = SYNTH[arch]
+    dims = {"arch": variant, **SYNTH[variant]}
+    arch = dims["arch"]
     strata = os.environ.get("STRATA_BIN", "target/release/strata")
-    f32 = os.path.join(workdir, f"{arch}-f32.gguf")
-    args = [strata, "synth", "--arch", arch, "--type", "f32", "-o", f32]
+    f32 = os.path.join(workdir, f"{variant}-f32.gguf")
+    args = [strata, "synth", "--type", "f32", "-o", f32]
     for k, v in dims.items():
         if v is not None:
             args += ["--" + k.replace("_", "-"), str(v)]
     subprocess.run(args, check=True, stdout=sys.stderr)
     if ty == "f32":
         return f32, dims
-    out = os.path.join(workdir, f"{arch}-{ty}.gguf")
+    out = os.path.join(workdir, f"{variant}-{ty}.gguf")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = MIXES[ty][0] if ty in MIXES else FTYPES[ty]
     params.pure = ty not in MIXES
@@ -141,11 +151,11 @@ def main():
     synth = None
     if sys.argv[1] == "--synth":
         import tempfile
-        arch, ty = sys.argv[2], sys.argv[3]
+        variant, ty = sys.argv[2], sys.argv[3]
         workdir = tempfile.mkdtemp()
-        path, dims = make_synth(arch, ty, workdir)
+        path, dims = make_synth(variant, ty, workdir)
         base = MIXES[ty][1] if ty in MIXES else ty
-        synth = {"arch": arch, "ftype": ty, "type": base, **dims,
+        synth = {"ftype": ty, "type": base, **dims,
                  "tensor_types": tensor_types(path, base), "weights_digest": tensor_digest(path)}
         family = "synth"
     else:

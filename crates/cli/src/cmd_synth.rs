@@ -18,7 +18,8 @@ pub(crate) struct SynthArgs {
     /// Where to write the GGUF file.
     #[arg(long, short = 'o')]
     output: PathBuf,
-    /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma2, gemma3, smollm3, granite.
+    /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma2, gemma3, smollm3,
+    /// granite, mistral3, olmo2.
     #[arg(long, default_value = "llama")]
     arch: String,
     /// Model whose tokenizer to copy (catalog id or path).
@@ -53,6 +54,10 @@ pub(crate) struct SynthArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Sliding window of the family's window layers: Gemma 2's (default 16); for olmo2, an
+    /// OLMo 3 model (a window on three layers of four, YaRN on the others).
+    #[arg(long)]
+    sliding_window: Option<usize>,
 }
 
 fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
@@ -92,6 +97,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         ty: a.r#type,
         tensor_types: a.tensor_types,
         seed: a.seed,
+        sliding_window: a.sliding_window,
     };
     let bytes = strata_engine::synth::synth(&spec, &base)?;
     let tmp = a.output.with_extension("gguf.partial");

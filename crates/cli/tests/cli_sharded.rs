@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -205,10 +206,40 @@ fn gemma_shards_with_one_kv_head() {
     assert_eq!(text(&strata(&tp), "tensor"), want);
 }
 
+/// Synthesises a small model of `arch` (with `extra` synth flags) at `path` and checks that
+/// each of `configs` gives `n` tokens of exactly the single-process output.
+fn check_synth_shards(path: &Path, arch: &str, extra: &[&str], n: &str, configs: &[&[&str]]) {
+    let path_s = path.to_str().unwrap();
+    let mut flags = vec!["--arch", arch, "--kv-heads", "2"];
+    flags.extend_from_slice(extra);
+    synth_small(path_s, &flags);
+    let base = ["run", "-m", path_s, "-n", n, "--ignore-eos", "--raw"];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        a.push(PROMPT);
+        text(&strata(&a), arch)
+    };
+    let want = with(&["--threads", "1"]);
+    assert!(!want.is_empty(), "{arch} {extra:?}: no output");
+    for cfg in configs {
+        assert_eq!(with(cfg), want, "{arch} {extra:?} {cfg:?}");
+    }
+}
+
+const TENSOR_SHM: &[&str] = &["--ranks", "2", "--strategy", "tensor", "--transport", "shm"];
+const PIPELINE_TCP: &[&str] = &[
+    "--ranks",
+    "2",
+    "--strategy",
+    "pipeline",
+    "--transport",
+    "tcp",
+];
+
 /// Every family beyond the two real models, synthesised (random weights, real tokenizer) in
-/// legacy and K formats: tensor
-/// and pipeline shards give exactly the single-process output, biases and per-head norms
-/// included (the single-process output itself is checked against llama.cpp by the engine's
+/// legacy and K formats: 2-rank tensor-parallel and pipeline shards give exactly the
+/// single-process output, biases and per-head norms included (the single-process output itself is checked against llama.cpp by the engine's
 /// parity test).
 #[test]
 fn synthetic_families_shard_like_one_process() {
@@ -224,44 +255,45 @@ fn synthetic_families_shard_like_one_process() {
         ("qwen2", "bf16", None),
         ("qwen3", "q4_0", Some("64")),
     ] {
-        let path = dir.path().join(format!("{arch}.gguf"));
-        let path_s = path.to_str().unwrap();
-        let mut extra = vec![
-            "--arch",
-            arch,
-            "--type",
-            ty,
-            "--kv-heads",
-            "2",
-            "--seed",
-            "7",
-        ];
+        let mut extra = vec!["--type", ty, "--seed", "7"];
         if let Some(hd) = head_dim {
             extra.extend(["--head-dim", hd]);
         }
-        synth_small(path_s, &extra);
-        let base = ["run", "-m", path_s, "-n", "24", "--ignore-eos", "--raw"];
-        let with = |extra: &[&str]| {
-            let mut a: Vec<&str> = base.to_vec();
-            a.extend_from_slice(extra);
-            a.push(PROMPT);
-            text(&strata(&a), arch)
-        };
-        let want = with(&["--threads", "1"]);
-        assert!(!want.is_empty(), "{arch}: no output");
-        for cfg in [
-            &["--ranks", "2", "--strategy", "tensor", "--transport", "shm"][..],
-            &[
-                "--ranks",
-                "2",
-                "--strategy",
-                "pipeline",
-                "--transport",
-                "tcp",
-            ][..],
-        ] {
-            assert_eq!(with(cfg), want, "{arch} {cfg:?}");
-        }
+        let path = dir.path().join(format!("{arch}.gguf"));
+        check_synth_shards(&path, arch, &extra, "24", &[TENSOR_SHM, PIPELINE_TCP]);
+    }
+}
+
+/// Mistral 3 (YaRN, attention temperature) and OLMo 2 (Q/K norms over whole rows, which a
+/// tensor-parallel rank computes from all-gathered Q and K rows) shard like one process; the
+/// uneven and three-way splits leave a rank with query heads but no KV head of its own, and
+/// KV heads computed on two ranks.
+#[test]
+fn mistral3_and_olmo2_shard_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let uneven: &[&str] = &[
+        "--ranks",
+        "2",
+        "--strategy",
+        "tensor",
+        "--rank-weights",
+        "3,1",
+    ];
+    let three: &[&str] = &["--ranks", "3", "--strategy", "tensor", "--transport", "tcp"];
+    for (name, arch, extra) in [
+        ("mistral3", "mistral3", &["--type", "q4_k"][..]),
+        ("olmo2", "olmo2", &["--type", "q8_0"][..]),
+        (
+            "olmo3",
+            "olmo2",
+            &["--type", "q5_k", "--sliding-window", "16"][..],
+        ),
+    ] {
+        let mut extra = extra.to_vec();
+        extra.extend(["--seed", "5"]);
+        let path = dir.path().join(format!("{name}.gguf"));
+        let configs = [TENSOR_SHM, uneven, three, PIPELINE_TCP];
+        check_synth_shards(&path, arch, &extra, "40", &configs);
     }
 }
 

@@ -41,8 +41,11 @@ pub struct ModelConfig {
     pub rope_dims: usize,
     /// Linear RoPE scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
     pub rope_freq_scale: f32,
-    /// Multiplies RoPE's cosines and sines (`rope.scaling.attn_factor`; Phi-3's LongRoPE).
+    /// Multiplies RoPE's cosines and sines: `rope.scaling.attn_factor` (Phi-3's LongRoPE), and
+    /// with YaRN the magnitude correction llama.cpp derives from the scale (see [`Yarn`]).
     pub rope_attn_factor: f32,
+    /// YaRN scaling (`rope.scaling.type = yarn`), if the model uses it.
+    pub yarn: Option<Yarn>,
     /// The context the model was trained for before any extension: LongRoPE's long factors apply
     /// beyond it, its short ones within (`rope.scaling.original_context_length`).
     pub rope_ctx_orig: usize,
@@ -71,6 +74,43 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// The logits are multiplied by this (Granite: `1 / logit_scale`).
     pub logit_factor: Option<f32>,
+    /// Q and K are RMS-normalised over whole rows, all heads together, before RoPE (OLMo 2),
+    /// rather than per head.
+    pub qk_norm_rows: bool,
+    /// Queries are multiplied by a factor growing with the position (Llama 4's attention
+    /// temperature, which Mistral 3 uses).
+    pub attn_temperature: Option<AttnTemperature>,
+}
+
+/// YaRN's parameters (llama.cpp's `yarn_*` hyper-parameters): besides the linear scale, the
+/// fast-rotating dimensions keep their angles along a ramp, and cosines and sines are scaled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Yarn {
+    /// How much of the unscaled angle the ramp mixes in (1 for YaRN).
+    pub ext_factor: f32,
+    /// The ramp's ends, in rotations over the original context (`beta_fast`, `beta_slow`).
+    pub beta: (f32, f32),
+    /// `rope.scaling.yarn_log_multiplier` (DeepSeek's and Mistral's `mscale_all_dim`; 0: none).
+    pub log_mul: f32,
+}
+
+/// Llama 4's attention temperature: queries at position `p` are multiplied by
+/// `ln(floor(p / floor_scale) + 1) * scale + 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnTemperature {
+    /// `attention.temperature_scale`.
+    pub scale: f32,
+    /// Positions per step of the temperature (the original context length).
+    pub floor_scale: usize,
+}
+
+impl AttnTemperature {
+    /// The factor of the queries at position `pos`, computed as llama.cpp's input does (the
+    /// logarithm and the sums in f64, the result rounded to f32).
+    pub fn factor(&self, pos: usize) -> f32 {
+        let steps = (pos as f32 / self.floor_scale as f32).floor();
+        ((f64::from(steps) + 1.0).ln() * f64::from(self.scale) + 1.0) as f32
+    }
 }
 
 /// The gated activation of a feed-forward block: `act(gate) * up`.
@@ -91,6 +131,12 @@ pub struct SlidingWindow {
     pub pattern: usize,
     /// RoPE base of the sliding-window layers.
     pub rope_base: f32,
+    /// Linear RoPE scale of the sliding-window layers (llama.cpp's `rope_freq_scale_train_swa`:
+    /// Gemma 2 keeps the model's, Gemma 3 and OLMo 2 use 1).
+    pub rope_freq_scale: f32,
+    /// Whether YaRN and the attention factor apply on the sliding-window layers too (OLMo 2
+    /// rotates them plainly).
+    pub rope_scaled: bool,
 }
 
 impl ModelConfig {
@@ -228,7 +274,7 @@ impl ModelConfig {
         let rope_base = hp.positive_f32("rope.freq_base", rope_base)?;
         let rms_eps = md.get_f32(&hp.key("attention.layer_norm_rms_epsilon"))?;
         let rms_eps = hp.positive_f32("attention.layer_norm_rms_epsilon", rms_eps)?;
-        let rope_freq_scale = rope_scaling(&hp)?;
+        let (rope_freq_scale, yarn) = rope_scaling(&hp)?;
         let rope_attn_factor = match hp.opt_f32("rope.scaling.attn_factor")? {
             Some(f) => hp.positive_f32("rope.scaling.attn_factor", f)?,
             None => 1.0,
@@ -253,6 +299,7 @@ impl ModelConfig {
             rope_dims,
             rope_freq_scale,
             rope_attn_factor,
+            yarn,
             rope_ctx_orig,
             tied_embeddings: file.tensor("output.weight").is_none(),
             embed_scale: None,
@@ -265,11 +312,16 @@ impl ModelConfig {
             attn_scale: None,
             residual_scale: None,
             logit_factor: None,
+            attn_temperature: None,
+            qk_norm_rows: false,
             ffn_act: FfnAct::Silu,
             kind,
             arch: arch.clone(),
         };
         models::family(kind).configure(&hp, &mut cfg)?;
+        if let Some(y) = &cfg.yarn {
+            cfg.rope_attn_factor = yarn_attn_factor(y, cfg.rope_freq_scale, rope_attn_factor);
+        }
         // Every layer has at least seven tensors; a count beyond that is a corrupt header, and
         // must be refused before anything is sized by it.
         if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 7 {
@@ -304,28 +356,59 @@ impl ModelConfig {
 }
 
 /// `rope.scaling.*`: the linear frequency scale (llama.cpp applies `1 / factor` whatever the
-/// type says), or a refusal naming a scaling type not implemented yet (YaRN and LongRoPE change
-/// angles and magnitudes in ways a plain scale cannot express).
-fn rope_scaling(hp: &Hparams<'_>) -> Result<f32> {
+/// type says) and, for YaRN, its defaults (families that read the YaRN keys set them in their
+/// `configure`, as llama.cpp's do); or a refusal naming a scaling type not implemented.
+fn rope_scaling(hp: &Hparams<'_>) -> Result<(f32, Option<Yarn>)> {
     let factor = match hp.opt_f32("rope.scaling.factor")? {
         Some(f) => f,
         None => hp.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
     };
-    match hp.opt_str("rope.scaling.type")? {
+    let yarn = match hp.opt_str("rope.scaling.type")? {
         // llama.cpp never scales when the type says so, whatever the factor.
-        Some("none") => return Ok(1.0),
-        None | Some("linear") => {}
+        Some("none") => return Ok((1.0, None)),
+        None | Some("linear") => None,
+        Some("yarn") => Some(Yarn {
+            ext_factor: 1.0,
+            beta: (32.0, 1.0),
+            log_mul: 0.0,
+        }),
         Some(other) => {
             return Err(Error::InvalidModel(format!(
-                "{} = {other:?} is not supported yet (supported: none, linear)",
+                "{} = {other:?} is not supported yet (supported: none, linear, yarn)",
                 hp.key("rope.scaling.type")
             )));
         }
-    }
+    };
     if factor == 0.0 {
-        return Ok(1.0);
+        return Ok((1.0, yarn));
     }
-    Ok(1.0 / hp.positive_f32("rope.scaling.factor", factor)?)
+    Ok((1.0 / hp.positive_f32("rope.scaling.factor", factor)?, yarn))
+}
+
+/// The magnitude llama.cpp gives YaRN's cosines and sines before ggml's own correction, as
+/// `llama_context` computes it in f32 without fused multiply-adds (libllama is built for the
+/// baseline x86-64, and Rust never contracts either): `mscale(factor) / mscale_all_dims(factor)` when the model has a log
+/// multiplier, else `mscale(factor)`, divided by the `1 + 0.1 ln(factor)` that ggml multiplies
+/// back in, times `rope.scaling.attn_factor`.
+fn yarn_attn_factor(y: &Yarn, freq_scale: f32, attn_factor: f32) -> f32 {
+    if y.ext_factor == 0.0 {
+        return attn_factor;
+    }
+    let mscale = |scale: f32, m: f32| -> f32 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1f32 * m * scale.ln() + 1.0
+        }
+    };
+    let factor = 1.0 / freq_scale;
+    let mut f = if y.log_mul != 0.0 {
+        mscale(factor, 1.0) / mscale(factor, y.log_mul)
+    } else {
+        mscale(factor, 1.0)
+    };
+    f *= 1.0 / (1.0 + 0.1f32 * factor.ln());
+    f * attn_factor
 }
 
 /// Bytes of weight matrices a decode step streams, read from the file's tensor table: one entry

@@ -25,6 +25,9 @@ pub type CommError = Box<dyn std::error::Error + Send + Sync>;
 pub enum Axis {
     /// Attention outputs, one block of query heads per rank (`q_heads * head_dim` columns).
     QHeads,
+    /// Keys, one block of KV heads per rank ([`crate::ShardSpec::owned_kv_heads`] x head width
+    /// columns; OLMo 2 normalises whole K rows).
+    KvHeads,
     /// FFN activations, one block of FFN columns per rank.
     Ffn,
     /// Model-width vectors, one block of rows per rank ([`crate::Combine::Gather`]).
@@ -423,26 +426,39 @@ impl Model {
             })
         });
         let n = pos.len();
-        let half = self.cfg.rope_dims / 2;
-        let bases: &[f32] = match &self.cfg.swa {
-            Some(w) => &[self.cfg.rope_base, w.rope_base],
-            None => &[self.cfg.rope_base],
+        let cfg = &self.cfg;
+        let half = cfg.rope_dims / 2;
+        let global = ops::RopeFreqs {
+            n_dims: cfg.rope_dims,
+            base: cfg.rope_base,
+            freq_scale: cfg.rope_freq_scale,
+            factors,
+            mscale: cfg.rope_attn_factor,
+            ext_factor: cfg.yarn.as_ref().map_or(0.0, |y| y.ext_factor),
+            beta: cfg.yarn.as_ref().map_or((32.0, 1.0), |y| y.beta),
+            n_ctx_orig: cfg.rope_ctx_orig,
         };
-        grow(&mut s.rope_cos, bases.len() * n * half);
-        grow(&mut s.rope_sin, bases.len() * n * half);
-        for (bi, &base) in bases.iter().enumerate() {
+        let window = cfg.swa.as_ref().map(|w| ops::RopeFreqs {
+            base: w.rope_base,
+            freq_scale: w.rope_freq_scale,
+            mscale: if w.rope_scaled { global.mscale } else { 1.0 },
+            ext_factor: if w.rope_scaled {
+                global.ext_factor
+            } else {
+                0.0
+            },
+            ..global
+        });
+        let both = [global, window.unwrap_or(global)];
+        let tables = &both[..if window.is_some() { 2 } else { 1 }];
+        grow(&mut s.rope_cos, tables.len() * n * half);
+        grow(&mut s.rope_sin, tables.len() * n * half);
+        for (bi, freqs) in tables.iter().enumerate() {
             for (t, &p) in pos.iter().enumerate() {
                 let at = (bi * n + t) * half;
-                let freqs = ops::RopeFreqs {
-                    n_dims: self.cfg.rope_dims,
-                    base,
-                    freq_scale: self.cfg.rope_freq_scale,
-                    factors,
-                    mscale: self.cfg.rope_attn_factor,
-                };
                 ops::rope_table(
                     p,
-                    &freqs,
+                    freqs,
                     &mut s.rope_cos[at..at + half],
                     &mut s.rope_sin[at..at + half],
                 );

@@ -115,6 +115,14 @@ impl ShardSpec {
         self.q_heads.start / g..self.q_heads.end.div_ceil(g)
     }
 
+    /// The key/value heads this rank contributes to an all-gather of whole K rows: those whose
+    /// first query head it owns. Across a group these ranges are disjoint and cover every KV
+    /// head (a rank may own none), while [`kv_heads`](Self::kv_heads) may overlap.
+    pub fn owned_kv_heads(&self, cfg: &ModelConfig) -> Range<usize> {
+        let g = cfg.group();
+        self.q_heads.start.div_ceil(g)..self.q_heads.end.div_ceil(g)
+    }
+
     /// Whether this shard owns the whole width of every layer (no all-reduce needed).
     pub fn is_full_width(&self, cfg: &ModelConfig) -> bool {
         self.q_heads == (0..cfg.n_head)

@@ -40,6 +40,9 @@ pub struct SynthSpec {
     pub tensor_types: Vec<(String, GgmlType)>,
     /// Noise seed.
     pub seed: u64,
+    /// A sliding window on the family's window layers (`attention.sliding_window`): Gemma 2's
+    /// (16 when not given), or OLMo 3's, which comes with YaRN scaling as OLMo 3 has it.
+    pub sliding_window: Option<usize>,
 }
 
 /// A chat template in the Qwen2.5 / Qwen3 manner: ChatML turns, tools listed in the system turn
@@ -88,6 +91,13 @@ You are a helpful assistant.<|im_end|>
 
 /// Phi-3.5's chat template (it has no tool-call format of its own).
 const PHI3_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
+/// A Mistral chat template in the manner of Mistral Small 3 (system prompt in its own block,
+/// turns in `[INST]`); the copied vocabulary has no such tokens, so they are plain text here.
+const MISTRAL_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'user' %}{{ '[INST]' + message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}";
+
+/// OLMo 2 Instruct's chat template (`<|user|>` / `<|assistant|>` turns, plain text here).
+const OLMO2_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
 
 struct Noise(u64);
 
@@ -177,7 +187,15 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         .kv(&k("attention.head_count"), Value::U32(nh as u32))
         .kv(&k("attention.head_count_kv"), Value::U32(nkv as u32))
         .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
-        .kv(&k("rope.freq_base"), Value::F32(1_000_000.0))
+        .kv(
+            &k("rope.freq_base"),
+            // Mistral 3's YaRN ramp spans more pairs of a small head at a lower base.
+            Value::F32(if s.arch == Arch::Mistral3 {
+                10_000.0
+            } else {
+                1_000_000.0
+            }),
+        )
         .kv(&k("rope.dimension_count"), Value::U32(hd as u32));
     if s.arch == Arch::Phi3 {
         // LongRoPE: factors for within and beyond the original context, and its magnitude.
@@ -189,7 +207,10 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         // enough that the test prompts reach past it.
         w.kv(&k("attn_logit_softcapping"), Value::F32(10.0))
             .kv(&k("final_logit_softcapping"), Value::F32(8.0))
-            .kv(&k("attention.sliding_window"), Value::U32(16));
+            .kv(
+                &k("attention.sliding_window"),
+                Value::U32(s.sliding_window.unwrap_or(16) as u32),
+            );
     }
     if s.arch == Arch::Granite {
         // Granite 3's multipliers, of the sizes its 2B model has.
@@ -197,6 +218,26 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("attention.scale"), Value::F32(0.015_625))
             .kv(&k("residual_scale"), Value::F32(0.22))
             .kv(&k("logit_scale"), Value::F32(8.0));
+    }
+    if s.arch == Arch::Mistral3 {
+        // YaRN as Ministral 3 has it (its `mscale_all_dim` of 1 as the log multiplier), over an
+        // original context short enough that the test prompts reach past it, where the
+        // attention temperature starts to grow.
+        w.kv(&k("rope.scaling.type"), Value::String("yarn".into()))
+            .kv(&k("rope.scaling.factor"), Value::F32(16.0))
+            .kv(&k("rope.scaling.original_context_length"), Value::U32(32))
+            .kv(&k("rope.scaling.yarn_beta_fast"), Value::F32(32.0))
+            .kv(&k("rope.scaling.yarn_beta_slow"), Value::F32(1.0))
+            .kv(&k("rope.scaling.yarn_log_multiplier"), Value::F32(1.0))
+            .kv(&k("attention.temperature_scale"), Value::F32(0.1));
+    }
+    if let (Arch::Olmo2, Some(window)) = (s.arch, s.sliding_window) {
+        // OLMo 3: window layers rotate plainly, the global ones with YaRN (over an original
+        // context the test prompts pass, so the ramp and the magnitude matter).
+        w.kv(&k("attention.sliding_window"), Value::U32(window as u32))
+            .kv(&k("rope.scaling.type"), Value::String("yarn".into()))
+            .kv(&k("rope.scaling.factor"), Value::F32(8.0))
+            .kv(&k("rope.scaling.original_context_length"), Value::U32(32));
     }
     if s.head_dim.is_some() {
         w.kv(&k("attention.key_length"), Value::U32(hd as u32))
@@ -210,6 +251,8 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             ("tokenizer.chat_template", QWEN_TEMPLATE),
         ],
         Arch::Phi3 => &[("tokenizer.chat_template", PHI3_TEMPLATE)],
+        Arch::Mistral3 => &[("tokenizer.chat_template", MISTRAL_TEMPLATE)],
+        Arch::Olmo2 => &[("tokenizer.chat_template", OLMO2_TEMPLATE)],
         Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::Granite => &[],
     };
     for (key, v) in md.iter() {
@@ -252,14 +295,20 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
     vector(&mut w, "output_norm.weight", e, 1.0, 0.2);
+    if s.arch == Arch::Olmo2 {
+        // llama.cpp requires OLMo 2's own LM head.
+        matrix(&mut w, "output.weight", e, vocab);
+    }
     if s.arch == Arch::Phi3 {
         vector(&mut w, "rope_factors_short.weight", hd / 2, 1.5, 0.5);
         vector(&mut w, "rope_factors_long.weight", hd / 2, 8.0, 4.0);
     }
     for l in 0..s.layers {
         let n = |t: &str| format!("blk.{l}.{t}");
-        vector(&mut w, &n("attn_norm.weight"), e, 1.0, 0.2);
-        vector(&mut w, &n("ffn_norm.weight"), e, 1.0, 0.2);
+        if s.arch != Arch::Olmo2 {
+            vector(&mut w, &n("attn_norm.weight"), e, 1.0, 0.2);
+            vector(&mut w, &n("ffn_norm.weight"), e, 1.0, 0.2);
+        }
         if s.arch == Arch::Phi3 {
             // One fused tensor: Q's rows, then K's, then V's.
             matrix(&mut w, &n("attn_qkv.weight"), e, (nh + 2 * nkv) * hd);
@@ -277,7 +326,12 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("attn_q_norm.weight"), hd, 1.0, 0.3);
             vector(&mut w, &n("attn_k_norm.weight"), hd, 1.0, 0.3);
         }
-        if matches!(s.arch, Arch::Gemma2 | Arch::Gemma3) {
+        if s.arch == Arch::Olmo2 {
+            // Over whole Q and K rows, not per head.
+            vector(&mut w, &n("attn_q_norm.weight"), nh * hd, 1.0, 0.3);
+            vector(&mut w, &n("attn_k_norm.weight"), nkv * hd, 1.0, 0.3);
+        }
+        if matches!(s.arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2) {
             vector(&mut w, &n("post_attention_norm.weight"), e, 1.0, 0.2);
             vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
         }

@@ -16,7 +16,9 @@ use crate::{Combine, Error, ModelConfig, Result, ShardSpec};
 /// Weights of one decoder layer, restricted to a shard's heads and FFN columns.
 #[derive(Debug)]
 pub(crate) struct LayerWeights {
-    pub(crate) attn_norm: Vec<f32>,
+    /// RMSNorm weights of the attention and FFN inputs (none in OLMo 2, which normalises
+    /// block outputs only).
+    pub(crate) attn_norm: Option<Vec<f32>>,
     pub(crate) wq: QMatrix,
     pub(crate) wk: QMatrix,
     pub(crate) wv: QMatrix,
@@ -25,11 +27,12 @@ pub(crate) struct LayerWeights {
     pub(crate) bk: Option<Vec<f32>>,
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) wo: QMatrix,
-    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) ffn_norm: Option<Vec<f32>>,
     pub(crate) w_gate: QMatrix,
     pub(crate) w_up: QMatrix,
     pub(crate) w_down: QMatrix,
-    /// Per-head RMSNorm weights of queries and keys (Gemma 3, Qwen3).
+    /// RMSNorm weights of queries and keys: per head (Gemma 3, Qwen3: one head wide), or over
+    /// whole rows (OLMo 2: the full Q and K widths, of which each rank applies its slice).
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     /// RMSNorm weights applied to the attention and FFN outputs before the residual (Gemma 3).
@@ -207,7 +210,6 @@ fn opt_slice(
 fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     let family = crate::models::family(cfg.kind).tensors();
     let mut per_layer: Vec<&str> = vec![
-        "attn_norm.weight",
         "attn_q.weight",
         "attn_k.weight",
         "attn_v.weight",
@@ -217,12 +219,14 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
         "attn_qkv.weight",
         "attn_qkv.bias",
         "attn_output.weight",
-        "ffn_norm.weight",
         "ffn_gate.weight",
         "ffn_up.weight",
         "ffn_down.weight",
     ];
-    if family.qk_norm {
+    if !family.no_pre_norms {
+        per_layer.extend(["attn_norm.weight", "ffn_norm.weight"]);
+    }
+    if family.qk_norm || family.qk_norm_rows {
         per_layer.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
     }
     if family.post_norms {
@@ -318,9 +322,15 @@ impl Weights {
                 (up(0)?, up(ff)?)
             };
             layers.push(LayerWeights {
-                attn_norm: vector(file, &n("attn_norm"), e)?,
-                q_norm: opt_vec(family.qk_norm, "attn_q_norm", hd)?,
-                k_norm: opt_vec(family.qk_norm, "attn_k_norm", hd)?,
+                attn_norm: opt_vec(!family.no_pre_norms, "attn_norm", e)?,
+                q_norm: match (family.qk_norm, family.qk_norm_rows) {
+                    (true, _) => opt_vec(true, "attn_q_norm", hd)?,
+                    (false, rows) => opt_vec(rows, "attn_q_norm", q_width)?,
+                },
+                k_norm: match (family.qk_norm, family.qk_norm_rows) {
+                    (true, _) => opt_vec(true, "attn_k_norm", hd)?,
+                    (false, rows) => opt_vec(rows, "attn_k_norm", cfg.kv_width())?,
+                },
                 attn_post_norm: opt_vec(family.post_norms, "post_attention_norm", e)?,
                 ffn_post_norm: opt_vec(family.post_norms, "post_ffw_norm", e)?,
                 wq,
@@ -330,7 +340,7 @@ impl Weights {
                 bk,
                 bv,
                 wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
-                ffn_norm: vector(file, &n("ffn_norm"), e)?,
+                ffn_norm: opt_vec(!family.no_pre_norms, "ffn_norm", e)?,
                 w_gate,
                 w_up,
                 w_down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,

@@ -46,6 +46,7 @@ fn batched_decode_keeps_one_token_order_for_batch_order_formats() {
         ty: GgmlType::BF16,
         tensor_types: Vec::new(),
         seed: 11,
+        sliding_window: None,
     };
     let bytes = synth(&spec, &base).unwrap();
     let path =

@@ -177,6 +177,7 @@ fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usi
         ty: GgmlType::Q8_0,
         tensor_types: Vec::new(),
         seed: 3,
+        sliding_window: None,
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
     let mut w = GgufWriter::new();
@@ -234,10 +235,10 @@ fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
         (
             vec![(
                 "qwen3.rope.scaling.type",
-                Some(Value::String("yarn".into())),
+                Some(Value::String("longrope".into())),
             )],
             vec![],
-            "qwen3.rope.scaling.type = \"yarn\" is not supported",
+            "qwen3.rope.scaling.type = \"longrope\" is not supported",
         ),
         (
             vec![("qwen3.rope.dimension_count", Some(Value::U32(96)))],

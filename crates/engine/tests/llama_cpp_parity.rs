@@ -89,6 +89,7 @@ fn check_synthetic(name: &str) {
         ty,
         tensor_types,
         seed: sy["seed"].as_u64().unwrap(),
+        sliding_window: sy["sliding_window"].as_u64().map(|w| w as usize),
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
     let bytes = synth(&spec, &base).unwrap();
@@ -310,4 +311,29 @@ fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_toler
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn synthetic_mistral3_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-mistral3-q8_0");
+}
+
+#[test]
+fn synthetic_mistral3_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-mistral3-q4_k_m");
+}
+
+#[test]
+fn synthetic_olmo2_q4_1_matches_llama_cpp() {
+    check_synthetic("synth-olmo2-q4_1");
+}
+
+#[test]
+fn synthetic_olmo2_q6_k_matches_llama_cpp() {
+    check_synthetic("synth-olmo2-q6_k");
+}
+
+#[test]
+fn synthetic_olmo3_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-olmo2-swa-q8_0");
 }

@@ -5,9 +5,7 @@ use crate::attn::Flavour;
 
 /// RMS normalisation with a learned scale: `out = (x * 1/sqrt(mean(x^2) + eps)) * w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0f32 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
     }
@@ -15,9 +13,21 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// [`rms_norm`] of `x` into itself.
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    scale_by(x, scale, w);
+}
+
+/// The factor [`rms_norm`] multiplies `x` by, `1/sqrt(mean(x^2) + eps)`: squares in f32, their
+/// sum in f64, as ggml's `rms_norm` computes it.
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0f32 / (mean + eps).sqrt();
+    1.0f32 / (mean + eps).sqrt()
+}
+
+/// `x = (x * scale) * w`: the second half of an RMSNorm whose factor came from a wider row
+/// ([`rms_scale`] of a whole row, applied to a shard's slice of it).
+pub fn scale_by(x: &mut [f32], scale: f32, w: &[f32]) {
     for (v, &g) in x.iter_mut().zip(w) {
         *v = *v * scale * g;
     }
@@ -36,20 +46,80 @@ pub struct RopeFreqs<'a> {
     pub factors: Option<&'a [f32]>,
     /// Magnitude of the cosines and sines (ggml's `attn_factor`, 1 without scaling).
     pub mscale: f32,
+    /// YaRN: how far the fast-rotating dimensions keep their unscaled angle (ggml's
+    /// `ext_factor`; 0 turns YaRN off, 1 with `rope.scaling.type = yarn`).
+    pub ext_factor: f32,
+    /// YaRN's correction range, in rotations over the original context (`beta_fast`,
+    /// `beta_slow`; 32 and 1 unless the model says otherwise).
+    pub beta: (f32, f32),
+    /// The context the model was trained for before scaling (YaRN's correction dims).
+    pub n_ctx_orig: usize,
+}
+
+impl RopeFreqs<'_> {
+    /// Plain RoPE: no scaling, no factors.
+    pub fn plain(n_dims: usize, base: f32) -> RopeFreqs<'static> {
+        RopeFreqs {
+            n_dims,
+            base,
+            freq_scale: 1.0,
+            factors: None,
+            mscale: 1.0,
+            ext_factor: 0.0,
+            beta: (32.0, 1.0),
+            n_ctx_orig: 0,
+        }
+    }
+
+    /// YaRN's first and last corrected dimension pair, as ggml's `ggml_rope_yarn_corr_dims`
+    /// computes them (in f32, from the rotations `beta` over the original context).
+    fn yarn_corr_dims(&self) -> [f32; 2] {
+        let n_dims = self.n_dims as f32;
+        let dim = |rotations: f32| {
+            n_dims * (self.n_ctx_orig as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.base.ln())
+        };
+        let start = dim(self.beta.0).floor();
+        let end = dim(self.beta.1).ceil();
+        [start.max(0.0), end.min(n_dims - 1.0)]
+    }
+}
+
+/// YaRN's ramp between interpolated and extrapolated angles for pair `i` (ggml's
+/// `rope_yarn_ramp`, which takes the dimension `2 i` and halves it again).
+fn yarn_ramp(corr: [f32; 2], i: usize) -> f32 {
+    let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+    1.0 - y.clamp(0.0, 1.0)
 }
 
 /// Cosine/sine table of rotary embeddings for one position, computed as ggml's rope cache does:
 /// the angle advances by repeated multiplication, each pair's angle is divided by its frequency
 /// factor (1 when absent) and multiplied by the linear scale; cosines and sines are then
-/// multiplied by `mscale` (each step an exact no-op at 1).
+/// multiplied by `mscale` (each step an exact no-op at 1). With YaRN (`ext_factor` not 0) each
+/// pair's angle mixes the scaled and unscaled angles along a ramp over the correction dims, and
+/// the magnitude grows by `1 + 0.1 ln(1 / freq_scale)`, as in ggml's `rope_yarn`.
 pub fn rope_table(pos: usize, f: &RopeFreqs<'_>, out_cos: &mut [f32], out_sin: &mut [f32]) {
     let theta_scale = f.base.powf(-2.0 / f.n_dims as f32);
+    let yarn = (f.ext_factor != 0.0).then(|| {
+        // ggml-cpu is built with FMA, and GCC contracts `1.0f + 0.1f * x` into one.
+        let mscale = f.mscale * 0.1f32.mul_add((1.0 / f.freq_scale).ln(), 1.0);
+        (f.yarn_corr_dims(), mscale)
+    });
     let mut theta = pos as f32;
     for i in 0..f.n_dims / 2 {
         let ff = f.factors.map_or(1.0, |v| v[i]);
-        let angle = f.freq_scale * (theta / ff);
-        out_cos[i] = angle.cos() * f.mscale;
-        out_sin[i] = angle.sin() * f.mscale;
+        let extrap = theta / ff;
+        let interp = f.freq_scale * extrap;
+        let (angle, mscale) = match yarn {
+            None => (interp, f.mscale),
+            Some((corr, mscale)) => {
+                let mix = yarn_ramp(corr, i) * f.ext_factor;
+                // `interp * (1 - mix) + extrap * mix`, contracted as GCC contracts it.
+                (interp.mul_add(1.0 - mix, extrap * mix), mscale)
+            }
+        };
+        out_cos[i] = angle.cos() * mscale;
+        out_sin[i] = angle.sin() * mscale;
         theta *= theta_scale;
     }
 }

@@ -134,6 +134,10 @@ impl Communicator {
         }
         let place = |dst: &mut [f32], block: &[u8], cols: &Range<usize>| {
             let w = cols.len();
+            // A member may own no columns (a rank without KV heads of its own).
+            if w == 0 {
+                return;
+            }
             for (t, row) in block.chunks_exact(w * 4).enumerate().take(rows) {
                 copy_bytes(&mut dst[t * width + cols.start..t * width + cols.end], row);
             }

@@ -51,6 +51,10 @@ pub struct GroupParts {
     pub ffn: Vec<Range<usize>>,
     /// Model-width rows of each member (gather style).
     pub embd: Vec<Range<usize>>,
+    /// Key columns (owned KV heads x head width) of each member, for models that normalise
+    /// whole K rows (OLMo 2). Absent from plans made before it existed.
+    #[serde(default)]
+    pub kv: Vec<Range<usize>>,
 }
 
 /// One rank's part of the plan.
@@ -241,6 +245,13 @@ pub fn make_plan(
         let hd = cfg.head_dim;
         parts.push(GroupParts {
             q: heads.iter().map(|r| r.start * hd..r.end * hd).collect(),
+            kv: ranks[ranks.len() - group.len()..]
+                .iter()
+                .map(|rp| {
+                    let owned = rp.spec.owned_kv_heads(cfg);
+                    owned.start * hd..owned.end * hd
+                })
+                .collect(),
             ffn,
             embd,
         });

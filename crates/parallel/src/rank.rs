@@ -82,6 +82,7 @@ impl Collective for GroupComm<'_> {
     ) -> std::result::Result<(), CommError> {
         let parts: &[Range<usize>] = match axis {
             Axis::QHeads => &self.parts.q,
+            Axis::KvHeads => &self.parts.kv,
             Axis::Ffn => &self.parts.ffn,
             Axis::Embd => &self.parts.embd,
         };

@@ -35,6 +35,8 @@ impl Family for Gemma2 {
             window: hp.opt_u32("attention.sliding_window")?.unwrap_or(4096),
             pattern: hp.opt_u32("attention.sliding_window_pattern")?.unwrap_or(2),
             rope_base,
+            rope_freq_scale: cfg.rope_freq_scale,
+            rope_scaled: true,
         });
         let cap = |key: &str, default: f32| -> Result<f32> {
             hp.positive_f32(key, hp.opt_f32(key)?.unwrap_or(default))
@@ -46,8 +48,8 @@ impl Family for Gemma2 {
 
     fn tensors(&self) -> LayerTensors {
         LayerTensors {
-            qk_norm: false,
             post_norms: true,
+            ..LayerTensors::default()
         }
     }
 

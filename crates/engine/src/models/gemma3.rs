@@ -22,6 +22,9 @@ impl Family for Gemma3 {
                 window,
                 pattern: hp.opt_u32("attention.sliding_window_pattern")?.unwrap_or(6),
                 rope_base: hp.opt_f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+                // llama.cpp leaves the window layers unscaled (a 27B's factor 8 is global only).
+                rope_freq_scale: 1.0,
+                rope_scaled: true,
             }),
             _ => None,
         };
@@ -32,6 +35,7 @@ impl Family for Gemma3 {
         LayerTensors {
             qk_norm: true,
             post_norms: true,
+            ..LayerTensors::default()
         }
     }
 

@@ -16,6 +16,8 @@ mod gemma2;
 mod gemma3;
 mod granite;
 mod llama;
+mod mistral3;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -49,6 +51,11 @@ pub enum Arch {
     /// Granite 3 (dense): Llama's layer with embedding, attention, residual and logit
     /// multipliers.
     Granite,
+    /// Mistral 3 (dense): Llama's layer with YaRN's own keys and an attention temperature that
+    /// grows with the position.
+    Mistral3,
+    /// OLMo 2 / OLMo 3: norms after attention and FFN only, Q/K norms over whole rows.
+    Olmo2,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -61,6 +68,8 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("phi3", Arch::Phi3),
     ("smollm3", Arch::SmolLm3),
     ("granite", Arch::Granite),
+    ("mistral3", Arch::Mistral3),
+    ("olmo2", Arch::Olmo2),
 ];
 
 impl Arch {
@@ -102,6 +111,10 @@ pub(crate) struct LayerTensors {
     pub(crate) qk_norm: bool,
     /// `post_attention_norm` and `post_ffw_norm`: RMSNorms of the block outputs.
     pub(crate) post_norms: bool,
+    /// `attn_q_norm` and `attn_k_norm` over whole Q and K rows, all heads together (OLMo 2).
+    pub(crate) qk_norm_rows: bool,
+    /// No `attn_norm` and `ffn_norm`: blocks read the residual stream as it is (OLMo 2).
+    pub(crate) no_pre_norms: bool,
 }
 
 /// One decoder family.
@@ -127,28 +140,32 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Phi3 => &phi3::Phi3,
         Arch::SmolLm3 => &smollm3::SmolLm3,
         Arch::Granite => &granite::Granite,
+        Arch::Mistral3 => &mistral3::Mistral3,
+        Arch::Olmo2 => &olmo2::Olmo2,
     }
 }
 
 /// The layer most families share: pre-norm attention and pre-norm FFN, each added to the
 /// residual stream.
 pub(crate) fn pre_norm_layer(b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()> {
-    b.norm(&lw.attn_norm);
+    b.norm(lw.attn_norm.as_deref());
     b.attention(lw)?;
     b.residual();
-    b.norm(&lw.ffn_norm);
+    b.norm(lw.ffn_norm.as_deref());
     b.ffn(lw)?;
     b.residual();
     Ok(())
 }
 
-/// The Gemma layer: each block's output RMS-normed again before it joins the residual stream.
+/// The Gemma and OLMo 2 layer: each block's output RMS-normed again before it joins the
+/// residual stream (OLMo 2 has no norms before the blocks, and the blocks then read the stream
+/// as it is).
 pub(crate) fn post_norm_layer(b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()> {
-    b.norm(&lw.attn_norm);
+    b.norm(lw.attn_norm.as_deref());
     b.attention(lw)?;
     b.post_norm(lw.attn_post_norm.as_deref());
     b.residual();
-    b.norm(&lw.ffn_norm);
+    b.norm(lw.ffn_norm.as_deref());
     b.ffn(lw)?;
     b.post_norm(lw.ffn_post_norm.as_deref());
     b.residual();
