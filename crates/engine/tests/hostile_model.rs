@@ -162,18 +162,27 @@ type Case<'a> = (Edits<'a>, Vec<(&'a str, usize)>, &'a str);
 /// A small synthetic Qwen3 model rewritten with metadata `edits` (a `None` value removes the
 /// key) and `extra` tensors; returns what loading it says.
 fn load_edited(edits: &[(&str, Option<strata_gguf::Value>)], extra: &[(&str, usize)]) -> String {
-    use strata_engine::Arch;
+    load_edited_arch(strata_engine::Arch::Qwen3, Some(32), edits, extra)
+}
+
+/// [`load_edited`] for a model of `arch` (heads `head_dim` wide, or width / heads).
+fn load_edited_arch(
+    arch: strata_engine::Arch,
+    head_dim: Option<usize>,
+    edits: &[(&str, Option<strata_gguf::Value>)],
+    extra: &[(&str, usize)],
+) -> String {
     use strata_engine::synth::{SynthSpec, synth};
     use strata_gguf::{GgmlType, GgufWriter};
     let base = GgufFile::from_bytes(real_model()).unwrap();
     let spec = SynthSpec {
-        arch: Arch::Qwen3,
+        arch,
         layers: 2,
         embd: 64,
         ff: 128,
         heads: 4,
         kv_heads: 2,
-        head_dim: Some(32),
+        head_dim,
         ty: GgmlType::Q8_0,
         tensor_types: Vec::new(),
         seed: 3,
@@ -258,6 +267,79 @@ fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
     ];
     for (edits, extra, needle) in cases {
         let got = load_edited(&edits, &extra);
+        assert!(got.contains(needle), "{edits:?} {extra:?}: {got}");
+    }
+}
+
+/// The keys and tensors Mistral 3 and OLMo 2 read beyond the common ones are checked too.
+#[test]
+fn mistral3_and_olmo2_metadata_is_checked_naming_the_key() {
+    use strata_engine::Arch;
+    use strata_gguf::Value;
+    for arch in [Arch::Mistral3, Arch::Olmo2] {
+        assert_eq!(load_edited_arch(arch, None, &[], &[]), "ran", "{arch:?}");
+    }
+    let mistral: Vec<Case<'_>> = vec![
+        (
+            vec![(
+                "mistral3.rope.scaling.yarn_beta_fast",
+                Some(Value::F32(-1.0)),
+            )],
+            vec![],
+            "mistral3.rope.scaling.yarn_beta_fast is -1",
+        ),
+        (
+            vec![(
+                "mistral3.rope.scaling.yarn_log_multiplier",
+                Some(Value::F32(f32::NAN)),
+            )],
+            vec![],
+            "mistral3.rope.scaling.yarn_log_multiplier is NaN",
+        ),
+        (
+            vec![(
+                "mistral3.attention.temperature_scale",
+                Some(Value::F32(f32::INFINITY)),
+            )],
+            vec![],
+            "mistral3.attention.temperature_scale is inf",
+        ),
+        (
+            vec![("mistral3.rope.scaling.factor", Some(Value::F32(-4.0)))],
+            vec![],
+            "mistral3.rope.scaling.factor is -4",
+        ),
+    ];
+    for (edits, extra, needle) in mistral {
+        let got = load_edited_arch(Arch::Mistral3, None, &edits, &extra);
+        assert!(got.contains(needle), "{edits:?}: {got}");
+    }
+    let olmo: Vec<Case<'_>> = vec![
+        (
+            vec![
+                ("olmo2.attention.key_length", Some(Value::U32(32))),
+                ("olmo2.attention.value_length", Some(Value::U32(32))),
+            ],
+            vec![],
+            "must equal the width 64",
+        ),
+        // A pre-norm OLMo 2 does not have: running without it would be wrong.
+        (
+            vec![],
+            vec![("blk.0.attn_norm.weight", 64)],
+            "tensor blk.0.attn_norm.weight is not part of strata's olmo2 model",
+        ),
+        (
+            vec![
+                ("olmo2.rope.freq_base_swa", Some(Value::F32(0.0))),
+                ("olmo2.attention.sliding_window", Some(Value::U32(8))),
+            ],
+            vec![],
+            "olmo2.rope.freq_base_swa is 0",
+        ),
+    ];
+    for (edits, extra, needle) in olmo {
+        let got = load_edited_arch(Arch::Olmo2, None, &edits, &extra);
         assert!(got.contains(needle), "{edits:?} {extra:?}: {got}");
     }
 }
