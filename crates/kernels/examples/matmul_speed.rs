@@ -35,6 +35,9 @@ fn main() {
         ("Q3_K 8192x2048", GgmlType::Q3K, 8192, 2048),
         ("Q5_K 8192x2048", GgmlType::Q5K, 8192, 2048),
         ("IQ4_XS 8192x2048", GgmlType::IQ4XS, 8192, 2048),
+        ("IQ4_NL 8192x2048", GgmlType::IQ4NL, 8192, 2048),
+        ("Q4_0 8192x2048", GgmlType::Q4_0, 8192, 2048),
+        ("BF16 8192x2048", GgmlType::BF16, 8192, 2048),
     ] {
         if !name.contains(filter) {
             continue;
