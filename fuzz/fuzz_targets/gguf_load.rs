@@ -28,5 +28,5 @@ fuzz_target!(|data: &[u8]| {
     };
     let pool = ThreadPool::new(1);
     let mut scratch = Scratch::default();
-    let _ = model.forward(&pool, &mut cache, &mut scratch, StageInput::Tokens(&[0, 1]), &NoComm);
+    let _ = model.forward(&pool, &mut cache, &mut scratch, StageInput::Tokens(&[0, 1]), &mut NoComm);
 });

@@ -169,13 +169,45 @@ unsafe fn dot_of<const T: u8>(w: &[u8], a: &[u8], n: usize) -> f32 {
     // Codes of these formats are never negative: they meet the activations in `maddubs`
     // directly, without the sign transfer signed codes need (the same exact integers).
     let unsigned = matches!(T, Q2K | Q4K | Q5K);
-    // Sub-block scales `2c` and `2c + 1` of chunk `c`, from the 16 scales as i16: a
-    // permute puts the pair in every 32-bit lane, a shuffle spreads the first over the low
-    // half and the second over the high half.
-    let pair = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-        2, 3,
-    );
+    // Sub-block scales `2c` and `2c + 1` of chunk `c` spread over the low and the high half:
+    // one in-lane shuffle of the block's first or last eight scales (copied to both halves).
+    let pairs: [__m256i; 4] = std::array::from_fn(|k| {
+        let (a, b) = (4 * k as i8, 4 * k as i8 + 2);
+        _mm256_setr_epi8(
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            a,
+            a + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+            b,
+            b + 1,
+        )
+    });
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for i in 0..n / QK_K {
@@ -219,6 +251,10 @@ unsafe fn dot_of<const T: u8>(w: &[u8], a: &[u8], n: usize) -> f32 {
                 (_mm256_loadu_si256(s.sc.as_ptr() as *const __m256i), s.d)
             }
         };
+        let halves = [
+            _mm256_permute2x128_si256(scv, scv, 0x00),
+            _mm256_permute2x128_si256(scv, scv, 0x11),
+        ];
         let mut sumi = _mm256_setzero_si256();
         for c in 0..8 {
             let q = codes(ty, x, c);
@@ -228,10 +264,7 @@ unsafe fn dot_of<const T: u8>(w: &[u8], a: &[u8], n: usize) -> f32 {
             } else {
                 _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y8, q))
             };
-            let sc = _mm256_shuffle_epi8(
-                _mm256_permutevar8x32_epi32(scv, _mm256_set1_epi32(c as i32)),
-                pair,
-            );
+            let sc = _mm256_shuffle_epi8(halves[c / 4], pairs[c % 4]);
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, p16));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(yd * d), _mm256_cvtepi32_ps(sumi), acc);
