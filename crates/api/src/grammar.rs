@@ -1,11 +1,12 @@
 //! Constrained decoding with llguidance: JSON-schema output (`response_format`) and tool calls
 //! whose arguments always match the function's schema.
 //!
-//! Tool calls are written `<tool_call>{"name": …, "arguments": {…}}</tool_call>` (the Hermes
-//! format most open models are tuned on; see [`crate::tools`]). Under `tool_choice: required` or
-//! a named function the whole answer follows the call grammar. Under `auto` the model writes
-//! freely until it opens a call; from the opening tag on, the call grammar takes over (a lazy
-//! grammar, as llama.cpp's trigger words work), so any call it makes is well formed.
+//! Tool calls are written in the model family's own syntax ([`CallFormat`]). Under
+//! `tool_choice: required` or a named function the whole answer follows the call grammar. Under
+//! `auto` the model writes freely until it opens a call; from the opening marker on, the call
+//! grammar takes over (a lazy grammar, as llama.cpp's trigger words work), so any call it makes
+//! is well formed. Llama 3's calls have no marker: they are the whole answer, so there the
+//! first token decides (a `{` opens a call, and must begin a well-formed one).
 
 use std::sync::Arc;
 
@@ -15,12 +16,10 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use strata_tokenizer::Tokenizer;
 
+use crate::call_format::CallFormat;
 use crate::scheduler::Constraint;
-
-/// The text that opens a tool call.
-pub const CALL_OPEN: &str = "<tool_call>";
-/// The text that closes a tool call.
-pub const CALL_CLOSE: &str = "</tool_call>";
+use crate::tools::{self, Choice};
+use crate::types::Tool;
 
 /// JSON layout every constrained output uses: one space after `:` and `,`, no other
 /// whitespace, so a weak model cannot pad the output forever.
@@ -56,8 +55,9 @@ impl TokenizerEnv for Env {
 pub struct Grammars {
     factory: Arc<ParserFactory>,
     tok: Arc<Tokenizer>,
-    /// Tokens whose text contains the last character of [`CALL_OPEN`] (candidates for
-    /// completing the trigger).
+    format: CallFormat,
+    /// Tokens whose text contains the last character of the format's trigger (candidates for
+    /// completing it).
     closers: Arc<Vec<u32>>,
 }
 
@@ -68,9 +68,10 @@ impl std::fmt::Debug for Grammars {
 }
 
 impl Grammars {
-    /// Builds the token trie of `tok`. Control tokens are marked special, so grammars never
-    /// produce them as text; end-of-generation tokens end a complete grammar.
-    pub fn new(tok: Arc<Tokenizer>) -> Result<Grammars, String> {
+    /// Builds the token trie of `tok`, for calls in `format`. Control tokens are marked
+    /// special, so grammars never produce them as text (a marker that is a control token is
+    /// written as that token); end-of-generation tokens end a complete grammar.
+    pub fn new(tok: Arc<Tokenizer>, format: CallFormat) -> Result<Grammars, String> {
         let n = tok.vocab_size() as u32;
         let words: Vec<Vec<u8>> = (0..n)
             .map(|id| {
@@ -90,10 +91,15 @@ impl Grammars {
             .unwrap_or(0);
         let info = TokRxInfo::new(n, eos);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(tok.eog_ids());
-        let last = CALL_OPEN.as_bytes()[CALL_OPEN.len() - 1];
-        let closers = (0..n)
-            .filter(|&id| !tok.is_control(id) && tok.token_bytes(id).contains(&last))
-            .collect();
+        let closers = match format.shape().trigger {
+            Some(t) => {
+                let last = t.as_bytes()[t.len() - 1];
+                (0..n)
+                    .filter(|&id| !tok.is_control(id) && tok.token_bytes(id).contains(&last))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         let env: TokEnv = Arc::new(Env {
             trie,
             tok: Arc::clone(&tok),
@@ -103,6 +109,7 @@ impl Grammars {
         Ok(Grammars {
             factory: Arc::new(factory),
             tok,
+            format,
             closers: Arc::new(closers),
         })
     }
@@ -125,47 +132,102 @@ impl Grammars {
         Ok(Box::new(Grammar { m }))
     }
 
+    /// The tool-call syntax these grammars write.
+    pub fn format(&self) -> CallFormat {
+        self.format
+    }
+
     /// Output that is one or more tool calls (one if `!parallel`) and nothing else.
-    pub fn tool_calls(&self, calls: &Value, parallel: bool) -> Result<Box<dyn Constraint>, String> {
-        let m = self.matcher(TopLevelGrammar::from_lark(calls_grammar(
-            calls, parallel, true,
-        )))?;
+    pub fn tool_calls(
+        &self,
+        tools: &[Tool],
+        choice: &Choice,
+        parallel: bool,
+    ) -> Result<Box<dyn Constraint>, String> {
+        let g = self.calls_grammar(tools, choice, parallel, true);
+        let m = self.matcher(TopLevelGrammar::from_lark(g))?;
         Ok(Box::new(Grammar { m }))
     }
 
     /// Free text that, once it opens a tool call, continues as well-formed calls only.
     pub fn lazy_tool_calls(
         &self,
-        calls: &Value,
+        tools: &[Tool],
+        choice: &Choice,
         parallel: bool,
     ) -> Result<Box<dyn Constraint>, String> {
-        let rest = calls_grammar(calls, parallel, false);
+        let rest = self.calls_grammar(tools, choice, parallel, false);
         // Compile now, so a bad schema is the request's 400 rather than a failure mid-stream.
-        self.matcher(TopLevelGrammar::from_lark(rest.clone()))?;
+        let first = self.matcher(TopLevelGrammar::from_lark(rest.clone()))?;
+        let at_start = self.format.shape().trigger.is_none();
         Ok(Box::new(Lazy {
             g: self.clone(),
             rest,
             tail: String::new(),
             active: None,
+            at_start: at_start.then_some(first),
+            free: false,
         }))
     }
-}
 
-/// The lark grammar of tool calls: `calls` is the JSON schema of one call's envelope. With
-/// `open`, the text starts with the opening tag; without, just after it.
-fn calls_grammar(calls: &Value, parallel: bool, open: bool) -> String {
-    let schema = compact(calls.clone()).to_string();
-    let first = if open {
-        format!("\"{CALL_OPEN}\" body")
-    } else {
-        "body".to_string()
-    };
-    let more = if parallel {
-        format!(" (\"\\n\" \"{CALL_OPEN}\" body)*")
-    } else {
-        String::new()
-    };
-    format!("start: {first}{more}\nbody: %json {schema} \"{CALL_CLOSE}\"\n")
+    /// A fixed text as a lark terminal: the control token it is, if the vocabulary has one
+    /// (Mistral's `[TOOL_CALLS]`), else the quoted text.
+    fn lit(&self, text: &str) -> String {
+        match self.tok.token_id(text) {
+            Some(id) if self.tok.is_control(id) => format!("<[{id}]>"),
+            _ => Value::String(text.to_string()).to_string(),
+        }
+    }
+
+    fn lits(&self, texts: &[&str]) -> String {
+        texts
+            .iter()
+            .map(|t| self.lit(t))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The lark grammar of the calls of this format over `tools` (only the named one under
+    /// [`Choice::Named`]). With `open`, the text starts with the opening marker; without,
+    /// just after it.
+    fn calls_grammar(&self, tools: &[Tool], choice: &Choice, parallel: bool, open: bool) -> String {
+        let shape = self.format.shape();
+        let mut start = Vec::new();
+        if let (true, Some(t)) = (open, shape.trigger) {
+            start.push(self.lit(t));
+        }
+        start.push(self.lits(shape.first));
+        start.push(format!("call {}", self.lits(shape.after_each)));
+        if let (true, Some(next)) = (parallel, shape.next) {
+            start.push(format!(
+                "({} call {})*",
+                self.lits(next),
+                self.lits(shape.after_each)
+            ));
+        }
+        start.push(self.lits(shape.end));
+        let start: Vec<String> = start.into_iter().filter(|p| !p.trim().is_empty()).collect();
+        let call = if shape.name_args {
+            // `NAME[ARGS]ARGUMENTS`, one alternative per function.
+            tools::picked(tools, choice)
+                .map(|t| {
+                    format!(
+                        "{} {} %json {}",
+                        Value::String(t.function.name.clone()),
+                        self.lit("[ARGS]"),
+                        compact(tools::parameters(t))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n    | ")
+        } else {
+            format!(
+                "%json {}",
+                compact(tools::call_schema(tools, choice, self.format))
+            )
+        };
+        format!("start: {}\ncall: {call}\n", start.join(" "))
+    }
 }
 
 /// A grammar from the first token.
@@ -223,13 +285,41 @@ impl Constraint for Grammar {
     }
 }
 
-/// Free text until [`CALL_OPEN`], then the call grammar.
+/// Free text until the format's trigger, then the call grammar; for a format whose calls are
+/// the whole answer, the first token decides.
 struct Lazy {
     g: Grammars,
     rest: String,
     /// The last few characters of the free text.
     tail: String,
     active: Option<Matcher>,
+    /// Calls only at the start: the call grammar, until the first token is chosen.
+    at_start: Option<Matcher>,
+    /// The answer began as text, and stays text.
+    free: bool,
+}
+
+impl Lazy {
+    /// The first token of an answer whose calls have no marker: it may begin a call (as the
+    /// call grammar allows) or text that cannot be taken for one.
+    fn mask_first(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let Some(m) = self.at_start.as_mut() else {
+            return Ok(());
+        };
+        let mask = m.compute_mask().map_err(|e| e.to_string())?;
+        for (id, l) in logits.iter_mut().enumerate() {
+            let id = id as u32;
+            if mask.is_allowed(id) || self.g.tok.is_control(id) || self.g.tok.is_eog(id) {
+                continue;
+            }
+            let text = String::from_utf8_lossy(self.g.tok.token_bytes(id));
+            let t = text.trim_start();
+            if t.is_empty() || t.starts_with('{') {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Constraint for Lazy {
@@ -237,13 +327,22 @@ impl Constraint for Lazy {
         if let Some(m) = self.active.as_mut() {
             return apply_mask(m, logits);
         }
-        // A token may complete the opening tag only as its last characters, so the grammar
+        if self.free {
+            return Ok(());
+        }
+        if self.at_start.is_some() {
+            return self.mask_first(logits);
+        }
+        let Some(trigger) = self.g.format.shape().trigger else {
+            return Ok(());
+        };
+        // A token may complete the trigger only as its last characters, so the grammar
         // starts on a token boundary.
         for &id in self.g.closers.iter() {
             let piece = String::from_utf8_lossy(self.g.tok.token_bytes(id));
             let joined = format!("{}{}", self.tail, piece);
-            if let Some(at) = joined.find(CALL_OPEN)
-                && at + CALL_OPEN.len() < joined.len()
+            if let Some(at) = joined.find(trigger)
+                && at + trigger.len() < joined.len()
                 && let Some(l) = logits.get_mut(id as usize)
             {
                 *l = f32::NEG_INFINITY;
@@ -256,15 +355,31 @@ impl Constraint for Lazy {
         if let Some(m) = self.active.as_mut() {
             return follow(m, token);
         }
+        if self.free {
+            return Ok(false);
+        }
+        if let Some(mut m) = self.at_start.take() {
+            let text = String::from_utf8_lossy(self.g.tok.token_bytes(token));
+            if !self.g.tok.is_control(token) && text.trim_start().starts_with('{') {
+                let done = follow(&mut m, token)?;
+                self.active = Some(m);
+                return Ok(done);
+            }
+            self.free = true;
+            return Ok(false);
+        }
+        let Some(trigger) = self.g.format.shape().trigger else {
+            return Ok(false);
+        };
         self.tail
             .push_str(&String::from_utf8_lossy(self.g.tok.token_bytes(token)));
-        if self.tail.ends_with(CALL_OPEN) {
+        if self.tail.ends_with(trigger) {
             self.active = Some(
                 self.g
                     .matcher(TopLevelGrammar::from_lark(self.rest.clone()))?,
             );
         } else {
-            let keep = self.tail.len().saturating_sub(CALL_OPEN.len());
+            let keep = self.tail.len().saturating_sub(trigger.len());
             let cut = (keep..=self.tail.len())
                 .find(|&i| self.tail.is_char_boundary(i))
                 .unwrap_or(self.tail.len());

@@ -3,12 +3,14 @@
 //! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
 //! - [`scheduler`]: continuous batching over the engine's [`strata_engine::Batch`].
-//! - [`grammar`] and [`tools`]: tool calls and JSON output constrained by llguidance.
+//! - [`grammar`], [`tools`] and [`call_format`]: tool calls in each model family's syntax and
+//!   JSON output, constrained by llguidance.
 //! - [`auth`]: API keys (constant-time check) and per-key token buckets.
 //! - [`metrics`]: Prometheus counters, gauges and histograms.
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod call_format;
 pub mod engine;
 mod error;
 pub mod grammar;
@@ -134,7 +136,15 @@ pub fn start_engine(
     opts: EngineOptions,
 ) -> Result<Arc<server::AppState>, StartError> {
     let n_ctx = engine.n_ctx();
-    let grammars = grammar::Grammars::new(Arc::clone(&tokenizer)).map_err(StartError::Grammar)?;
+    let format = call_format::CallFormat::detect(template.as_ref().map(ChatTemplate::source));
+    let grammars =
+        grammar::Grammars::new(Arc::clone(&tokenizer), format).map_err(StartError::Grammar)?;
+    let call_markers = format
+        .markers()
+        .into_iter()
+        .filter_map(|m| tokenizer.token_id(m))
+        .filter(|&id| tokenizer.is_control(id))
+        .collect();
     let metrics = Arc::new(metrics::Metrics::new());
     let scheduler = scheduler::Scheduler::start(
         engine,
@@ -147,6 +157,7 @@ pub fn start_engine(
         tokenizer,
         template,
         grammars,
+        call_markers,
         scheduler,
         n_ctx,
         keys: opts.keys,

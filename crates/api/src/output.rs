@@ -7,7 +7,7 @@
 //! closing tag does. The arguments are the model's own text (the grammar makes it valid JSON),
 //! so the streamed pieces join into exactly the arguments of the whole answer.
 
-use crate::grammar::{CALL_CLOSE, CALL_OPEN};
+use crate::call_format::CallFormat;
 use crate::scheduler::TokenLogprob;
 use crate::tools::ParsedCall;
 
@@ -28,15 +28,20 @@ pub enum Piece {
 #[derive(Debug, Default)]
 pub struct Output {
     stops: Vec<String>,
-    tools: bool,
+    /// The call syntax, when tools are on.
+    format: Option<CallFormat>,
     /// Text decoded but not yet given out.
     held: String,
     /// Everything given out as content.
     pub content: String,
     /// Calls given out.
     pub calls: Vec<ParsedCall>,
-    /// Inside a tool call block (tools on and the opening tag seen).
+    /// Inside a tool call block (tools on and the opening marker seen).
     in_calls: bool,
+    /// The text right after the opening marker (a list's `[`) was read.
+    opened: bool,
+    /// For calls without a marker: whether the answer's start has shown if it is a call.
+    decided: bool,
     /// The call being read.
     call: CallProgress,
     /// A call ended; the next text may open another.
@@ -52,13 +57,18 @@ pub struct Output {
 }
 
 impl Output {
-    /// Output cut at `stops`; with `tools`, `<tool_call>` blocks become calls.
-    pub fn new(stops: Vec<String>, tools: bool) -> Output {
+    /// Output cut at `stops`; with a call `format`, the calls written in it become calls.
+    pub fn new(stops: Vec<String>, format: Option<CallFormat>) -> Output {
         Output {
             stops,
-            tools,
+            format,
             ..Output::default()
         }
+    }
+
+    /// The trigger that opens calls in the content, if tools are on and calls have one.
+    fn trigger(&self) -> Option<&'static str> {
+        self.format.and_then(|f| f.shape().trigger)
     }
 
     /// Adds the text of a generated token (and its log-probabilities); returns what can be
@@ -95,7 +105,23 @@ impl Output {
                 }
                 return out;
             }
-            // Content: cut at the earliest stop sequence, or switch to calls at the opening tag.
+            if let (Some(f), false) = (self.format, self.decided)
+                && f.shape().trigger.is_none()
+            {
+                // Calls without a marker are the whole answer: its first text decides.
+                let body = self.held.trim_start_matches(is_json_ws);
+                if body.is_empty() && !end {
+                    return out;
+                }
+                self.decided = true;
+                if body.starts_with('{') {
+                    self.held.drain(..self.held.len() - body.len());
+                    self.in_calls = true;
+                    continue;
+                }
+                self.format = None;
+            }
+            // Content: cut at the earliest stop sequence, or switch to calls at the trigger.
             let mut cut: Option<(usize, bool)> = None;
             for s in &self.stops {
                 if let Some(at) = self.held.find(s.as_str())
@@ -104,8 +130,9 @@ impl Output {
                     cut = Some((at, true));
                 }
             }
-            if self.tools
-                && let Some(at) = self.held.find(CALL_OPEN)
+            let trigger = self.trigger();
+            if let Some(t) = trigger
+                && let Some(at) = self.held.find(t)
                 && cut.is_none_or(|c| at < c.0)
             {
                 cut = Some((at, false));
@@ -123,13 +150,13 @@ impl Output {
                     self.held.clear();
                     return out;
                 }
-                self.held.drain(..at + CALL_OPEN.len());
+                self.held.drain(..at + trigger.map_or(0, str::len));
                 self.in_calls = true;
                 continue;
             }
             // Hold back a tail that could still become a stop sequence or the opening tag.
             let mut keep = if end { 0 } else { self.unsafe_tail() };
-            if self.tools && !end {
+            if trigger.is_some() && !end {
                 // Whitespace before a call is not content; hold it until text follows.
                 let before = &self.held[..self.held.len() - keep];
                 keep += before.len() - before.trim_end().len();
@@ -148,21 +175,46 @@ impl Output {
             self.held.clear();
             return false;
         }
-        let index = self.calls.len();
-        if self.between_calls {
-            // Only another call may follow (the grammar allows nothing else).
-            match literals(&self.held, &[CALL_OPEN]) {
+        let Some(format) = self.format else {
+            return false;
+        };
+        let shape = format.shape();
+        if !self.opened {
+            match literals(&self.held, shape.first) {
                 Match::Partial => return self.wait(end),
                 Match::No => return self.give_up(),
                 Match::Yes(at) => {
                     self.held.drain(..at);
+                    self.opened = true;
+                }
+            }
+        }
+        let index = self.calls.len();
+        if self.between_calls {
+            // Only another call or the end of the calls may follow (the grammar allows
+            // nothing else); what comes after the end is not part of the answer.
+            match shape.next.map(|n| literals(&self.held, n)) {
+                Some(Match::Yes(at)) => {
+                    self.held.drain(..at);
                     self.between_calls = false;
+                }
+                Some(Match::Partial) => return self.wait(end),
+                _ => {
+                    if literals(&self.held, shape.end) == Match::Partial {
+                        return self.wait(end);
+                    }
+                    return self.give_up();
                 }
             }
         }
         let cp = &mut self.call;
         if cp.head.is_none() {
-            match parse_head(&self.held) {
+            let head = if shape.name_args {
+                parse_name_args(&self.held)
+            } else {
+                parse_head(&self.held, shape.args_key)
+            };
+            match head {
                 Match::Partial => return self.wait(end),
                 Match::No => return self.give_up(),
                 Match::Yes((name, at)) => {
@@ -202,11 +254,20 @@ impl Output {
         let (Some((name, args_at)), Some(args_end)) = (cp.head.clone(), cp.end) else {
             return false;
         };
-        // The envelope's closing brace, then the closing tag.
-        let tail = match literals(&self.held[args_end..], &["}", CALL_CLOSE]) {
+        // The rest of the envelope (Mistral's id, the closing brace), then the call's end.
+        let envelope = if shape.name_args {
+            Match::Yes(0)
+        } else {
+            envelope_end(&self.held[args_end..])
+        };
+        let tail = match envelope {
             Match::Partial => return self.wait(end),
             Match::No => return self.give_up(),
-            Match::Yes(n) => args_end + n,
+            Match::Yes(n) => match literals(&self.held[args_end + n..], shape.after_each) {
+                Match::Partial => return self.wait(end),
+                Match::No => return self.give_up(),
+                Match::Yes(m) => args_end + n + m,
+            },
         };
         let arguments = self.held[args_at..args_end].to_string();
         let call = ParsedCall { name, arguments };
@@ -249,8 +310,8 @@ impl Output {
     /// the opening tag.
     fn unsafe_tail(&self) -> usize {
         let mut keep = 0;
-        let tag = [CALL_OPEN.to_string()];
-        let markers = self.stops.iter().chain(tag.iter().filter(|_| self.tools));
+        let tag: Vec<String> = self.trigger().into_iter().map(String::from).collect();
+        let markers = self.stops.iter().chain(tag.iter());
         for s in markers {
             for n in (1..s.len()).rev() {
                 if n <= keep || n > self.held.len() {
@@ -285,6 +346,10 @@ enum Match<T> {
 fn literals(s: &str, lits: &[&str]) -> Match<usize> {
     let mut at = 0;
     for lit in lits {
+        let lit = lit.trim_matches(is_json_ws);
+        if lit.is_empty() {
+            continue;
+        }
         let rest = &s[at..];
         let trimmed = rest.trim_start_matches(is_json_ws);
         if trimmed.starts_with(lit) {
@@ -302,9 +367,9 @@ fn is_json_ws(c: char) -> bool {
     matches!(c, ' ' | '\t' | '\n' | '\r')
 }
 
-/// Reads a call's head `{"name": "NAME", "arguments": ` (the grammar writes the name first);
+/// Reads a call's head `{"name": "NAME", "ARGS_KEY": ` (the grammar writes the name first);
 /// `Yes` holds the name and where the arguments start.
-fn parse_head(s: &str) -> Match<(String, usize)> {
+fn parse_head(s: &str, args_key: &str) -> Match<(String, usize)> {
     let at = match literals(s, &["{", "\"name\"", ":", "\""]) {
         Match::Yes(at) => at,
         Match::Partial => return Match::Partial,
@@ -318,17 +383,88 @@ fn parse_head(s: &str) -> Match<(String, usize)> {
         return Match::No;
     }
     let after = at + len + 1;
-    let rest = match literals(&s[after..], &[",", "\"arguments\"", ":"]) {
+    let key = format!("\"{args_key}\"");
+    let rest = match literals(&s[after..], &[",", &key, ":"]) {
         Match::Yes(n) => after + n,
         Match::Partial => return Match::Partial,
         Match::No => return Match::No,
     };
-    // The arguments start at their first character, not at whitespace before it.
-    let value = s[rest..].trim_start_matches(is_json_ws);
+    value_start(s, rest, name)
+}
+
+/// Reads `NAME[ARGS]` (Mistral's newer syntax); `Yes` as [`parse_head`].
+fn parse_name_args(s: &str) -> Match<(String, usize)> {
+    const ARGS: &str = "[ARGS]";
+    let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let body = s.trim_start_matches(is_json_ws);
+    let lead = s.len() - body.len();
+    let Some(len) = body.find(|c: char| !name_char(c)) else {
+        return Match::Partial;
+    };
+    let rest = &body[len..];
+    if len == 0 || !(rest.starts_with(ARGS) || ARGS.starts_with(rest)) {
+        return Match::No;
+    }
+    if rest.len() < ARGS.len() {
+        return Match::Partial;
+    }
+    value_start(s, lead + len + ARGS.len(), &body[..len])
+}
+
+/// Where the arguments value starts at or after `from` (past whitespace).
+fn value_start(s: &str, from: usize, name: &str) -> Match<(String, usize)> {
+    let value = s[from..].trim_start_matches(is_json_ws);
     if value.is_empty() {
         return Match::Partial;
     }
     Match::Yes((name.to_string(), s.len() - value.len()))
+}
+
+/// Reads the rest of a call envelope after its arguments: any further members (Mistral's
+/// `"id"`), then `}`. `Yes` holds the bytes read.
+fn envelope_end(s: &str) -> Match<usize> {
+    let mut at = 0;
+    loop {
+        let rest = &s[at..];
+        let t = rest.trim_start_matches(is_json_ws);
+        at += rest.len() - t.len();
+        match t.as_bytes().first() {
+            None => return Match::Partial,
+            Some(b'}') => return Match::Yes(at + 1),
+            Some(b',') => at += 1,
+            Some(_) => return Match::No,
+        }
+        // A member: a key string, `:`, a value.
+        for part in 0..2 {
+            let rest = &s[at..];
+            let t = rest.trim_start_matches(is_json_ws);
+            at += rest.len() - t.len();
+            if part == 1 {
+                match t.as_bytes().first() {
+                    None => return Match::Partial,
+                    Some(b':') => at += 1,
+                    Some(_) => return Match::No,
+                }
+                let rest = &s[at..];
+                at += rest.len() - rest.trim_start_matches(is_json_ws).len();
+            }
+            let mut scan = ValueScan::default();
+            let bytes = s.as_bytes();
+            loop {
+                let Some(&b) = bytes.get(at) else {
+                    return Match::Partial;
+                };
+                match scan.feed(b) {
+                    Scan::More => at += 1,
+                    Scan::EndWith => {
+                        at += 1;
+                        break;
+                    }
+                    Scan::EndBefore => break,
+                }
+            }
+        }
+    }
 }
 
 /// The call being read: its head, then its arguments scanned byte by byte.
@@ -417,7 +553,8 @@ mod tests {
     use super::*;
 
     fn out(stops: &[&str], tools: bool) -> Output {
-        Output::new(stops.iter().map(|s| s.to_string()).collect(), tools)
+        let format = tools.then_some(CallFormat::Hermes);
+        Output::new(stops.iter().map(|s| s.to_string()).collect(), format)
     }
 
     fn feed(o: &mut Output, parts: &[&str]) -> Vec<Piece> {
@@ -585,5 +722,52 @@ mod tests {
             }
             assert_eq!(at, Some(end), "{text}");
         }
+    }
+
+    #[test]
+    fn llama3_calls_are_the_whole_answer_or_not_at_all() {
+        let mut o = Output::new(Vec::new(), Some(CallFormat::Llama3));
+        let v = feed(
+            &mut o,
+            &[" ", "\n{\"name\": \"f\", ", "\"parameters\": {\"x\": [1]}}"],
+        );
+        assert_eq!(
+            streamed_calls(&v),
+            vec![("f".into(), "{\"x\": [1]}".into())]
+        );
+        assert_eq!(text_of(&v), "");
+        let mut o = Output::new(Vec::new(), Some(CallFormat::Llama3));
+        let v = feed(&mut o, &["It is ", "{\"name\": \"f\"}"]);
+        assert_eq!(text_of(&v), "It is {\"name\": \"f\"}");
+        assert!(o.calls.is_empty());
+    }
+
+    #[test]
+    fn mistral_calls_follow_text_and_each_other() {
+        let mut o = Output::new(Vec::new(), Some(CallFormat::MistralArgs));
+        let text = "Checking.[TOOL_CALLS]f[ARGS]{\"a\": \"[ARGS]\"}[TOOL_CALLS]g-1[ARGS]{}";
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let parts: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let v = feed(&mut o, &parts);
+        assert_eq!(text_of(&v), "Checking.");
+        assert_eq!(
+            streamed_calls(&v),
+            vec![
+                ("f".into(), "{\"a\": \"[ARGS]\"}".into()),
+                ("g-1".into(), "{}".into())
+            ]
+        );
+        assert_eq!(o.calls.len(), 2);
+        let mut o = Output::new(Vec::new(), Some(CallFormat::MistralList));
+        let v = feed(
+            &mut o,
+            &[
+                "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
+                "</s>",
+            ],
+        );
+        assert_eq!(streamed_calls(&v), vec![("f".into(), "{}".into())]);
+        assert_eq!(o.calls.len(), 1);
+        assert!(!o.cut_call);
     }
 }

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
 use crate::auth::{Keys, Verdict};
+use crate::call_format::CallFormat;
 use crate::grammar::Grammars;
 use crate::metrics::Metrics;
 use crate::output::{Output, Piece};
@@ -37,8 +38,11 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template, if the model has one.
     pub template: Option<ChatTemplate>,
-    /// Grammar compilation.
+    /// Grammar compilation (it knows the model's tool-call syntax).
     pub grammars: Grammars,
+    /// Control tokens that are markers of the tool-call syntax (Mistral's `[TOOL_CALLS]`):
+    /// control tokens are not decoded as text, but these must reach the call parser.
+    pub call_markers: Vec<u32>,
     /// The engine thread.
     pub scheduler: Scheduler,
     /// Context window per sequence.
@@ -281,9 +285,10 @@ fn chat_prompt(
         return Err(ApiError::invalid("messages", "messages must not be empty."));
     }
     let native_tools = template.source().contains("tools");
+    let format = st.grammars.format();
     let mut msgs: Vec<Value> = Vec::with_capacity(req.messages.len() + 1);
     for (i, m) in req.messages.iter().enumerate() {
-        msgs.push(message_value(m, i, native_tools)?);
+        msgs.push(message_value(m, i, native_tools.then_some(format))?);
     }
     let mut opts = RenderOptions::new().generation_prompt(true);
     if !tools_on.is_empty() {
@@ -308,7 +313,10 @@ fn chat_prompt(
     })
 }
 
-fn message_value(m: &Message, i: usize, native_tools: bool) -> Result<Value, ApiError> {
+/// One message as the template gets it. With a template that knows tools (`native`, its call
+/// syntax), earlier calls go in as transformers passes them: `tool_calls` whose arguments are
+/// JSON objects (templates write them with `tojson`), ids as the syntax wants them.
+fn message_value(m: &Message, i: usize, native: Option<CallFormat>) -> Result<Value, ApiError> {
     let role = match m.role.as_str() {
         "developer" => "system",
         r @ ("system" | "user" | "assistant" | "tool") => r,
@@ -324,8 +332,23 @@ fn message_value(m: &Message, i: usize, native_tools: bool) -> Result<Value, Api
     let mut content = m.text(i)?;
     let mut v = json!({"role": role});
     if let Some(calls) = &m.tool_calls {
-        if native_tools {
-            v["tool_calls"] = serde_json::to_value(calls).unwrap_or(Value::Null);
+        if let Some(format) = native {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let args = serde_json::from_str::<Value>(&c.function.arguments)
+                        .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+                    let mut call = json!({
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    });
+                    if let Some(id) = &c.id {
+                        call["id"] = json!(format.history_id(id));
+                    }
+                    call
+                })
+                .collect();
+            v["tool_calls"] = Value::Array(calls);
         } else {
             for c in calls {
                 if !content.is_empty() {
@@ -338,6 +361,7 @@ fn message_value(m: &Message, i: usize, native_tools: bool) -> Result<Value, Api
     if role == "tool"
         && let Some(id) = &m.tool_call_id
     {
+        let id = native.map_or_else(|| id.clone(), |f| f.history_id(id));
         v["tool_call_id"] = json!(id);
     }
     if let Some(n) = &m.name {
@@ -431,7 +455,7 @@ async fn chat(
             "response_format cannot be combined with a tool_choice that forces a call.",
         ));
     }
-    let schema = tools::call_schema(&all_tools, &choice);
+    let parallel = parallel && st.grammars.format().parallel();
     let grammar_err = |param: &str| {
         let param = param.to_string();
         move |e: String| ApiError::invalid(param, format!("The schema cannot be used: {e}"))
@@ -439,7 +463,7 @@ async fn chat(
     let constraint = match (&choice, format) {
         (Choice::Required | Choice::Named(_), _) => Some(
             st.grammars
-                .tool_calls(&schema, parallel && choice == Choice::Required)
+                .tool_calls(&all_tools, &choice, parallel && choice == Choice::Required)
                 .map_err(grammar_err("tools"))?,
         ),
         (_, Some(schema)) => Some(
@@ -449,7 +473,7 @@ async fn chat(
         ),
         (Choice::Auto, None) => Some(
             st.grammars
-                .lazy_tool_calls(&schema, parallel)
+                .lazy_tool_calls(&all_tools, &choice, parallel)
                 .map_err(grammar_err("tools"))?,
         ),
         (Choice::None, None) => None,
@@ -615,7 +639,7 @@ async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Respons
         id,
         created: unix_now(),
         decoder: StreamDecoder::new(Arc::clone(&st.tokenizer), false),
-        out: Output::new(p.common.stops, p.tools),
+        out: Output::new(p.common.stops, p.tools.then_some(st.grammars.format())),
         logprobs: p.logprobs.is_some(),
         prompt_tokens: prompt_len,
         generated: 0,
@@ -650,7 +674,12 @@ struct Ending {
 impl Answer {
     fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
         self.generated += 1;
-        let text = self.decoder.push(id).unwrap_or_default();
+        let mut text = self.decoder.push(id).unwrap_or_default();
+        if self.st.call_markers.contains(&id) {
+            text.push_str(&String::from_utf8_lossy(
+                self.st.tokenizer.token_piece(id, true),
+            ));
+        }
         self.out.push(&text, lp.map(|l| (id, l)))
     }
 
@@ -958,5 +987,134 @@ fn chunk(a: &Answer, delta: Value, finish: Option<&str>, logprobs: Value) -> Val
             "model": a.st.model_id,
             "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}],
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use strata_engine::Arch;
+    use strata_engine::synth::chat_template;
+
+    /// Llama 3.1's way with tools (tools in the first user turn, one bare JSON call).
+    const LLAMA31: &str = include_str!("../tests/templates/llama31-tools.jinja");
+    /// Mistral Nemo's way (a JSON list with nine-character ids, which the template insists on).
+    const NEMO: &str = include_str!("../tests/templates/mistral-nemo-tools.jinja");
+
+    fn tools() -> Value {
+        json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters":
+                {"type": "object", "properties": {"city": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "add", "parameters":
+                {"type": "object", "properties": {"a": {"type": "integer"}}}}},
+        ])
+    }
+
+    fn msg(v: Value) -> Message {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// The template renders an earlier answer with `calls`; the output parser, reading that
+    /// text as if the model wrote it, finds the same calls.
+    fn round_trip(src: &str, want: CallFormat, calls: &[(&str, Value)]) {
+        let format = CallFormat::detect(Some(src));
+        assert_eq!(format, want);
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let user = msg(json!({"role": "user", "content": "Weather in Paris, and 2 + 3?"}));
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                json!({"id": format!("call_{i}"), "type": "function",
+                       "function": {"name": name, "arguments": args.to_string()}})
+            })
+            .collect();
+        let answer = msg(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
+        let native = Some(format);
+        let opts = RenderOptions::new().tools(tools());
+        let prefix = t
+            .render_with(
+                &[message_value(&user, 0, native).unwrap()],
+                &opts.clone().generation_prompt(true),
+            )
+            .unwrap();
+        let full = t
+            .render_with(
+                &[
+                    message_value(&user, 0, native).unwrap(),
+                    message_value(&answer, 1, native).unwrap(),
+                ],
+                &opts,
+            )
+            .unwrap();
+        let written = full
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{format:?}: {prefix:?} does not begin {full:?}"));
+        let mut o = Output::new(Vec::new(), Some(format));
+        let mut chars = [0u8; 4];
+        for c in written.chars() {
+            o.push(c.encode_utf8(&mut chars), None);
+        }
+        o.finish("");
+        let got: Vec<(String, Value)> = o
+            .calls
+            .iter()
+            .map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap()))
+            .collect();
+        let want: Vec<(String, Value)> = calls
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.clone()))
+            .collect();
+        assert_eq!(got, want, "{format:?} parsing {written:?}");
+        assert!(!o.cut_call);
+        assert_eq!(o.content, "", "{written:?}");
+    }
+
+    #[test]
+    fn every_call_syntax_parses_what_its_template_writes() {
+        let two = [
+            ("get_weather", json!({"city": "Paris \"}]"})),
+            ("add", json!({"a": 2})),
+        ];
+        let qwen = chat_template(Arch::Qwen2).unwrap();
+        round_trip(qwen, CallFormat::Hermes, &two);
+        round_trip(
+            chat_template(Arch::Mistral3).unwrap(),
+            CallFormat::MistralArgs,
+            &two,
+        );
+        round_trip(
+            chat_template(Arch::Granite).unwrap(),
+            CallFormat::Granite,
+            &two,
+        );
+        round_trip(NEMO, CallFormat::MistralList, &two);
+        round_trip(LLAMA31, CallFormat::Llama3, &two[..1]);
+    }
+
+    #[test]
+    fn mistral_ids_match_between_a_call_and_its_result() {
+        let format = CallFormat::detect(Some(NEMO));
+        let t = ChatTemplate::new(NEMO, "<s>", "</s>").unwrap();
+        let msgs = [
+            msg(json!({"role": "user", "content": "Weather?"})),
+            msg(
+                json!({"role": "assistant", "tool_calls": [{"id": "call_8f2e_long_id",
+                "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]}),
+            ),
+            msg(json!({"role": "tool", "tool_call_id": "call_8f2e_long_id", "content": "sunny"})),
+        ];
+        let values: Vec<Value> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message_value(m, i, Some(format)).unwrap())
+            .collect();
+        let text = t
+            .render_with(&values, &RenderOptions::new().tools(tools()))
+            .unwrap();
+        let id = format.history_id("call_8f2e_long_id");
+        assert_eq!(text.matches(&format!("\"{id}\"")).count(), 2, "{text}");
+        assert!(text.contains("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}"));
     }
 }

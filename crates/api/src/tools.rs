@@ -17,8 +17,12 @@
 use serde_json::{Value, json};
 
 use crate::ApiError;
-use crate::grammar::{CALL_CLOSE, CALL_OPEN};
+use crate::call_format::CallFormat;
 use crate::types::{Tool, ToolCall};
+
+/// The default prompt's call markers ([`CallFormat::Hermes`]).
+const CALL_OPEN: &str = "<tool_call>";
+const CALL_CLOSE: &str = "</tool_call>";
 
 /// What `tool_choice` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,38 +120,51 @@ pub fn validate(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The JSON schema of one call envelope `{"name": …, "arguments": {…}}` over `tools` (only the
-/// named one under [`Choice::Named`]). `name` comes first, so a stream names the function before
-/// its arguments.
-pub fn call_schema(tools: &[Tool], choice: &Choice) -> Value {
+/// The tools a call may name: all, or only the named one under [`Choice::Named`].
+pub fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator<Item = &'a Tool> {
+    tools.iter().filter(move |t| match choice {
+        Choice::Named(n) => t.function.name == *n,
+        _ => true,
+    })
+}
+
+/// The JSON schema of a function's arguments (an empty object when it declares none).
+pub fn parameters(t: &Tool) -> Value {
+    t.function
+        .parameters
+        .clone()
+        .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
+}
+
+/// The JSON schema of one call envelope of `format`, `{"name": …, "arguments": {…}}` (Llama 3
+/// names them `parameters`; Mistral's list adds the call's nine-character `id`), over the
+/// picked tools. `name` comes first, so a stream names the function before its arguments.
+pub fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value {
+    let shape = format.shape();
     let one = |t: &Tool| {
-        let params = t
-            .function
-            .parameters
-            .clone()
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        let mut props = serde_json::Map::new();
+        props.insert("name".into(), json!({"const": t.function.name}));
+        props.insert(shape.args_key.into(), parameters(t));
+        let mut required = vec![json!("name"), json!(shape.args_key)];
+        if shape.id {
+            props.insert(
+                "id".into(),
+                json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),
+            );
+            required.push(json!("id"));
+        }
         json!({
             "type": "object",
-            "properties": {
-                "name": {"const": t.function.name},
-                "arguments": params,
-            },
-            "required": ["name", "arguments"],
+            "properties": props,
+            "required": required,
             "additionalProperties": false,
         })
     };
-    let picked: Vec<Value> = tools
-        .iter()
-        .filter(|t| match choice {
-            Choice::Named(n) => t.function.name == *n,
-            _ => true,
-        })
-        .map(one)
-        .collect();
-    if picked.len() == 1 {
-        picked.into_iter().next().unwrap_or(Value::Null)
+    let all: Vec<Value> = picked(tools, choice).map(one).collect();
+    if all.len() == 1 {
+        all.into_iter().next().unwrap_or(Value::Null)
     } else {
-        json!({ "anyOf": picked })
+        json!({ "anyOf": all })
     }
 }
 

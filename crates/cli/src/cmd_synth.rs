@@ -58,6 +58,9 @@ pub(crate) struct SynthArgs {
     /// OLMo 3 model (a window on three layers of four, YaRN on the others).
     #[arg(long)]
     sliding_window: Option<usize>,
+    /// A chat template file (Jinja) to carry instead of the family's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
 }
 
 fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
@@ -86,6 +89,13 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
     let arch = Arch::parse(&a.arch)?;
     let base_path = crate::cmd_run::resolve_model(&a.tokenizer_from)?;
     let base = GgufFile::open(&base_path)?;
+    let chat_template = match &a.chat_template {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the chat template {}", p.display()))?,
+        ),
+        None => None,
+    };
     let spec = SynthSpec {
         arch,
         layers: a.layers,
@@ -98,6 +108,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         tensor_types: a.tensor_types,
         seed: a.seed,
         sliding_window: a.sliding_window,
+        chat_template,
     };
     let bytes = strata_engine::synth::synth(&spec, &base)?;
     let tmp = a.output.with_extension("gguf.partial");

@@ -29,11 +29,16 @@ fn strata() -> Command {
 
 /// Starts `strata serve` on a free port and waits for its "serving" line.
 fn serve(extra: &[&str]) -> Server {
+    serve_model(MODEL, extra)
+}
+
+/// [`serve`] for any model (a catalog id or a path).
+fn serve_model(model: &str, extra: &[&str]) -> Server {
     let mut child = strata()
         .args([
             "serve",
             "--model",
-            MODEL,
+            model,
             "--api-addr",
             "127.0.0.1:0",
             "--threads",
@@ -57,6 +62,15 @@ fn serve(extra: &[&str]) -> Server {
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     Server { child, url }
+}
+
+/// Checks a client script's report: it ran, and every check passed.
+fn expect_all_passed(out: &std::process::Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the client checks failed:\n{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
 /// A Python with `openai` and `jsonschema`, in a venv kept under the cache directory.
@@ -141,11 +155,7 @@ fn the_openai_client_gets_what_it_expects() {
         .env("STRATA_SLOW_KEY", "sk-slow-key-1234")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the client checks failed:\n{stdout}");
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    expect_all_passed(&out);
 }
 
 #[test]
@@ -163,4 +173,79 @@ fn serving_beyond_loopback_without_keys_is_refused() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/keys"));
+}
+
+/// `strata serve` on a small synthetic model of `arch` whose template (the family's, or the
+/// file `template` under `crates/api/tests/templates`) writes one tool-call syntax: the syntax,
+/// not the weights, is under test.
+fn serve_synth(dir: &std::path::Path, arch: &str, template: Option<&str>) -> Server {
+    let path = dir.join(format!("{arch}-{}.gguf", template.unwrap_or("own")));
+    let p = path.to_str().unwrap();
+    let mut args = vec![
+        "synth",
+        "-o",
+        p,
+        "--arch",
+        arch,
+        "--type",
+        "q8_0",
+        "--layers",
+        "2",
+        "--embd",
+        "256",
+        "--ff",
+        "512",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+    ];
+    let file = template.map(|t| {
+        format!(
+            "{}/../api/tests/templates/{t}.jinja",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    if let Some(f) = &file {
+        args.extend(["--chat-template", f.as_str()]);
+    }
+    let out = strata().args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serve_model(p, &["--parallel", "2"])
+}
+
+#[test]
+fn tool_calls_are_written_in_each_familys_syntax() {
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let servers = [
+        ("hermes", serve_synth(dir.path(), "qwen2", None)),
+        ("mistral-args", serve_synth(dir.path(), "mistral3", None)),
+        ("granite", serve_synth(dir.path(), "granite", None)),
+        (
+            "mistral-list",
+            serve_synth(dir.path(), "llama", Some("mistral-nemo-tools")),
+        ),
+        (
+            "llama3",
+            serve_synth(dir.path(), "llama", Some("llama31-tools")),
+        ),
+    ];
+    let list: Vec<String> = servers
+        .iter()
+        .map(|(syntax, s)| format!("{syntax}={}", s.url))
+        .collect();
+    let out = Command::new(&py)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../api/tests/py/call_formats.py"
+        ))
+        .env("STRATA_SERVERS", list.join(","))
+        .output()
+        .unwrap();
+    expect_all_passed(&out);
 }

@@ -43,6 +43,8 @@ pub struct SynthSpec {
     /// A sliding window on the family's window layers (`attention.sliding_window`): Gemma 2's
     /// (16 when not given), or OLMo 3's, which comes with YaRN scaling as OLMo 3 has it.
     pub sliding_window: Option<usize>,
+    /// A chat template to carry instead of the family's (to try a model's own template).
+    pub chat_template: Option<String>,
 }
 
 /// A chat template in the Qwen2.5 / Qwen3 manner: ChatML turns, tools listed in the system turn
@@ -92,9 +94,114 @@ You are a helpful assistant.<|im_end|>
 /// Phi-3.5's chat template (it has no tool-call format of its own).
 const PHI3_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 
-/// A Mistral chat template in the manner of Mistral Small 3 (system prompt in its own block,
-/// turns in `[INST]`); the copied vocabulary has no such tokens, so they are plain text here.
-const MISTRAL_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'user' %}{{ '[INST]' + message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}";
+/// A Mistral chat template in the manner of Mistral Small 3.2: system prompt in its own block,
+/// tools listed before the last user turn, calls as `[TOOL_CALLS]NAME[ARGS]ARGUMENTS`, results in
+/// `[TOOL_RESULTS]`. Its markers are control tokens, as in Mistral's vocabulary ([`FAMILY_TOKENS`]).
+const MISTRAL_TEMPLATE: &str = r#"{{ bos_token }}{% set ns = namespace(last_user=-1) %}{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- for message in messages %}
+{%- if message['role'] == 'system' %}[SYSTEM_PROMPT]{{ message['content'] }}[/SYSTEM_PROMPT]
+{%- elif message['role'] == 'user' %}{% if tools and loop.index0 == ns.last_user %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message['content'] }}[/INST]
+{%- elif message['role'] == 'assistant' %}{% if message['content'] %}{{ message['content'] }}{% endif %}
+{%- for tc in message['tool_calls'] or [] %}[TOOL_CALLS]{{ tc['function']['name'] }}[ARGS]{% if tc['function']['arguments'] is string %}{{ tc['function']['arguments'] }}{% else %}{{ tc['function']['arguments'] | tojson }}{% endif %}{% endfor %}{{ eos_token }}
+{%- elif message['role'] == 'tool' %}[TOOL_RESULTS]{{ message['content'] }}[/TOOL_RESULTS]
+{%- endif %}
+{%- endfor %}"#;
+
+/// A Granite 3 chat template: role headers, tools as an `available_tools` turn, calls as
+/// `<|tool_call|>` and a JSON list, results as `tool_response` turns.
+const GRANITE_TEMPLATE: &str = r#"{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>
+{% for tool in tools %}{{ tool | tojson(indent=4) }}
+{% endfor %}{{ eos_token }}
+{% endif %}
+{%- for message in messages %}
+{%- if message['role'] == 'assistant' and message.tool_calls %}<|start_of_role|>assistant<|end_of_role|>{% if message['content'] %}{{ message['content'] }}{% endif %}<|tool_call|>[{% for tc in message.tool_calls %}{"name": {{ tc.function.name | tojson }}, "arguments": {{ tc.function.arguments | tojson }}}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}
+{% elif message['role'] == 'tool' %}<|start_of_role|>tool_response<|end_of_role|>{{ message['content'] }}{{ eos_token }}
+{% else %}<|start_of_role|>{{ message['role'] }}<|end_of_role|>{{ message['content'] }}{{ eos_token }}
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %}"#;
+
+/// The control tokens a family's template writes that the copied vocabulary lacks: they take
+/// the place of its spare control tokens (same count, so the tensors keep their shapes).
+const FAMILY_TOKENS: &[(Arch, &[&str])] = &[
+    (
+        Arch::Mistral3,
+        &[
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+        ],
+    ),
+    (
+        Arch::Granite,
+        &["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"],
+    ),
+];
+
+/// The chat template a synthetic model of `arch` carries, when it is not the copied one.
+pub fn chat_template(arch: Arch) -> Option<&'static str> {
+    match arch {
+        Arch::Qwen2 | Arch::Qwen3 => Some(QWEN_TEMPLATE),
+        Arch::Phi3 => Some(PHI3_TEMPLATE),
+        Arch::Mistral3 => Some(MISTRAL_TEMPLATE),
+        Arch::Olmo2 => Some(OLMO2_TEMPLATE),
+        Arch::Granite => Some(GRANITE_TEMPLATE),
+        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 => None,
+    }
+}
+
+/// The copied vocabulary with the family's control tokens in place of spare ones (control
+/// tokens no `tokenizer.ggml.*_token_id` key names), in id order.
+fn family_vocabulary(arch: Arch, md: &strata_gguf::Metadata) -> Result<Option<Vec<String>>> {
+    let Some((_, names)) = FAMILY_TOKENS.iter().find(|(a, _)| *a == arch) else {
+        return Ok(None);
+    };
+    let (Some(Value::Array(Array::String(tokens))), Some(Value::Array(types))) = (
+        md.get("tokenizer.ggml.tokens"),
+        md.get("tokenizer.ggml.token_type"),
+    ) else {
+        return Err(Error::InvalidModel(
+            "cannot synthesise: the tokenizer source has no token types".into(),
+        ));
+    };
+    let named: Vec<usize> = md
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer.ggml.") && k.ends_with("_token_id"))
+        .filter_map(|(_, v)| match v {
+            Value::U32(id) => Some(*id as usize),
+            Value::I32(id) => usize::try_from(*id).ok(),
+            _ => None,
+        })
+        .collect();
+    const CONTROL: i64 = 3;
+    let type_of = |i: usize| match types {
+        Array::I32(t) => t.get(i).map(|&x| i64::from(x)),
+        Array::U32(t) => t.get(i).map(|&x| i64::from(x)),
+        _ => None,
+    };
+    let spare = (0..tokens.len()).filter(|&i| type_of(i) == Some(CONTROL) && !named.contains(&i));
+    let mut out = tokens.clone();
+    let mut n = 0;
+    for (i, name) in spare.zip(names.iter()) {
+        out[i] = (*name).to_string();
+        n += 1;
+    }
+    if n < names.len() {
+        return Err(Error::InvalidModel(format!(
+            "cannot synthesise {}: the tokenizer source has {n} spare control tokens, {} needed",
+            arch.name(),
+            names.len()
+        )));
+    }
+    Ok(Some(out))
+}
 
 /// OLMo 2 Instruct's chat template (`<|user|>` / `<|assistant|>` turns, plain text here).
 const OLMO2_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
@@ -245,23 +352,23 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     }
     // Qwen's own split rules on the copied vocabulary, so both tokenizers exercise them, and a
     // template of the family.
-    let overrides: &[(&str, &str)] = match s.arch {
-        Arch::Qwen2 | Arch::Qwen3 => &[
-            ("tokenizer.ggml.pre", "qwen2"),
-            ("tokenizer.chat_template", QWEN_TEMPLATE),
-        ],
-        Arch::Phi3 => &[("tokenizer.chat_template", PHI3_TEMPLATE)],
-        Arch::Mistral3 => &[("tokenizer.chat_template", MISTRAL_TEMPLATE)],
-        Arch::Olmo2 => &[("tokenizer.chat_template", OLMO2_TEMPLATE)],
-        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::Granite => &[],
-    };
+    let mut overrides: Vec<(&str, Value)> = Vec::new();
+    if matches!(s.arch, Arch::Qwen2 | Arch::Qwen3) {
+        overrides.push(("tokenizer.ggml.pre", Value::String("qwen2".into())));
+    }
+    if let Some(t) = s.chat_template.as_deref().or(chat_template(s.arch)) {
+        overrides.push(("tokenizer.chat_template", Value::String(t.into())));
+    }
+    if let Some(tokens) = family_vocabulary(s.arch, md)? {
+        overrides.push(("tokenizer.ggml.tokens", Value::Array(Array::String(tokens))));
+    }
     for (key, v) in md.iter() {
         if key.starts_with("tokenizer.") && !overrides.iter().any(|(k, _)| *k == key) {
             w.kv(key, v.clone());
         }
     }
     for (key, v) in overrides {
-        w.kv(key, Value::String((*v).into()));
+        w.kv(key, v);
     }
 
     let mut noise = Noise(s.seed.max(1));

@@ -187,6 +187,7 @@ fn load_edited_arch(
         tensor_types: Vec::new(),
         seed: 3,
         sliding_window: None,
+        chat_template: None,
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
     let mut w = GgufWriter::new();

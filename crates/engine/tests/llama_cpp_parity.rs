@@ -90,6 +90,7 @@ fn check_synthetic(name: &str) {
         tensor_types,
         seed: sy["seed"].as_u64().unwrap(),
         sliding_window: sy["sliding_window"].as_u64().map(|w| w as usize),
+        chat_template: None,
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
     let bytes = synth(&spec, &base).unwrap();
