@@ -372,6 +372,10 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             if ktiled(w, acts) {
                 return matmul_ktiles(pool, w, bytes, acts, optr);
             }
+            #[cfg(target_arch = "x86_64")]
+            if half_tiled(w, acts) {
+                return matmul_half_tiles(pool, w, bytes, acts, optr);
+            }
             // The batch whose order applies, and the index of row 0 in it.
             let (order_n, first) = acts.order_batch();
             // llama.cpp's repacked Q4_K kernels take tokens four at a time, then one at a time;
@@ -412,6 +416,91 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             });
         }
     }
+}
+
+/// Rows times tokens of a BF16 / F16 tile (12 accumulators and 4 row vectors in the 16 AVX2
+/// registers).
+#[cfg(target_arch = "x86_64")]
+const HALF_TILE: (usize, usize) = (4, 3);
+
+/// Whether the product of a BF16 / F16 `w` with `acts` goes through [`matmul_half_tiles`]: it
+/// is in tinyBLAS's order (so the tile kernel's bits are the row-by-row ones), on AVX2.
+#[cfg(target_arch = "x86_64")]
+fn half_tiled(w: &QMatrix, acts: &QuantActs) -> bool {
+    let (order_n, _) = acts.order_batch();
+    matches!(w.ty, GgmlType::BF16 | GgmlType::F16)
+        && acts.n >= HALF_TILE.1
+        && tinyblas_order(w, order_n)
+        && crate::isa().avx2
+}
+
+/// BF16 / F16 weights times a batch, [`HALF_TILE`] rows times tokens at a time (see
+/// [`crate::x86_rowdot::half_tile_tinyblas`]); rows and tokens left over go one dot at a time,
+/// in the same order. Threads claim chunks of [`ROW_CHUNK`] rows; within one, the tokens pass
+/// the chunk's rows while they stay in cache.
+#[cfg(target_arch = "x86_64")]
+fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
+    const RM: usize = HALF_TILE.0;
+    const RN: usize = HALF_TILE.1;
+    let bf = w.ty == GgmlType::BF16;
+    let dot = tinyblas_dot(w.ty);
+    let (n, cols) = (acts.n, w.cols);
+    let row = |r: usize| &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
+    let tok = |t: usize| &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
+    let n_chunks = w.rows.div_ceil(ROW_CHUNK);
+    let next = AtomicUsize::new(0);
+    pool.run(&|_tid| {
+        loop {
+            let chunk = next.fetch_add(1, Ordering::Relaxed);
+            if chunk >= n_chunks {
+                break;
+            }
+            let r0 = chunk * ROW_CHUNK;
+            let r1 = (r0 + ROW_CHUNK).min(w.rows);
+            let full = r0 + (r1 - r0) / RM * RM;
+            let put = |t: usize, r: usize, v: f32| {
+                // SAFETY: in bounds (checked by `matmul`) and owned by this thread's chunk.
+                unsafe { *out.ptr().add(t * w.rows + r) = v };
+            };
+            let mut t = 0;
+            while t + RN <= n {
+                let toks: [&[u8]; RN] = std::array::from_fn(|j| tok(t + j));
+                for rg in (r0..full).step_by(RM) {
+                    let rows: [&[u8]; RM] = std::array::from_fn(|i| row(rg + i));
+                    let mut o = [[0f32; RM]; RN];
+                    // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); rows and tokens
+                    // hold `cols` values, a multiple of 8 (`tinyblas_order`).
+                    unsafe {
+                        if bf {
+                            crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>(
+                                rows, toks, cols, &mut o,
+                            )
+                        } else {
+                            crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>(
+                                rows, toks, cols, &mut o,
+                            )
+                        }
+                    }
+                    for (j, oj) in o.iter().enumerate() {
+                        for (i, &v) in oj.iter().enumerate() {
+                            put(t + j, rg + i, v);
+                        }
+                    }
+                }
+                for r in full..r1 {
+                    for j in t..t + RN {
+                        put(j, r, dot(w.ty, row(r), tok(j), cols));
+                    }
+                }
+                t += RN;
+            }
+            for j in t..n {
+                for r in r0..r1 {
+                    put(j, r, dot(w.ty, row(r), tok(j), cols));
+                }
+            }
+        }
+    });
 }
 
 /// Smallest batch the K-quant tile kernels take (smaller ones go row by row, token by token).

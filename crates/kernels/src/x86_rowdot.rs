@@ -136,6 +136,50 @@ pub(crate) unsafe fn dot_half<const BF: bool>(w: &[u8], a: &[u8], n: usize) -> f
     sum as f32
 }
 
+/// [`dot_half_tinyblas`] for `RM` rows times `RN` tokens at once, as tinyBLAS tiles them: each
+/// step loads and widens `RM` row vectors and `RN` token vectors once for `RM * RN` products,
+/// where one dot at a time widens two vectors per product. Every output gets the same float
+/// operations as [`dot_half_tinyblas`] (its own accumulator, the same steps, the same sum), so
+/// the bits are its. `out[j][i]` is row `i` times token `j`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every row and token must hold `n` values (`n` a
+/// multiple of 8).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn half_tile_tinyblas<const BF: bool, const RM: usize, const RN: usize>(
+    rows: [&[u8]; RM],
+    toks: [&[u8]; RN],
+    n: usize,
+    out: &mut [[f32; RM]; RN],
+) {
+    for r in &rows {
+        assert!(r.len() >= 2 * n);
+    }
+    for t in &toks {
+        assert!(t.len() >= 2 * n);
+    }
+    let mut acc = [[_mm256_setzero_ps(); RM]; RN];
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut wv = [_mm256_setzero_ps(); RM];
+        for (v, r) in wv.iter_mut().zip(&rows) {
+            *v = load_half::<BF>(r.as_ptr().add(2 * i));
+        }
+        for (accs, t) in acc.iter_mut().zip(&toks) {
+            let a = load_half::<BF>(t.as_ptr().add(2 * i));
+            for (c, w) in accs.iter_mut().zip(&wv) {
+                *c = _mm256_fmadd_ps(*w, a, *c);
+            }
+        }
+        i += 8;
+    }
+    for (o, accs) in out.iter_mut().zip(&acc) {
+        for (o, c) in o.iter_mut().zip(accs) {
+            *o = hsum8(*c);
+        }
+    }
+}
+
 /// BF16 (`BF`) or F16 in tinyBLAS's order: one 8-lane accumulator (`n` a multiple of 8).
 ///
 /// # Safety
