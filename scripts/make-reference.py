@@ -73,6 +73,10 @@ SYNTH = {
     "gemma2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
     "mistral3": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
     "olmo2": dict(layers=4, embd=256, ff=768, heads=8, kv_heads=2, head_dim=None, seed=7),
+    # Qwen3-MoE: 8 experts of FFN width 256 (a K-quant block), 3 per token, so prompts route
+    # 8 or more rows to some experts (llama.cpp's tiled kernel) and fewer to others (vec_dot).
+    "qwen3moe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=64, seed=7,
+                     experts=8, experts_used=3),
     # OLMo 3 (llama.cpp's `olmo2` with a sliding window on three layers of four, YaRN on the rest).
     "olmo2-swa": dict(arch="olmo2", layers=4, embd=256, ff=768, heads=8, kv_heads=2,
                       head_dim=None, seed=7, sliding_window=16),

@@ -19,7 +19,7 @@ pub(crate) struct SynthArgs {
     #[arg(long, short = 'o')]
     output: PathBuf,
     /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma2, gemma3, smollm3,
-    /// granite, mistral3, olmo2.
+    /// granite, mistral3, olmo2, qwen3moe.
     #[arg(long, default_value = "llama")]
     arch: String,
     /// Model whose tokenizer to copy (catalog id or path).
@@ -61,6 +61,13 @@ pub(crate) struct SynthArgs {
     /// A chat template file (Jinja) to carry instead of the family's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Experts per layer of a mixture-of-experts family (qwen3moe; default 8). `--ff` is then
+    /// one expert's FFN width.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts each token uses (default 2).
+    #[arg(long)]
+    experts_used: Option<usize>,
 }
 
 fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
@@ -109,6 +116,10 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         sliding_window: a.sliding_window,
         chat_template,
+        experts: match (a.experts, a.experts_used) {
+            (None, None) => None,
+            (n, u) => Some((n.unwrap_or(8), u.unwrap_or(2))),
+        },
     };
     let bytes = strata_engine::synth::synth(&spec, &base)?;
     let tmp = a.output.with_extension("gguf.partial");

@@ -20,7 +20,7 @@ use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
 use crate::config::FfnAct;
 use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
-use crate::weights::LayerWeights;
+use crate::weights::{FfnWeights, GatedFfn, LayerWeights};
 use crate::{Combine, Error, KvCache, ModelConfig, Result, ShardSpec};
 
 /// One step's state as it passes through the layers of a shard.
@@ -111,6 +111,50 @@ unsafe impl Sync for SyncPtr {}
 impl SyncPtr {
     fn get(self) -> *mut f32 {
         self.0
+    }
+}
+
+/// `gate = act(x gate) * (x up)` for `rows` rows of `x` (`gate` and `up` hold `rows` rows of
+/// the FFN's width after).
+#[allow(clippy::too_many_arguments)]
+fn gated(
+    pool: &ThreadPool,
+    acts: &mut QuantActs,
+    x: &[f32],
+    rows: usize,
+    f: &GatedFfn,
+    (gate, up): (&mut Vec<f32>, &mut Vec<f32>),
+    act: FfnAct,
+    flavour: Flavour,
+) {
+    let e = x.len() / rows.max(1);
+    let ff = f.gate.rows();
+    acts.quantize(f.gate.ggml_type(), x, rows, e);
+    if f.up.ggml_type() == f.gate.ggml_type() {
+        grow(gate, rows * ff);
+        grow(up, rows * ff);
+        matmul_multi(
+            pool,
+            acts,
+            &mut [
+                (&f.gate, &mut gate[..rows * ff]),
+                (&f.up, &mut up[..rows * ff]),
+            ],
+        );
+    } else {
+        mm(pool, &f.gate, acts, gate);
+        acts.quantize(f.up.ggml_type(), x, rows, e);
+        mm(pool, &f.up, acts, up);
+    }
+    match act {
+        FfnAct::Silu => ops::swiglu(&mut gate[..rows * ff], &up[..rows * ff], flavour),
+        FfnAct::Gelu => ops::geglu(&mut gate[..rows * ff], &up[..rows * ff]),
+    }
+}
+
+fn grow_u32(v: &mut Vec<u32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0);
     }
 }
 
@@ -497,34 +541,27 @@ impl Blocks<'_, '_> {
     /// The gated feed-forward block (`down(act(gate(xn)) * up(xn))`) over the live rows; the
     /// output rows land in `proj`.
     pub(crate) fn ffn(&mut self, lw: &LayerWeights) -> Result<()> {
+        match &lw.ffn {
+            FfnWeights::Dense(f) => self.dense_ffn(f),
+            FfnWeights::Moe { router, experts } => self.moe_ffn(router, experts),
+        }
+    }
+
+    fn dense_ffn(&mut self, f: &GatedFfn) -> Result<()> {
         let rows = self.live;
         let e = self.cfg.n_embd;
-        let ff = lw.w_gate.rows();
-        let pool = self.pool;
+        let ff = f.gate.rows();
         let s = &mut *self.s;
-        s.acts
-            .quantize(lw.w_gate.ggml_type(), &s.xn[..rows * e], rows, e);
-        if lw.w_up.ggml_type() == lw.w_gate.ggml_type() {
-            grow(&mut s.gate, rows * ff);
-            grow(&mut s.up, rows * ff);
-            matmul_multi(
-                pool,
-                &s.acts,
-                &mut [
-                    (&lw.w_gate, &mut s.gate[..rows * ff]),
-                    (&lw.w_up, &mut s.up[..rows * ff]),
-                ],
-            );
-        } else {
-            mm(pool, &lw.w_gate, &s.acts, &mut s.gate);
-            s.acts
-                .quantize(lw.w_up.ggml_type(), &s.xn[..rows * e], rows, e);
-            mm(pool, &lw.w_up, &s.acts, &mut s.up);
-        }
-        match self.cfg.ffn_act {
-            FfnAct::Silu => ops::swiglu(&mut s.gate[..rows * ff], &s.up[..rows * ff], self.flavour),
-            FfnAct::Gelu => ops::geglu(&mut s.gate[..rows * ff], &s.up[..rows * ff]),
-        }
+        gated(
+            self.pool,
+            &mut s.acts,
+            &s.xn[..rows * e],
+            rows,
+            f,
+            (&mut s.gate, &mut s.up),
+            self.cfg.ffn_act,
+            self.flavour,
+        );
         let combine = CombineMode::of(self.cfg, self.spec);
         let act: &[f32] = if combine.gather_ffn {
             let full = self.cfg.n_ff;
@@ -542,9 +579,127 @@ impl Blocks<'_, '_> {
             &s.gate[..rows * ff]
         };
         s.acts
-            .quantize(lw.w_down.ggml_type(), act, rows, act.len() / rows.max(1));
-        mm(pool, &lw.w_down, &s.acts, &mut s.proj);
-        self.combine_output(&combine, rows, lw.w_down.rows())?;
+            .quantize(f.down.ggml_type(), act, rows, act.len() / rows.max(1));
+        mm(self.pool, &f.down, &s.acts, &mut s.proj);
+        self.combine_output(&combine, rows, f.down.rows())?;
+        self.out_first = 0;
+        self.out_rows = rows;
+        Ok(())
+    }
+
+    /// A mixture of experts, as llama.cpp's `build_moe_ffn` computes it: router logits (an
+    /// ordinary product), their softmax (ggml's operator), the `n_used` most probable experts
+    /// (best first) with their probabilities, renormalised and scaled if the family says so;
+    /// then each expert's FFN over the rows routed to it (llama.cpp's `mul_mat_id`: the rows
+    /// form one batch, which picks the kernel, and never tinyBLAS), each output times its
+    /// weight, and a row's outputs summed in choice order.
+    fn moe_ffn(&mut self, router: &QMatrix, experts: &[GatedFfn]) -> Result<()> {
+        let rows = self.live;
+        let e = self.cfg.n_embd;
+        let Some(moe) = self.cfg.moe else {
+            return Err(Error::InvalidModel("experts without expert counts".into()));
+        };
+        let (nx, k) = (moe.n_expert, moe.n_used);
+        let s = &mut *self.s;
+        let m = &mut s.moe;
+        s.acts
+            .quantize(router.ggml_type(), &s.xn[..rows * e], rows, e);
+        mm(self.pool, router, &s.acts, &mut m.probs);
+        grow_u32(&mut m.chosen, rows * k);
+        grow(&mut m.weight, rows * k);
+        for r in 0..rows {
+            let p = &mut m.probs[r * nx..(r + 1) * nx];
+            ops::softmax_op(p, self.flavour);
+            m.order.clear();
+            m.order.extend(0..nx as u32);
+            m.order
+                .sort_unstable_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]));
+            let w = &mut m.weight[r * k..(r + 1) * k];
+            for (slot, &x) in m.order[..k].iter().enumerate() {
+                m.chosen[r * k + slot] = x;
+                w[slot] = p[x as usize];
+            }
+            if moe.norm_weights {
+                // ggml_sum_rows (in f64), clamped to the smallest f16 normal, then a division.
+                let sum = w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
+                let sum = sum.max(6.103_515_6e-5);
+                for v in w.iter_mut() {
+                    *v /= sum;
+                }
+            }
+            if moe.weights_scale != 1.0 {
+                for v in w.iter_mut() {
+                    *v *= moe.weights_scale;
+                }
+            }
+        }
+        // Group the choices by expert, rows in order (a counting sort, as ggml groups them).
+        m.starts.clear();
+        m.starts.resize(nx + 1, 0);
+        for &x in &m.chosen[..rows * k] {
+            m.starts[x as usize + 1] += 1;
+        }
+        for x in 0..nx {
+            m.starts[x + 1] += m.starts[x];
+        }
+        grow_u32(&mut m.grouped, rows * k);
+        let mut fill = m.starts.clone();
+        for (i, &x) in m.chosen[..rows * k].iter().enumerate() {
+            m.grouped[fill[x as usize]] = i as u32;
+            fill[x as usize] += 1;
+        }
+        grow(&mut m.outputs, rows * k * e);
+        s.acts.set_mul_mat_id(true);
+        for (x, f) in experts.iter().enumerate() {
+            let (a, b) = (m.starts[x], m.starts[x + 1]);
+            if a == b {
+                continue;
+            }
+            let c = b - a;
+            grow(&mut m.input, c * e);
+            for (j, &i) in m.grouped[a..b].iter().enumerate() {
+                let r = i as usize / k;
+                m.input[j * e..(j + 1) * e].copy_from_slice(&s.xn[r * e..(r + 1) * e]);
+            }
+            gated(
+                self.pool,
+                &mut s.acts,
+                &m.input[..c * e],
+                c,
+                f,
+                (&mut s.gate, &mut s.up),
+                self.cfg.ffn_act,
+                self.flavour,
+            );
+            let fx = f.gate.rows();
+            s.acts
+                .quantize(f.down.ggml_type(), &s.gate[..c * fx], c, fx);
+            mm(self.pool, &f.down, &s.acts, &mut m.down);
+            for (j, &i) in m.grouped[a..b].iter().enumerate() {
+                let i = i as usize;
+                m.outputs[i * e..(i + 1) * e].copy_from_slice(&m.down[j * e..(j + 1) * e]);
+            }
+        }
+        s.acts.set_mul_mat_id(false);
+        grow(&mut s.proj, rows * e);
+        for r in 0..rows {
+            let out = &mut s.proj[r * e..(r + 1) * e];
+            for slot in 0..k {
+                let i = r * k + slot;
+                let w = m.weight[i];
+                let y = &m.outputs[i * e..(i + 1) * e];
+                if slot == 0 {
+                    for (o, &v) in out.iter_mut().zip(y) {
+                        *o = v * w;
+                    }
+                } else {
+                    for (o, &v) in out.iter_mut().zip(y) {
+                        *o += v * w;
+                    }
+                }
+            }
+        }
+        self.out_gathered = false;
         self.out_first = 0;
         self.out_rows = rows;
         Ok(())

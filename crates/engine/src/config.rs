@@ -10,6 +10,22 @@ use strata_gguf::GgufFile;
 use crate::models::{self, Arch};
 use crate::{Error, Result};
 
+/// The mixture of experts of every layer: a router picks `n_used` of `n_expert` gated FFNs per
+/// token and weighs their outputs by its probabilities.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`expert_used_count`).
+    pub n_used: usize,
+    /// FFN width of one expert (`expert_feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// The chosen experts' probabilities are divided by their sum (Qwen3-MoE).
+    pub norm_weights: bool,
+    /// The weights are then multiplied by this (`expert_weights_scale`; 1: not at all).
+    pub weights_scale: f32,
+}
+
 /// Hyper-parameters of a decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -80,6 +96,8 @@ pub struct ModelConfig {
     /// Queries are multiplied by a factor growing with the position (Llama 4's attention
     /// temperature, which Mistral 3 uses).
     pub attn_temperature: Option<AttnTemperature>,
+    /// A mixture of experts in place of the dense feed-forward block (Qwen3-MoE).
+    pub moe: Option<Moe>,
 }
 
 /// YaRN's parameters (llama.cpp's `yarn_*` hyper-parameters): besides the linear scale, the
@@ -313,6 +331,7 @@ impl ModelConfig {
             residual_scale: None,
             logit_factor: None,
             attn_temperature: None,
+            moe: None,
             qk_norm_rows: false,
             ffn_act: FfnAct::Silu,
             kind,

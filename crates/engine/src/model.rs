@@ -115,6 +115,28 @@ pub struct Scratch {
     pub(crate) runs: Vec<(usize, usize, usize)>,
     /// Which sequence and position each row of the step belongs to.
     pub(crate) rows: Rows,
+    /// The mixture of experts' working state.
+    pub(crate) moe: MoeScratch,
+}
+
+/// Buffers of a mixture-of-experts block, kept across steps.
+#[derive(Debug, Default)]
+pub(crate) struct MoeScratch {
+    /// Router logits, then probabilities: `n_expert` per row.
+    pub(crate) probs: Vec<f32>,
+    /// Experts sorted by probability (one row's worth).
+    pub(crate) order: Vec<u32>,
+    /// Each row's chosen experts and their weights: `n_used` per row, best first.
+    pub(crate) chosen: Vec<u32>,
+    pub(crate) weight: Vec<f32>,
+    /// `row * n_used + slot` of every choice, grouped by expert, and where each group starts.
+    pub(crate) grouped: Vec<u32>,
+    pub(crate) starts: Vec<usize>,
+    /// The rows routed to one expert, and its outputs.
+    pub(crate) input: Vec<f32>,
+    pub(crate) down: Vec<f32>,
+    /// Every choice's output: `n_used` model-width rows per row.
+    pub(crate) outputs: Vec<f32>,
 }
 
 /// The sequence (index into the step's caches) and position of every row of a step.

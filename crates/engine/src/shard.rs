@@ -92,6 +92,17 @@ impl ShardSpec {
                 self.ffn
             )));
         }
+        if cfg.moe.is_some()
+            && (self.q_heads != (0..cfg.n_head)
+                || self.ffn != (0..cfg.n_ff)
+                || self.vocab != (0..cfg.n_vocab))
+        {
+            return Err(Error::InvalidShard(format!(
+                "{} is a mixture of experts, which strata splits by layers only for now: use \
+                 pipeline placement (--strategy pipeline)",
+                cfg.arch
+            )));
+        }
         if !aligned(&self.vocab, cfg.n_vocab) {
             return Err(Error::InvalidShard(format!(
                 "vocabulary range {:?} must start and end on a multiple of 32",

@@ -45,6 +45,9 @@ pub struct SynthSpec {
     pub sliding_window: Option<usize>,
     /// A chat template to carry instead of the family's (to try a model's own template).
     pub chat_template: Option<String>,
+    /// Experts per layer and experts per token, for a mixture-of-experts family (default 8
+    /// and 2); `ff` is then one expert's FFN width.
+    pub experts: Option<(usize, usize)>,
 }
 
 /// A chat template in the Qwen2.5 / Qwen3 manner: ChatML turns, tools listed in the system turn
@@ -148,7 +151,7 @@ const FAMILY_TOKENS: &[(Arch, &[&str])] = &[
 /// The chat template a synthetic model of `arch` carries, when it is not the copied one.
 pub fn chat_template(arch: Arch) -> Option<&'static str> {
     match arch {
-        Arch::Qwen2 | Arch::Qwen3 => Some(QWEN_TEMPLATE),
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => Some(QWEN_TEMPLATE),
         Arch::Phi3 => Some(PHI3_TEMPLATE),
         Arch::Mistral3 => Some(MISTRAL_TEMPLATE),
         Arch::Olmo2 => Some(OLMO2_TEMPLATE),
@@ -326,6 +329,15 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("residual_scale"), Value::F32(0.22))
             .kv(&k("logit_scale"), Value::F32(8.0));
     }
+    let moe = (s.arch == Arch::Qwen3Moe).then(|| s.experts.unwrap_or((8, 2)));
+    if let Some((nx, used)) = moe {
+        if used == 0 || used > nx {
+            return bad("experts per token must be between 1 and the expert count");
+        }
+        w.kv(&k("expert_count"), Value::U32(nx as u32))
+            .kv(&k("expert_used_count"), Value::U32(used as u32))
+            .kv(&k("expert_feed_forward_length"), Value::U32(ff as u32));
+    }
     if s.arch == Arch::Mistral3 {
         // YaRN as Ministral 3 has it (its `mscale_all_dim` of 1 as the log multiplier), over an
         // original context short enough that the test prompts reach past it, where the
@@ -353,7 +365,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     // Qwen's own split rules on the copied vocabulary, so both tokenizers exercise them, and a
     // template of the family.
     let mut overrides: Vec<(&str, Value)> = Vec::new();
-    if matches!(s.arch, Arch::Qwen2 | Arch::Qwen3) {
+    if matches!(s.arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe) {
         overrides.push(("tokenizer.ggml.pre", Value::String("qwen2".into())));
     }
     if let Some(t) = s.chat_template.as_deref().or(chat_template(s.arch)) {
@@ -372,19 +384,26 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     }
 
     let mut noise = Noise(s.seed.max(1));
+    let n_expert = moe.map_or(1, |(nx, _)| nx);
+    // A matrix of `rows` rows of `cols`; an expert tensor holds `rows` rows per expert, and a
+    // router (`rows` 0) one row per expert, in f32.
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize| {
+        let router = name.ends_with("ffn_gate_inp.weight");
         let ty = s
             .tensor_types
             .iter()
             .find(|(n, _)| n == name)
-            .map_or(s.ty, |(_, t)| *t);
-        let x = noise.fill(cols * rows, 1.0 / (cols as f32).sqrt());
-        w.tensor(
-            name,
-            &[cols as u64, rows as u64],
-            ty,
-            quantize_weights(ty, &x),
-        );
+            .map_or(if router { GgmlType::F32 } else { s.ty }, |(_, t)| *t);
+        let dims: Vec<u64> = if router {
+            vec![cols as u64, n_expert as u64]
+        } else if name.ends_with("_exps.weight") {
+            vec![cols as u64, rows as u64, n_expert as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
+        let count = dims.iter().product::<u64>() as usize;
+        let x = noise.fill(count, 1.0 / (cols as f32).sqrt());
+        w.tensor(name, &dims, ty, quantize_weights(ty, &x));
     };
     let mut vec_noise = Noise(s.seed.max(1) ^ 0x9E37_79B9_7F4A_7C15);
     let mut vector = |w: &mut GgufWriter, name: &str, n: usize, centre: f32, spread: f32| {
@@ -429,7 +448,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("attn_k.bias"), nkv * hd, 0.0, 0.5);
             vector(&mut w, &n("attn_v.bias"), nkv * hd, 0.0, 0.5);
         }
-        if matches!(s.arch, Arch::Qwen3 | Arch::Gemma3) {
+        if matches!(s.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
             vector(&mut w, &n("attn_q_norm.weight"), hd, 1.0, 0.3);
             vector(&mut w, &n("attn_k_norm.weight"), hd, 1.0, 0.3);
         }
@@ -443,6 +462,14 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
         }
         matrix(&mut w, &n("attn_output.weight"), nh * hd, e);
+        if moe.is_some() {
+            // The router (f32, as llama.cpp's quantiser leaves it) and 3-D expert tensors.
+            matrix(&mut w, &n("ffn_gate_inp.weight"), e, 0);
+            matrix(&mut w, &n("ffn_gate_exps.weight"), e, ff);
+            matrix(&mut w, &n("ffn_up_exps.weight"), e, ff);
+            matrix(&mut w, &n("ffn_down_exps.weight"), ff, e);
+            continue;
+        }
         if s.arch == Arch::Phi3 {
             // One fused tensor: the gate's rows, then the up projection's.
             matrix(&mut w, &n("ffn_up.weight"), e, 2 * ff);

@@ -28,9 +28,8 @@ pub(crate) struct LayerWeights {
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) wo: QMatrix,
     pub(crate) ffn_norm: Option<Vec<f32>>,
-    pub(crate) w_gate: QMatrix,
-    pub(crate) w_up: QMatrix,
-    pub(crate) w_down: QMatrix,
+    /// The feed-forward block: one gated FFN, or a mixture of experts.
+    pub(crate) ffn: FfnWeights,
     /// RMSNorm weights of queries and keys: per head (Gemma 3, Qwen3: one head wide), or over
     /// whole rows (OLMo 2: the full Q and K widths, of which each rank applies its slice).
     pub(crate) q_norm: Option<Vec<f32>>,
@@ -38,6 +37,27 @@ pub(crate) struct LayerWeights {
     /// RMSNorm weights applied to the attention and FFN outputs before the residual (Gemma 3).
     pub(crate) attn_post_norm: Option<Vec<f32>>,
     pub(crate) ffn_post_norm: Option<Vec<f32>>,
+}
+
+/// A gated FFN: `down(act(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub(crate) struct GatedFfn {
+    pub(crate) gate: QMatrix,
+    pub(crate) up: QMatrix,
+    pub(crate) down: QMatrix,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug)]
+pub(crate) enum FfnWeights {
+    /// One FFN (the shard's columns of it).
+    Dense(GatedFfn),
+    /// A router (`n_expert` rows, f32 in llama.cpp's files) and every expert's FFN, each a view
+    /// of its slice of the layer's 3-D expert tensors.
+    Moe {
+        router: QMatrix,
+        experts: Vec<GatedFfn>,
+    },
 }
 
 /// All weights a shard needs.
@@ -53,6 +73,8 @@ pub(crate) struct Weights {
     /// LongRoPE's divisors beyond and within the original context (Phi-3's
     /// `rope_factors_long` / `rope_factors_short`).
     pub(crate) rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
+    /// Experts a token uses (0 without experts).
+    pub(crate) moe_used: usize,
 }
 
 fn kernel_err(t: &TensorInfo) -> impl FnOnce(strata_kernels::Error) -> Error + '_ {
@@ -232,6 +254,16 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     if family.post_norms {
         per_layer.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
     }
+    if family.moe {
+        per_layer.retain(|t| !t.starts_with("ffn_gate") && !t.starts_with("ffn_up"));
+        per_layer.retain(|t| !t.starts_with("ffn_down"));
+        per_layer.extend([
+            "ffn_gate_inp.weight",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_exps.weight",
+        ]);
+    }
     for t in file.tensors() {
         let name = t.name.as_str();
         let known = match name {
@@ -259,13 +291,120 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Loads an output projection (name, columns, the shard's columns) as the shard combines it.
+type OutProj<'a> = dyn Fn(&str, usize, Range<usize>) -> Result<QMatrix> + 'a;
+
+/// A layer's dense FFN: the shard's gate and up rows (separate tensors, or one fused tensor
+/// holding the gate's rows, then the up projection's) and its down projection.
+fn dense_ffn(
+    file: &GgufFile,
+    l: usize,
+    cfg: &ModelConfig,
+    spec: &ShardSpec,
+    out_proj: &OutProj<'_>,
+) -> Result<FfnWeights> {
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let (e, ff) = (cfg.n_embd, cfg.n_ff);
+    let (gate, up) = if file.tensor(&n("ffn_gate")).is_some() {
+        (
+            compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
+            compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
+        )
+    } else {
+        let up = |at: usize| {
+            compute_rows(
+                file,
+                &n("ffn_up"),
+                e,
+                2 * ff,
+                at + spec.ffn.start..at + spec.ffn.end,
+            )
+        };
+        (up(0)?, up(ff)?)
+    };
+    Ok(FfnWeights::Dense(GatedFfn {
+        gate,
+        up,
+        down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,
+    }))
+}
+
+/// Expert `x` of a 3-D expert tensor `[cols, rows, n_expert]`: a view of its `rows` rows.
+/// llama.cpp picks an expert's kernel by the expert's own row count, so that is the matrix's.
+fn expert(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
+    let rb = t.row_bytes();
+    let data = WeightBytes::Mapped {
+        file: file.clone(),
+        start: t.offset as usize + x * rows * rb,
+        len: rows * rb,
+    };
+    let m = QMatrix::new(t.ggml_type, rows, cols, data).map_err(kernel_err(t))?;
+    // llama.cpp's AVX2 build repacks these into 8-row groups, whose expert kernels strata does
+    // not reproduce yet.
+    let repacked = matches!(
+        t.ggml_type,
+        strata_gguf::GgmlType::Q4_0 | strata_gguf::GgmlType::IQ4NL | strata_gguf::GgmlType::Q4K
+    ) && rows.is_multiple_of(8);
+    if repacked {
+        return Err(Error::InvalidModel(format!(
+            "{}: {} experts are not supported yet (llama.cpp runs them in its repacked 8-row \
+             layout); Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 \
+             experts are",
+            t.name, t.ggml_type
+        )));
+    }
+    Ok(m.prepared())
+}
+
+/// A layer's mixture of experts: the router and every expert's gate, up and down matrices,
+/// each tensor checked dimension by dimension (a 3-D tensor of the right size but another
+/// shape would pair the wrong rows).
+fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
+    let Some(moe) = cfg.moe else {
+        return Err(Error::InvalidModel(format!(
+            "{} layer {l} has experts but no expert counts",
+            cfg.arch
+        )));
+    };
+    let (e, fx, nx) = (cfg.n_embd, moe.n_ff_exp, moe.n_expert);
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let router = compute_rows(file, &n("ffn_gate_inp"), e, nx, 0..nx)?;
+    let three = |s: &str, cols: usize, rows: usize| -> Result<&TensorInfo> {
+        let name = n(s);
+        let t = file.require_tensor(&name)?;
+        let want = [cols as u64, rows as u64, nx as u64];
+        if t.dims.as_slice() != want {
+            return Err(Error::InvalidModel(format!(
+                "{name} is {:?}, expected {want:?} ({nx} experts of {rows} rows of {cols})",
+                t.dims
+            )));
+        }
+        Ok(t)
+    };
+    let (g, u, d) = (
+        three("ffn_gate_exps", e, fx)?,
+        three("ffn_up_exps", e, fx)?,
+        three("ffn_down_exps", fx, e)?,
+    );
+    let experts = (0..nx)
+        .map(|x| {
+            Ok(GatedFfn {
+                gate: expert(file, g, x, fx, e)?,
+                up: expert(file, u, x, fx, e)?,
+                down: expert(file, d, x, e, fx)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(FfnWeights::Moe { router, experts })
+}
+
 impl Weights {
     pub(crate) fn load(file: &GgufFile, cfg: &ModelConfig, spec: &ShardSpec) -> Result<Weights> {
         spec.validate(cfg)?;
         check_known_tensors(file, cfg)?;
         let family = crate::models::family(cfg.kind).tensors();
         let hd = cfg.head_dim;
-        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let e = cfg.n_embd;
         let q_rows = {
             let h = spec.q_heads.clone();
             h.start * hd..h.end * hd
@@ -303,23 +442,10 @@ impl Weights {
             let (wq, bq) = part("q", &q_rows)?;
             let (wk, bk) = part("k", &kv_rows)?;
             let (wv, bv) = part("v", &kv_rows)?;
-            // A fused gate/up tensor holds the gate's rows, then the up projection's.
-            let (w_gate, w_up) = if file.tensor(&n("ffn_gate")).is_some() {
-                (
-                    compute_rows(file, &n("ffn_gate"), e, ff, spec.ffn.clone())?,
-                    compute_rows(file, &n("ffn_up"), e, ff, spec.ffn.clone())?,
-                )
+            let ffn = if family.moe {
+                moe_ffn(file, l, cfg)?
             } else {
-                let up = |at: usize| {
-                    compute_rows(
-                        file,
-                        &n("ffn_up"),
-                        e,
-                        2 * ff,
-                        at + spec.ffn.start..at + spec.ffn.end,
-                    )
-                };
-                (up(0)?, up(ff)?)
+                dense_ffn(file, l, cfg, spec, &out_proj)?
             };
             layers.push(LayerWeights {
                 attn_norm: opt_vec(!family.no_pre_norms, "attn_norm", e)?,
@@ -341,9 +467,7 @@ impl Weights {
                 bv,
                 wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
                 ffn_norm: opt_vec(!family.no_pre_norms, "ffn_norm", e)?,
-                w_gate,
-                w_up,
-                w_down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,
+                ffn,
             });
         }
         let embd = if spec.is_first_stage() {
@@ -390,6 +514,7 @@ impl Weights {
             head,
             rope_factors,
             rope_long_short,
+            moe_used: cfg.moe.map_or(0, |m| m.n_used),
         })
     }
 }
@@ -403,7 +528,18 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down)
+                let ffn = match &l.ffn {
+                    FfnWeights::Dense(f) => m(&f.gate) + m(&f.up) + m(&f.down),
+                    // A token reads the router and its experts: the used share of them.
+                    FfnWeights::Moe { router, experts } => {
+                        let all: usize = experts
+                            .iter()
+                            .map(|f| m(&f.gate) + m(&f.up) + m(&f.down))
+                            .sum();
+                        m(router) + all * self.moe_used / experts.len().max(1)
+                    }
+                };
+                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + ffn
             })
             .sum();
         layers + self.head.as_ref().map_or(0, |(_, h)| m(h))

@@ -188,6 +188,7 @@ fn load_edited_arch(
         seed: 3,
         sliding_window: None,
         chat_template: None,
+        experts: None,
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
     let mut w = GgufWriter::new();

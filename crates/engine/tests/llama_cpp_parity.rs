@@ -91,6 +91,10 @@ fn check_synthetic(name: &str) {
         seed: sy["seed"].as_u64().unwrap(),
         sliding_window: sy["sliding_window"].as_u64().map(|w| w as usize),
         chat_template: None,
+        experts: sy["experts"].as_u64().map(|n| {
+            let used = sy["experts_used"].as_u64().unwrap_or(2);
+            (n as usize, used as usize)
+        }),
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
     let bytes = synth(&spec, &base).unwrap();
@@ -337,4 +341,24 @@ fn synthetic_olmo2_q6_k_matches_llama_cpp() {
 #[test]
 fn synthetic_olmo3_q8_0_matches_llama_cpp() {
     check_synthetic("synth-olmo2-swa-q8_0");
+}
+
+#[test]
+fn synthetic_qwen3moe_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-q8_0");
+}
+
+#[test]
+fn synthetic_qwen3moe_q5_k_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-q5_k");
+}
+
+#[test]
+fn synthetic_qwen3moe_bf16_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-bf16");
+}
+
+#[test]
+fn synthetic_qwen3moe_q4_1_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-q4_1");
 }

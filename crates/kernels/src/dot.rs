@@ -23,15 +23,7 @@ pub(crate) fn hsum8(a: &[f32; 8]) -> f32 {
 /// [`crate::formats::act_type`]`(ty)`.
 pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     match ty {
-        GgmlType::F32 => w
-            .chunks_exact(4)
-            .zip(a.chunks_exact(4))
-            .take(n)
-            .map(|(x, y)| {
-                f32::from_le_bytes([x[0], x[1], x[2], x[3]])
-                    * f32::from_le_bytes([y[0], y[1], y[2], y[3]])
-            })
-            .sum(),
+        GgmlType::F32 => dot_f32(w, a, n),
         GgmlType::F16 => dot_half(false, w, a, n),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             dot_lanes(ty, w, a, n)
@@ -43,6 +35,35 @@ pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         ty if crate::kformats::handles(ty) => crate::kformats::dot(ty, w, a, n),
         _ => f32::NAN,
     }
+}
+
+/// Element `i` of a row of f32 values.
+#[inline(always)]
+fn f32_at(row: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+}
+
+/// F32 in the order of llama.cpp's AVX2 `ggml_vec_dot_f32`: 32 elements a step into four
+/// 8-lane fused accumulators, reduced `(c0 + c2) + (c1 + c3)`, the lanes summed by halves and
+/// two horizontal adds, then the elements past the last whole step fused in one by one.
+fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut c = [[0.0f32; 8]; 4];
+    let steps = n / 32 * 32;
+    for i in (0..steps).step_by(32) {
+        for (k, c) in c.iter_mut().enumerate() {
+            for (l, c) in c.iter_mut().enumerate() {
+                let j = i + 8 * k + l;
+                *c = f32_at(w, j).mul_add(f32_at(a, j), *c);
+            }
+        }
+    }
+    let x: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for j in steps..n {
+        sum = f32_at(w, j).mul_add(f32_at(a, j), sum);
+    }
+    sum
 }
 
 /// The 32-element formats in one 8-lane accumulator: each block's eight integer lane sums (four
@@ -166,6 +187,16 @@ pub fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let bf = match ty {
         GgmlType::BF16 => true,
         GgmlType::F16 => false,
+        GgmlType::F32 => {
+            // tinyBLAS's f32 kernel: one fused 8-lane accumulator.
+            let mut acc = [0.0f32; 8];
+            for i in (0..n / 8 * 8).step_by(8) {
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    *acc = f32_at(w, i + l).mul_add(f32_at(a, i + l), *acc);
+                }
+            }
+            return hsum8(&acc);
+        }
         _ => return dot_lanes(ty, w, a, n),
     };
     let mut acc = [0.0f32; 8];

@@ -197,6 +197,8 @@ pub struct QuantActs {
     /// Whether every row is computed in the order of a batch of one (kept across
     /// [`QuantActs::quantize`] calls; see [`QuantActs::set_rows_independent`]).
     independent: bool,
+    /// Products for llama.cpp's `mul_mat_id` (see [`QuantActs::set_mul_mat_id`]).
+    mul_mat_id: bool,
 }
 
 impl QuantActs {
@@ -279,6 +281,14 @@ impl QuantActs {
     /// alone. Unlike [`QuantActs::as_rows_of`], this persists across quantisations.
     pub fn set_rows_independent(&mut self, on: bool) {
         self.independent = on;
+    }
+
+    /// Whether products with these activations stand for llama.cpp's `mul_mat_id` (a mixture
+    /// of experts' expert matrices): it never sends them through tinyBLAS, so BF16, F16, F32
+    /// and IQ4_NL keep `vec_dot`'s order at every batch size. Stays set across
+    /// [`QuantActs::quantize`] calls.
+    pub fn set_mul_mat_id(&mut self, on: bool) {
+        self.mul_mat_id = on;
     }
 
     /// The batch whose float order these rows' products follow and the index of row 0 in it.
@@ -383,7 +393,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
             let (dot, dot4, n4) = if order_n >= TILED_MIN_BATCH && tiled_format(w) {
                 let d = tiled_dot(w.ty);
                 (d, d, 0)
-            } else if tinyblas_order(w, order_n) {
+            } else if tinyblas_order(w, order_n) && !acts.mul_mat_id {
                 let d = tinyblas_dot(w.ty);
                 (d, d, 0)
             } else {
@@ -431,6 +441,7 @@ fn half_tiled(w: &QMatrix, acts: &QuantActs) -> bool {
     matches!(w.ty, GgmlType::BF16 | GgmlType::F16)
         && acts.n >= HALF_TILE.1
         && tinyblas_order(w, order_n)
+        && !acts.mul_mat_id
         && crate::isa().avx2
 }
 
@@ -724,14 +735,14 @@ pub(crate) fn repacked_b32(ty: GgmlType, rows: usize) -> bool {
 }
 
 /// Whether llama.cpp sends a batch of `n` tokens times `w` through tinyBLAS in an order other
-/// than its `vec_dot`'s: IQ4_NL matrices it does not repack, and BF16 and F16 ones whose shape
-/// tinyBLAS takes (row length a multiple of 8, row count a multiple of 4). For Q4_0, Q5_0 and
+/// than its `vec_dot`'s: IQ4_NL matrices it does not repack, and BF16, F16 and F32 ones whose
+/// shape tinyBLAS takes (row length a multiple of 8, row count a multiple of 4). For Q4_0, Q5_0 and
 /// Q8_0 the two orders are the same.
 fn tinyblas_order(w: &QMatrix, n: usize) -> bool {
     n >= 2
         && match w.ty {
             GgmlType::IQ4NL => !repacked_b32(w.ty, w.order_rows),
-            GgmlType::BF16 | GgmlType::F16 => {
+            GgmlType::BF16 | GgmlType::F16 | GgmlType::F32 => {
                 w.cols.is_multiple_of(8) && w.order_rows.is_multiple_of(4)
             }
             _ => false,

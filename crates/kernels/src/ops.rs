@@ -372,6 +372,43 @@ pub fn softmax(x: &mut [f32], flavour: Flavour) {
     softmax_ref(x, flavour)
 }
 
+/// ggml's `soft_max` operator on one row without a mask (`ggml_vec_soft_max_f32`): whole
+/// vectors of exponentials (8 lanes with AVX2, 16 with AVX-512, ggml's own `expf`) summed in
+/// f32 and added in f64, the elements past the last whole vector with the C library's `expf`
+/// and added in f64 one by one; then every value times the f32 inverse of the sum. The router
+/// of a mixture of experts takes its probabilities this way.
+pub fn softmax_op(x: &mut [f32], flavour: Flavour) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let width = match flavour {
+        Flavour::Avx512 => 16,
+        Flavour::Avx2 => 8,
+    };
+    let whole = x.len() / width * width;
+    let mut sum = 0.0f64;
+    for chunk in x[..whole].chunks_mut(width) {
+        for v in chunk.iter_mut() {
+            *v = expf_of(flavour, *v - max);
+        }
+        sum += f64::from(match flavour {
+            Flavour::Avx512 => reduce16(chunk),
+            Flavour::Avx2 => {
+                let mut b = [0.0f32; 8];
+                b.copy_from_slice(chunk);
+                crate::dot::hsum8(&b)
+            }
+        });
+    }
+    for v in x[whole..].iter_mut() {
+        // Rust's `f32::exp` is the C library's `expf`, as ggml's scalar loop calls it.
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
 /// The scalar definition of [`softmax`] (what the SIMD version must reproduce).
 pub fn softmax_ref(x: &mut [f32], flavour: Flavour) {
     softmax_impl(x, flavour)

@@ -105,7 +105,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
 /// The scalar reference for a batch of `n` times a `rows x cols` matrix of one of the
 /// non-K formats, in the order llama.cpp's AVX2 build computes it: Q4_0 and IQ4_NL tensors with
 /// a row count that is a multiple of 8 in its repacked kernels' order; batches of two or more
-/// through tinyBLAS (IQ4_NL; BF16 when the shape suits it); `vec_dot` otherwise.
+/// through tinyBLAS (IQ4_NL; BF16, F16 and F32 when the shape suits it); `vec_dot` otherwise.
 fn b32_reference(
     ty: GgmlType,
     rows: usize,
@@ -116,7 +116,9 @@ fn b32_reference(
     let tinyblas = n >= 2
         && match ty {
             GgmlType::IQ4NL => !repacked,
-            GgmlType::BF16 | GgmlType::F16 => cols.is_multiple_of(8) && rows.is_multiple_of(4),
+            GgmlType::BF16 | GgmlType::F16 | GgmlType::F32 => {
+                cols.is_multiple_of(8) && rows.is_multiple_of(4)
+            }
             _ => false,
         };
     if repacked {

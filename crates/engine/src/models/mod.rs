@@ -21,6 +21,7 @@ mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 mod smollm3;
 
 use crate::blocks::Blocks;
@@ -56,6 +57,8 @@ pub enum Arch {
     Mistral3,
     /// OLMo 2 / OLMo 3: norms after attention and FFN only, Q/K norms over whole rows.
     Olmo2,
+    /// Qwen3-MoE: Qwen3's attention, a softmax-routed mixture of experts for the FFN.
+    Qwen3Moe,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -70,6 +73,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("granite", Arch::Granite),
     ("mistral3", Arch::Mistral3),
     ("olmo2", Arch::Olmo2),
+    ("qwen3moe", Arch::Qwen3Moe),
 ];
 
 impl Arch {
@@ -115,6 +119,8 @@ pub(crate) struct LayerTensors {
     pub(crate) qk_norm_rows: bool,
     /// No `attn_norm` and `ffn_norm`: blocks read the residual stream as it is (OLMo 2).
     pub(crate) no_pre_norms: bool,
+    /// A mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`) instead of the dense FFN.
+    pub(crate) moe: bool,
 }
 
 /// One decoder family.
@@ -142,6 +148,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Granite => &granite::Granite,
         Arch::Mistral3 => &mistral3::Mistral3,
         Arch::Olmo2 => &olmo2::Olmo2,
+        Arch::Qwen3Moe => &qwen3moe::Qwen3Moe,
     }
 }
 
