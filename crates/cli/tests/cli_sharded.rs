@@ -558,3 +558,46 @@ fn chat_runs_sharded_with_the_same_replies() {
     );
     assert_eq!(chat(&["--ranks", "2", "--strategy", "pipeline"]), want);
 }
+
+#[test]
+fn a_mixture_of_experts_splits_by_layers_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3moe.gguf");
+    check_synth_shards(
+        &path,
+        "qwen3moe",
+        &[
+            "--head-dim",
+            "64",
+            "--experts",
+            "8",
+            "--experts-used",
+            "3",
+            "--type",
+            "q8_0",
+        ],
+        "24",
+        &[PIPELINE_TCP],
+    );
+    // Tensor parallelism would split experts, which strata does not do yet: one line saying so.
+    let p = path.to_str().unwrap();
+    let out = strata(&[
+        "run",
+        "-m",
+        p,
+        "-n",
+        "4",
+        "--raw",
+        "--ranks",
+        "2",
+        "--strategy",
+        "tensor",
+        PROMPT,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mixture of experts") && err.contains("pipeline"),
+        "{err}"
+    );
+}

@@ -23,8 +23,15 @@ const NODE_OVERHEAD: u64 = 64 << 20;
 pub struct ModelFacts {
     /// Display name.
     pub name: String,
-    /// Bytes of weights read per decoded token (all layers and the LM head).
+    /// Bytes of weights held in memory (all layers, every expert, and the LM head).
     pub weight_bytes: u64,
+    /// Bytes of weights read per decoded token: the held bytes for a dense model; a mixture of
+    /// experts reads only its used experts (0 in facts from older nodes: the held bytes).
+    #[serde(default)]
+    pub token_bytes: u64,
+    /// A mixture of experts, which strata splits by layers only (older nodes: dense).
+    #[serde(default)]
+    pub moe: bool,
     /// Of which the LM head.
     pub head_bytes: u64,
     /// KV-cache bytes per context position, whole model.
@@ -42,11 +49,23 @@ pub struct ModelFacts {
 }
 
 impl ModelFacts {
+    /// Bytes read per decoded token.
+    pub fn read_per_token(&self) -> f64 {
+        if self.token_bytes == 0 {
+            self.weight_bytes as f64
+        } else {
+            self.token_bytes as f64
+        }
+    }
+
     /// Facts read from a GGUF file.
     pub fn from_gguf(file: &GgufFile) -> strata_engine::Result<ModelFacts> {
         let cfg = ModelConfig::from_gguf(file)?;
-        let (layers, head) = strata_engine::streamed_bytes(file, &cfg);
+        // Memory holds every expert of a mixture, not just the ones a token uses.
+        let (layers, head) = strata_engine::held_bytes(file, &cfg);
         let layers: u64 = layers.iter().sum();
+        let (read, _) = strata_engine::streamed_bytes(file, &cfg);
+        let read: u64 = read.iter().sum();
         Ok(ModelFacts {
             name: file
                 .metadata()
@@ -54,6 +73,8 @@ impl ModelFacts {
                 .unwrap_or("model")
                 .to_string(),
             weight_bytes: layers + head,
+            token_bytes: read + head,
+            moe: cfg.moe.is_some(),
             head_bytes: head,
             // strata keeps keys and values as f32.
             kv_bytes_per_token: (2 * 4 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim) as u64,
@@ -258,7 +279,7 @@ fn tensor_time(
     let compute = group
         .iter()
         .zip(shares)
-        .map(|(n, s)| s / sum * layers * m.weight_bytes as f64 / n.mem_bandwidth)
+        .map(|(n, s)| s / sum * layers * m.read_per_token() / n.mem_bandwidth)
         .fold(0.0, f64::max);
     if group.len() == 1 {
         return compute;
@@ -285,7 +306,7 @@ fn seconds_per_token(
     weights: &[f64],
 ) -> f64 {
     let tp = match strategy {
-        StrategyChoice::Single => return m.weight_bytes as f64 / nodes[0].mem_bandwidth,
+        StrategyChoice::Single => return m.read_per_token() / nodes[0].mem_bandwidth,
         StrategyChoice::Tensor => nodes.len(),
         StrategyChoice::Pipeline => 1,
         StrategyChoice::Hybrid { tp } => tp,
@@ -367,6 +388,13 @@ fn candidates<'a>(
         return vec![(StrategyChoice::Single, nodes.to_vec())];
     }
     let mut out = Vec::new();
+    if m.moe {
+        // Experts are not split across tensor-parallel ranks yet: layers only.
+        if nodes.len() <= m.n_layer {
+            out.push((StrategyChoice::Pipeline, nodes.to_vec()));
+        }
+        return out;
+    }
     if nodes.len() <= m.n_head {
         out.push((StrategyChoice::Tensor, nodes.to_vec()));
     }

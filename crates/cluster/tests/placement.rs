@@ -13,6 +13,8 @@ fn model() -> ModelFacts {
     ModelFacts {
         name: "llama-1b".into(),
         weight_bytes: 600_000_000,
+        token_bytes: 600_000_000,
+        moe: false,
         head_bytes: 60_000_000,
         kv_bytes_per_token: 2 * 4 * 16 * 8 * 64,
         n_layer: 16,

@@ -431,13 +431,28 @@ fn yarn_attn_factor(y: &Yarn, freq_scale: f32, attn_factor: f32) -> f32 {
 }
 
 /// Bytes of weight matrices a decode step streams, read from the file's tensor table: one entry
-/// per layer, and the LM head. Planners balance shards with these figures.
+/// per layer, and the LM head. A mixture of experts streams its router and, on average, the
+/// used share of its experts. Planners balance shards with these figures.
 pub fn streamed_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
+    matrix_bytes(file, cfg, true)
+}
+
+/// Bytes of weight matrices a shard holding every layer keeps in memory (all experts of a
+/// mixture), per layer, and the LM head.
+pub fn held_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
+    matrix_bytes(file, cfg, false)
+}
+
+fn matrix_bytes(
+    file: &strata_gguf::GgufFile,
+    cfg: &ModelConfig,
+    per_token: bool,
+) -> (Vec<u64>, u64) {
     let bytes = |name: &str| {
         file.tensor(name)
             .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
     };
-    const MATRICES: [&str; 8] = [
+    const MATRICES: [&str; 9] = [
         "attn_q",
         "attn_k",
         "attn_v",
@@ -446,13 +461,24 @@ pub fn streamed_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u
         "ffn_gate",
         "ffn_up",
         "ffn_down",
+        "ffn_gate_inp",
     ];
+    const EXPERTS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
     let layers = (0..cfg.n_layer)
         .map(|l| {
-            MATRICES
+            let dense: u64 = MATRICES
                 .iter()
                 .map(|s| bytes(&format!("blk.{l}.{s}.weight")))
-                .sum()
+                .sum();
+            let experts: u64 = EXPERTS
+                .iter()
+                .map(|s| bytes(&format!("blk.{l}.{s}.weight")))
+                .sum();
+            let experts = match (per_token, cfg.moe) {
+                (true, Some(m)) => experts * m.n_used as u64 / m.n_expert as u64,
+                _ => experts,
+            };
+            dense + experts
         })
         .collect();
     let head = if cfg.tied_embeddings {

@@ -26,7 +26,7 @@ pub mod synth;
 mod weights;
 
 pub use batch::{Batch, SlotId};
-pub use config::{FfnAct, ModelConfig, SlidingWindow, streamed_bytes};
+pub use config::{FfnAct, ModelConfig, SlidingWindow, held_bytes, streamed_bytes};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;

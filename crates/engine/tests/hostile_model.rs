@@ -192,16 +192,7 @@ fn load_edited_arch(
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in file.metadata().iter() {
-        if !edits.iter().any(|(e, _)| *e == k) {
-            w.kv(k, v.clone());
-        }
-    }
-    for (k, v) in edits {
-        if let Some(v) = v {
-            w.kv(k, v.clone());
-        }
-    }
+    write_metadata(&mut w, &file, edits);
     for t in file.tensors() {
         w.tensor(&t.name, &t.dims, t.ggml_type, file.tensor_data(t).to_vec());
     }
@@ -343,5 +334,126 @@ fn mistral3_and_olmo2_metadata_is_checked_naming_the_key() {
     for (edits, extra, needle) in olmo {
         let got = load_edited_arch(Arch::Olmo2, None, &edits, &extra);
         assert!(got.contains(needle), "{edits:?} {extra:?}: {got}");
+    }
+}
+
+/// `file`'s metadata with `edits` (a key's new value, or `None` to drop it).
+fn write_metadata(
+    w: &mut strata_gguf::GgufWriter,
+    file: &GgufFile,
+    edits: &[(&str, Option<strata_gguf::Value>)],
+) {
+    for (k, v) in file.metadata().iter() {
+        if !edits.iter().any(|(e, _)| *e == k) {
+            w.kv(k, v.clone());
+        }
+    }
+    for (k, v) in edits {
+        if let Some(v) = v {
+            w.kv(k, v.clone());
+        }
+    }
+}
+
+/// An edited MoE file: metadata edits, replaced tensor dimensions, a tensor cut by one expert,
+/// and what the load must say.
+type MoeCase<'a> = (
+    Vec<(&'a str, strata_gguf::Value)>,
+    Vec<(&'a str, &'a [u64])>,
+    Option<&'a str>,
+    &'a str,
+);
+
+/// A small Qwen3-MoE with `edits` to its metadata and `dims` replacing tensors' dimensions (the
+/// bytes unchanged); returns the load's outcome.
+fn load_edited_moe(
+    edits: &[(&str, strata_gguf::Value)],
+    dims: &[(&str, &[u64])],
+    drop_bytes_of: Option<&str>,
+) -> String {
+    use strata_engine::synth::{SynthSpec, synth};
+    use strata_gguf::{GgmlType, GgufWriter};
+    let base = GgufFile::from_bytes(real_model()).unwrap();
+    let spec = SynthSpec {
+        arch: strata_engine::Arch::Qwen3Moe,
+        layers: 2,
+        embd: 64,
+        ff: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: None,
+        ty: GgmlType::Q8_0,
+        tensor_types: Vec::new(),
+        seed: 3,
+        sliding_window: None,
+        chat_template: None,
+        experts: Some((4, 2)),
+    };
+    let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    let edits: Vec<(&str, Option<strata_gguf::Value>)> =
+        edits.iter().map(|(k, v)| (*k, Some(v.clone()))).collect();
+    write_metadata(&mut w, &file, &edits);
+    for t in file.tensors() {
+        let d = dims
+            .iter()
+            .find(|(n, _)| *n == t.name)
+            .map_or(t.dims.clone(), |(_, d)| d.to_vec());
+        let mut data = file.tensor_data(t).to_vec();
+        if drop_bytes_of == Some(t.name.as_str()) {
+            // One expert fewer: a 3-D tensor whose expert count contradicts the metadata.
+            data.truncate(data.len() / 4 * 3);
+        }
+        w.tensor(&t.name, &d, t.ggml_type, data);
+    }
+    load_everything(w.to_bytes(), &ThreadPool::new(1))
+}
+
+#[test]
+fn mixture_of_experts_metadata_and_tensors_are_checked_naming_them() {
+    use strata_gguf::Value;
+    assert_eq!(load_edited_moe(&[], &[], None), "ran");
+    let cases: Vec<MoeCase<'_>> = vec![
+        (
+            vec![("qwen3moe.expert_used_count", Value::U32(5))],
+            vec![],
+            None,
+            "expert_used_count 5",
+        ),
+        (
+            vec![("qwen3moe.expert_count", Value::U32(0))],
+            vec![],
+            None,
+            "expert_count 0",
+        ),
+        (
+            vec![("qwen3moe.expert_feed_forward_length", Value::U32(0))],
+            vec![],
+            None,
+            "expert_feed_forward_length",
+        ),
+        // The same bytes as 128 x 4 x 64: rows of the wrong expert would be paired.
+        (
+            vec![],
+            vec![("blk.1.ffn_up_exps.weight", &[64, 4, 128])],
+            None,
+            "blk.1.ffn_up_exps.weight is [64, 4, 128], expected [64, 128, 4]",
+        ),
+        (
+            vec![],
+            vec![("blk.0.ffn_down_exps.weight", &[128, 64, 3])],
+            Some("blk.0.ffn_down_exps.weight"),
+            "blk.0.ffn_down_exps.weight is [128, 64, 3]",
+        ),
+        (
+            vec![("qwen3moe.expert_count", Value::U32(2))],
+            vec![],
+            None,
+            "ffn_gate_inp.weight is 64x4, expected 64x2",
+        ),
+    ];
+    for (edits, dims, drop, want) in cases {
+        let got = load_edited_moe(&edits, &dims, drop);
+        assert!(got.contains(want), "{want:?} not in {got:?}");
     }
 }

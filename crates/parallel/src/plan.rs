@@ -183,6 +183,13 @@ pub fn make_plan(
             "{world} ranks cannot form stages of {tp} tensor-parallel ranks"
         )));
     }
+    if tp > 1 && cfg.moe.is_some() {
+        return Err(Error::Plan(format!(
+            "{} is a mixture of experts, which strata splits by layers only for now: use \
+             --strategy pipeline",
+            cfg.arch
+        )));
+    }
     let n_stages = world / tp;
     if n_stages > cfg.n_layer {
         return Err(Error::Plan(format!(
