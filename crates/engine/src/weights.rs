@@ -339,20 +339,6 @@ fn expert(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -
         len: rows * rb,
     };
     let m = QMatrix::new(t.ggml_type, rows, cols, data).map_err(kernel_err(t))?;
-    // llama.cpp's AVX2 build repacks these into 8-row groups, whose expert kernels strata does
-    // not reproduce yet.
-    let repacked = matches!(
-        t.ggml_type,
-        strata_gguf::GgmlType::Q4_0 | strata_gguf::GgmlType::IQ4NL | strata_gguf::GgmlType::Q4K
-    ) && rows.is_multiple_of(8);
-    if repacked {
-        return Err(Error::InvalidModel(format!(
-            "{}: {} experts are not supported yet (llama.cpp runs them in its repacked 8-row \
-             layout); Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, F16, BF16 and F32 \
-             experts are",
-            t.name, t.ggml_type
-        )));
-    }
     Ok(m.prepared())
 }
 

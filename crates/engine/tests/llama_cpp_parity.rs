@@ -362,3 +362,18 @@ fn synthetic_qwen3moe_bf16_matches_llama_cpp() {
 fn synthetic_qwen3moe_q4_1_matches_llama_cpp() {
     check_synthetic("synth-qwen3moe-q4_1");
 }
+
+#[test]
+fn synthetic_qwen3moe_q4_k_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-q4_k");
+}
+
+#[test]
+fn synthetic_qwen3moe_q4_0_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-q4_0");
+}
+
+#[test]
+fn synthetic_qwen3moe_iq4_nl_matches_llama_cpp() {
+    check_synthetic("synth-qwen3moe-iq4_nl");
+}

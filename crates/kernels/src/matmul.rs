@@ -285,8 +285,9 @@ impl QuantActs {
 
     /// Whether products with these activations stand for llama.cpp's `mul_mat_id` (a mixture
     /// of experts' expert matrices): it never sends them through tinyBLAS, so BF16, F16, F32
-    /// and IQ4_NL keep `vec_dot`'s order at every batch size. Stays set across
-    /// [`QuantActs::quantize`] calls.
+    /// and IQ4_NL keep `vec_dot`'s order at every batch size, and it runs the experts it
+    /// repacks one token at a time (Q4_K never takes the four-token kernel's order). Stays set
+    /// across [`QuantActs::quantize`] calls.
     pub fn set_mul_mat_id(&mut self, on: bool) {
         self.mul_mat_id = on;
     }
@@ -400,7 +401,12 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
                 (
                     row_dot(w.ty, w.order_rows, false),
                     row_dot(w.ty, w.order_rows, true),
-                    (order_n / 4 * 4).saturating_sub(first),
+                    // `mul_mat_id` runs repacked experts one token at a time.
+                    if acts.mul_mat_id {
+                        0
+                    } else {
+                        (order_n / 4 * 4).saturating_sub(first)
+                    },
                 )
             };
             let n_chunks = w.rows.div_ceil(ROW_CHUNK);
@@ -560,9 +566,10 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
     let per_block = KTILE_TOKENS / crate::kquants::TILE_TOKENS;
     let n_tb = groups.div_ceil(per_block);
     let n_rc = w.rows.div_ceil(KTILE_ROWS);
-    // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens.
+    // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens (none under
+    // `mul_mat_id`, which runs repacked experts one token at a time).
     let n4 = if w.ty == GgmlType::Q4K && w.order_rows.is_multiple_of(8) {
-        n / 4 * 4
+        if acts.mul_mat_id { 0 } else { n / 4 * 4 }
     } else {
         n
     };
