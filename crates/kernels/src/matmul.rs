@@ -721,6 +721,7 @@ pub(crate) fn row_dot(
             GgmlType::F16 => {
                 return |_, w, a, n| unsafe { crate::x86_rowdot::dot_half::<false>(w, a, n) };
             }
+            GgmlType::F32 => return |_, w, a, n| unsafe { crate::x86_rowdot::dot_f32(w, a, n) },
             ty if crate::kformats::handles(ty) => {
                 return |ty, w, a, n| unsafe { crate::x86_kformats::dot(ty, w, a, n) };
             }
@@ -774,6 +775,9 @@ pub(crate) fn tinyblas_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) ->
                 return |_, w, a, n| unsafe {
                     crate::x86_rowdot::dot_half_tinyblas::<false>(w, a, n)
                 };
+            }
+            GgmlType::F32 => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_f32_tinyblas(w, a, n) };
             }
             _ => {}
         }

@@ -275,7 +275,7 @@ unsafe fn dot_of<const T: u8>(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// A Q4_K / Q5_K block's eight 6-bit scales (bytes 0..8) and minimums (bytes 8..16), unpacked
 /// from its 12 scale bytes with word operations (the values of `kquants::q4k_scales_mins`).
 #[inline(always)]
-unsafe fn q4k_scales_mins_v(x: *const u8) -> __m128i {
+pub(crate) unsafe fn q4k_scales_mins_v(x: *const u8) -> __m128i {
     let p = x.add(4) as *const u32;
     let (u0, u1, u2) = (
         p.read_unaligned(),

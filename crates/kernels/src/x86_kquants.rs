@@ -154,24 +154,22 @@ unsafe fn dot_q6_k_impl<const TILED: bool>(w: &[u8], a: &[u8], n: usize) -> f32 
 /// As for [`dot_q4_k`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_k_repacked<const PER_CHUNK: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    assert!(w.len() >= n / QK_K * Q4_K_BYTES && a.len() >= n / QK_K * Q8_K_BYTES);
     let m4 = _mm256_set1_epi8(0x0F);
     let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
     for i in 0..n / QK_K {
-        let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
-        let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
-        let yd = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
-        let (dd, dm) = (f16_at(x.as_ptr()) * yd, f16_at(x.as_ptr().add(2)) * yd);
-        let (sc, m) = q4k_scales_mins(x);
-        let q4 = x.as_ptr().add(16);
-        let q8 = y.as_ptr().add(4);
-        let bs = |k: usize| {
-            i32::from(i16::from_le_bytes([
-                y[4 + QK_K + 2 * k],
-                y[4 + QK_K + 2 * k + 1],
-            ]))
-        };
+        let x = w.as_ptr().add(i * Q4_K_BYTES);
+        let y = a.as_ptr().add(i * Q8_K_BYTES);
+        let yd = (y as *const f32).read_unaligned();
+        let (dd, dm) = (f16_at(x) * yd, f16_at(x.add(2)) * yd);
+        // Scales in bytes 0..8, minimums in 8..16.
+        let sm = crate::x86_kformats::q4k_scales_mins_v(x);
+        let mut sc = [0u8; 16];
+        _mm_storeu_si128(sc.as_mut_ptr() as *mut __m128i, sm);
+        let bsums = _mm256_loadu_si256(y.add(4 + QK_K) as *const __m256i);
+        let q4 = x.add(16);
+        let q8 = y.add(4);
         let mut sumi = _mm256_setzero_si256();
-        let mut mins = 0i32;
         for j in 0..4 {
             let bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
             let q4l = _mm256_and_si256(bits, m4);
@@ -179,25 +177,30 @@ pub(crate) unsafe fn dot_q4_k_repacked<const PER_CHUNK: bool>(w: &[u8], a: &[u8]
             let q8l = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
             let q8h = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
             let pl = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j] as i16),
+                _mm256_set1_epi16(i16::from(sc[2 * j])),
                 _mm256_maddubs_epi16(q4l, q8l),
             );
             let ph = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+                _mm256_set1_epi16(i16::from(sc[2 * j + 1])),
                 _mm256_maddubs_epi16(q4h, q8h),
             );
             let chunk = _mm256_add_epi32(pl, ph);
-            let chunk_min = m[2 * j] * (bs(4 * j) + bs(4 * j + 1))
-                + m[2 * j + 1] * (bs(4 * j + 2) + bs(4 * j + 3));
             if PER_CHUNK {
+                // Minimum `2j` covers bsums 4j, 4j+1; `2j+1` covers 4j+2, 4j+3.
+                let b =
+                    |k: usize| i32::from((y.add(4 + QK_K + 2 * k) as *const i16).read_unaligned());
+                let chunk_min = i32::from(sc[8 + 2 * j]) * (b(4 * j) + b(4 * j + 1))
+                    + i32::from(sc[8 + 2 * j + 1]) * (b(4 * j + 2) + b(4 * j + 3));
                 acc = (hsum_epi32(chunk) as f32).mul_add(dd, acc);
                 acc_m = (chunk_min as f32).mul_add(dm, acc_m);
             } else {
                 sumi = _mm256_add_epi32(sumi, chunk);
-                mins += chunk_min;
             }
         }
         if !PER_CHUNK {
+            // Every minimum times the sum of its two bsums: exact integers, in any order.
+            let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+            let mins = hsum_epi32(_mm256_madd_epi16(bsums, mins));
             acc = (hsum_epi32(sumi) as f32).mul_add(dd, acc);
             acc_m = (mins as f32).mul_add(dm, acc_m);
         }

@@ -198,3 +198,49 @@ pub(crate) unsafe fn dot_half_tinyblas<const BF: bool>(w: &[u8], a: &[u8], n: us
     }
     hsum8(acc)
 }
+
+/// F32 in `ggml_vec_dot_f32`'s AVX2 order (see [`crate::dot`]): four fused 8-lane
+/// accumulators over 32 elements a step, `(c0 + c2) + (c1 + c3)`, halves added, two horizontal
+/// adds, then the rest fused in one by one.
+///
+/// # Safety
+/// AVX2 and FMA must be available; `w` and `a` must hold `n` f32 values.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    assert!(w.len() >= 4 * n && a.len() >= 4 * n);
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let mut c = [_mm256_setzero_ps(); 4];
+    let steps = n / 32 * 32;
+    let mut i = 0;
+    while i < steps {
+        for (k, c) in c.iter_mut().enumerate() {
+            let at = i + 8 * k;
+            *c = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(at)), _mm256_loadu_ps(ap.add(at)), *c);
+        }
+        i += 32;
+    }
+    let x = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    let mut sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+    for j in steps..n {
+        sum = (*wp.add(j)).mul_add(*ap.add(j), sum);
+    }
+    sum
+}
+
+/// F32 in tinyBLAS's order: one fused 8-lane accumulator (`n` a multiple of 8), summed as
+/// [`hsum8`].
+///
+/// # Safety
+/// As for [`dot_f32`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32_tinyblas(w: &[u8], a: &[u8], n: usize) -> f32 {
+    assert!(w.len() >= 4 * n && a.len() >= 4 * n);
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n / 8 * 8).step_by(8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(ap.add(i)), acc);
+    }
+    hsum8(acc)
+}
