@@ -643,10 +643,11 @@ impl Blocks<'_, '_> {
             m.starts[x + 1] += m.starts[x];
         }
         grow_u32(&mut m.grouped, rows * k);
-        let mut fill = m.starts.clone();
+        m.fill.clear();
+        m.fill.extend_from_slice(&m.starts);
         for (i, &x) in m.chosen[..rows * k].iter().enumerate() {
-            m.grouped[fill[x as usize]] = i as u32;
-            fill[x as usize] += 1;
+            m.grouped[m.fill[x as usize]] = i as u32;
+            m.fill[x as usize] += 1;
         }
         grow(&mut m.outputs, rows * k * e);
         s.acts.set_mul_mat_id(true);

@@ -132,6 +132,8 @@ pub(crate) struct MoeScratch {
     /// `row * n_used + slot` of every choice, grouped by expert, and where each group starts.
     pub(crate) grouped: Vec<u32>,
     pub(crate) starts: Vec<usize>,
+    /// Where the next choice of each expert goes while grouping.
+    pub(crate) fill: Vec<usize>,
     /// The rows routed to one expert, and its outputs.
     pub(crate) input: Vec<f32>,
     pub(crate) down: Vec<f32>,
