@@ -377,7 +377,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     let addrs: Vec<SocketAddr> = addrs.into_iter().flatten().collect();
 
     let shm = match cfg.transport {
-        Transport::Shm => Some(create_region(n, &cfg.token)?),
+        Transport::Shm => Some(create_region(n)?),
         Transport::Tcp => None,
     };
     let table = Table {
@@ -457,19 +457,16 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     )
 }
 
-fn create_region(world: usize, token: &str) -> Result<(PathBuf, std::fs::File)> {
+/// Creates the shared-memory region's file. Its name is the process id and a random id only:
+/// `/dev/shm` is listed by every local user, so nothing of the session token goes into it.
+fn create_region(world: usize) -> Result<(PathBuf, std::fs::File)> {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
         std::env::temp_dir()
     };
-    let tag: String = token
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(12)
-        .collect();
-    let nonce: u32 = rand::random();
-    let path = dir.join(format!("strata-{}-{tag}-{nonce:08x}", std::process::id()));
+    let nonce: u64 = rand::random();
+    let path = dir.join(format!("strata-{}-{nonce:016x}", std::process::id()));
     // Owner-only: the rings carry activations (and so, indirectly, prompts).
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
@@ -677,12 +674,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_region_file_is_owner_only() {
+    fn the_region_file_is_owner_only_and_named_without_secrets() {
         use std::os::unix::fs::PermissionsExt;
-        let (path, file) = create_region(2, "unit-test").expect("region");
+        let (path, file) = create_region(2).expect("region");
         let mode = file.metadata().expect("metadata").permissions().mode();
         let _ = std::fs::remove_file(&path);
         assert_eq!(mode & 0o777, 0o600);
+        // `strata-PID-RANDOM`: a listing of the directory tells nothing of the session.
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let parts: Vec<&str> = name.split('-').collect();
+        assert_eq!(parts.len(), 3, "{name}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert_eq!(parts[2].len(), 16, "{name}");
+        let (other, _) = create_region(2).expect("region");
+        let _ = std::fs::remove_file(&other);
+        assert_ne!(other, path, "every region gets its own random id");
     }
 
     #[test]
