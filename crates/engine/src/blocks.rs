@@ -13,8 +13,6 @@
 //! is needed after attention ("trim", as llama.cpp's `inp_out_ids`): attention then outputs one
 //! row and [`Blocks::residual`] leaves one live row.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use strata_kernels::attn::{self, Flavour};
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
@@ -72,21 +70,6 @@ impl AttnJob {
     fn kv_head(&self, h: usize) -> usize {
         (self.q0 + h) / self.group - self.kv0
     }
-}
-
-/// Runs `f(thread, unit)` for every unit of `0..units`, the pool's threads claiming them from a
-/// shared counter (units vary in cost, so a static split would leave threads idle).
-fn run_units(pool: &ThreadPool, units: usize, f: &(dyn Fn(usize, usize) + Sync)) {
-    let next = AtomicUsize::new(0);
-    pool.run(&|tid| {
-        loop {
-            let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= units {
-                break;
-            }
-            f(tid, u);
-        }
-    });
 }
 
 /// Masks keys `window` or more positions before `query_pos` (exp(-inf) = 0), keeping the
@@ -502,7 +485,7 @@ impl Blocks<'_, '_> {
         let runs = &s.runs;
         let units = n_out * runs.len();
         let q = &s.q;
-        run_units(pool, units, &|tid, u| {
+        pool.run_units(units, &|tid, u| {
             let (run, tt) = (u % runs.len(), u / runs.len());
             let (h0, h1, kvh) = runs[run];
             let (t, g) = (t_first + tt, h1 - h0);

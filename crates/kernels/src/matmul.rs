@@ -5,8 +5,6 @@
 //! [`crate::formats::act_type`]) into a reusable buffer, then every thread claims chunks of rows
 //! and computes them for all tokens, tile by tile, so a weight block is decoded once per tile.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use strata_gguf::{GgmlType, GgufFile};
 
 use crate::formats::{QK, act_type, quantize_act_row};
@@ -409,24 +407,16 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
                     },
                 )
             };
-            let n_chunks = w.rows.div_ceil(ROW_CHUNK);
-            let next = AtomicUsize::new(0);
-            pool.run(&|_tid| {
-                loop {
-                    let chunk = next.fetch_add(1, Ordering::Relaxed);
-                    if chunk >= n_chunks {
-                        break;
-                    }
-                    let r0 = chunk * ROW_CHUNK;
-                    let r1 = (r0 + ROW_CHUNK).min(w.rows);
-                    for t in 0..n {
-                        let a = &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
-                        for r in r0..r1 {
-                            let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
-                            let v = if t < n4 { dot4 } else { dot }(w.ty, row, a, w.cols);
-                            // SAFETY: in bounds (checked above) and owned by this thread.
-                            unsafe { *optr.ptr().add(t * w.rows + r) = v };
-                        }
+            pool.run_units(w.rows.div_ceil(ROW_CHUNK), &|_tid, chunk| {
+                let r0 = chunk * ROW_CHUNK;
+                let r1 = (r0 + ROW_CHUNK).min(w.rows);
+                for t in 0..n {
+                    let a = &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
+                    for r in r0..r1 {
+                        let row = &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
+                        let v = if t < n4 { dot4 } else { dot }(w.ty, row, a, w.cols);
+                        // SAFETY: in bounds (checked above) and owned by this thread.
+                        unsafe { *optr.ptr().add(t * w.rows + r) = v };
                     }
                 }
             });
@@ -464,57 +454,49 @@ fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantA
     let (n, cols) = (acts.n, w.cols);
     let row = |r: usize| &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
     let tok = |t: usize| &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
-    let n_chunks = w.rows.div_ceil(ROW_CHUNK);
-    let next = AtomicUsize::new(0);
-    pool.run(&|_tid| {
-        loop {
-            let chunk = next.fetch_add(1, Ordering::Relaxed);
-            if chunk >= n_chunks {
-                break;
-            }
-            let r0 = chunk * ROW_CHUNK;
-            let r1 = (r0 + ROW_CHUNK).min(w.rows);
-            let full = r0 + (r1 - r0) / RM * RM;
-            let put = |t: usize, r: usize, v: f32| {
-                // SAFETY: in bounds (checked by `matmul`) and owned by this thread's chunk.
-                unsafe { *out.ptr().add(t * w.rows + r) = v };
-            };
-            let mut t = 0;
-            while t + RN <= n {
-                let toks: [&[u8]; RN] = std::array::from_fn(|j| tok(t + j));
-                for rg in (r0..full).step_by(RM) {
-                    let rows: [&[u8]; RM] = std::array::from_fn(|i| row(rg + i));
-                    let mut o = [[0f32; RM]; RN];
-                    // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); rows and tokens
-                    // hold `cols` values, a multiple of 8 (`tinyblas_order`).
-                    unsafe {
-                        if bf {
-                            crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>(
-                                rows, toks, cols, &mut o,
-                            )
-                        } else {
-                            crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>(
-                                rows, toks, cols, &mut o,
-                            )
-                        }
-                    }
-                    for (j, oj) in o.iter().enumerate() {
-                        for (i, &v) in oj.iter().enumerate() {
-                            put(t + j, rg + i, v);
-                        }
+    pool.run_units(w.rows.div_ceil(ROW_CHUNK), &|_tid, chunk| {
+        let r0 = chunk * ROW_CHUNK;
+        let r1 = (r0 + ROW_CHUNK).min(w.rows);
+        let full = r0 + (r1 - r0) / RM * RM;
+        let put = |t: usize, r: usize, v: f32| {
+            // SAFETY: in bounds (checked by `matmul`) and owned by this thread's chunk.
+            unsafe { *out.ptr().add(t * w.rows + r) = v };
+        };
+        let mut t = 0;
+        while t + RN <= n {
+            let toks: [&[u8]; RN] = std::array::from_fn(|j| tok(t + j));
+            for rg in (r0..full).step_by(RM) {
+                let rows: [&[u8]; RM] = std::array::from_fn(|i| row(rg + i));
+                let mut o = [[0f32; RM]; RN];
+                // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); rows and tokens
+                // hold `cols` values, a multiple of 8 (`tinyblas_order`).
+                unsafe {
+                    if bf {
+                        crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>(
+                            rows, toks, cols, &mut o,
+                        )
+                    } else {
+                        crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>(
+                            rows, toks, cols, &mut o,
+                        )
                     }
                 }
-                for r in full..r1 {
-                    for j in t..t + RN {
-                        put(j, r, dot(w.ty, row(r), tok(j), cols));
+                for (j, oj) in o.iter().enumerate() {
+                    for (i, &v) in oj.iter().enumerate() {
+                        put(t + j, rg + i, v);
                     }
                 }
-                t += RN;
             }
-            for j in t..n {
-                for r in r0..r1 {
+            for r in full..r1 {
+                for j in t..t + RN {
                     put(j, r, dot(w.ty, row(r), tok(j), cols));
                 }
+            }
+            t += RN;
+        }
+        for j in t..n {
+            for r in r0..r1 {
+                put(j, r, dot(w.ty, row(r), tok(j), cols));
             }
         }
     });
@@ -573,26 +555,19 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
     } else {
         n
     };
-    let next = AtomicUsize::new(0);
-    pool.run(&|_tid| {
-        loop {
-            let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= n_tb * n_rc {
-                break;
-            }
-            let (tb, rc) = (u / n_rc, u % n_rc);
-            let g1 = ((tb + 1) * per_block).min(groups);
-            let r0 = rc * KTILE_ROWS;
-            let r1 = (r0 + KTILE_ROWS).min(w.rows);
-            let mut g = tb * per_block;
-            while g < g1 {
-                if g + KTILE_GROUPS <= g1 {
-                    ktile_rows::<KTILE_GROUPS>(w, bytes, acts, g, r0..r1, n4, out);
-                    g += KTILE_GROUPS;
-                } else {
-                    ktile_rows::<1>(w, bytes, acts, g, r0..r1, n4, out);
-                    g += 1;
-                }
+    pool.run_units(n_tb * n_rc, &|_tid, u| {
+        let (tb, rc) = (u / n_rc, u % n_rc);
+        let g1 = ((tb + 1) * per_block).min(groups);
+        let r0 = rc * KTILE_ROWS;
+        let r1 = (r0 + KTILE_ROWS).min(w.rows);
+        let mut g = tb * per_block;
+        while g < g1 {
+            if g + KTILE_GROUPS <= g1 {
+                ktile_rows::<KTILE_GROUPS>(w, bytes, acts, g, r0..r1, n4, out);
+                g += KTILE_GROUPS;
+            } else {
+                ktile_rows::<1>(w, bytes, acts, g, r0..r1, n4, out);
+                g += 1;
             }
         }
     });
@@ -852,50 +827,41 @@ fn matmul_packed(pool: &ThreadPool, jobs: &mut [PackedJob<'_>], acts: &QuantActs
         units += j.g_chunks * n_tb;
     }
     let jobs = &*jobs;
-    let next = AtomicUsize::new(0);
     #[cfg(target_arch = "x86_64")]
     let row = |t: usize| acts.simd_row(t);
-    pool.run(&|_tid| {
-        loop {
-            let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= units {
-                break;
-            }
-            let Some(j) = jobs.iter().rev().find(|j| j.first_unit <= u) else {
-                break;
-            };
-            let u = u - j.first_unit;
-            let groups = j.w.rows.div_ceil(crate::packed::GROUP);
-            let (tb, gc) = (u / j.g_chunks, u % j.g_chunks);
-            let g0 = gc * j.chunk;
-            let g1 = (g0 + j.chunk).min(groups);
-            let t0 = tb * TOKEN_BLOCK;
-            let t1 = (t0 + TOKEN_BLOCK).min(n);
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
-            // F16C (or a test checked them); the packed buffer holds `groups` groups of `nb`
-            // blocks; the activation rows were quantised for this format with their side
-            // arrays; `out` holds `n * rows` floats and this thread alone owns the rows of
-            // groups g0..g1 for tokens t0..t1.
-            unsafe {
-                crate::x86::matmul_groups(
-                    j.w.ty,
-                    repacked_b32(j.w.ty, j.w.order_rows),
-                    j.packed.as_ptr(),
-                    j.w.cols / QK,
-                    j.w.rows,
-                    g0..g1,
-                    t0..t1,
-                    &row,
-                    j.out.ptr(),
-                    j.w.rows,
-                )
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!(
-                "packed matrices exist only where a SIMD kernel does: {g0}..{g1} {t0}..{t1}"
-            );
-        }
+    pool.run_units(units, &|_tid, u| {
+        let Some(j) = jobs.iter().rev().find(|j| j.first_unit <= u) else {
+            return;
+        };
+        let u = u - j.first_unit;
+        let groups = j.w.rows.div_ceil(crate::packed::GROUP);
+        let (tb, gc) = (u / j.g_chunks, u % j.g_chunks);
+        let g0 = gc * j.chunk;
+        let g1 = (g0 + j.chunk).min(groups);
+        let t0 = tb * TOKEN_BLOCK;
+        let t1 = (t0 + TOKEN_BLOCK).min(n);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a packed matrix exists only when `simd_kernels` found AVX2, FMA and
+        // F16C (or a test checked them); the packed buffer holds `groups` groups of `nb`
+        // blocks; the activation rows were quantised for this format with their side
+        // arrays; `out` holds `n * rows` floats and this thread alone owns the rows of
+        // groups g0..g1 for tokens t0..t1.
+        unsafe {
+            crate::x86::matmul_groups(
+                j.w.ty,
+                repacked_b32(j.w.ty, j.w.order_rows),
+                j.packed.as_ptr(),
+                j.w.cols / QK,
+                j.w.rows,
+                g0..g1,
+                t0..t1,
+                &row,
+                j.out.ptr(),
+                j.w.rows,
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("packed matrices exist only where a SIMD kernel does: {g0}..{g1} {t0}..{t1}");
     });
 }
 

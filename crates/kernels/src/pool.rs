@@ -76,6 +76,21 @@ impl ThreadPool {
         self.n_threads
     }
 
+    /// Runs `f(thread, unit)` for every unit of `0..units`, the threads claiming units from a
+    /// shared counter (units vary in cost, so a static split would leave threads idle).
+    pub fn run_units(&self, units: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let next = AtomicUsize::new(0);
+        self.run(&|tid| {
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= units {
+                    break;
+                }
+                f(tid, u);
+            }
+        });
+    }
+
     /// Runs `f(thread_index)` on every thread of the pool and returns when all have finished.
     ///
     /// # Panics
