@@ -66,6 +66,12 @@ impl Output {
         }
     }
 
+    /// Whether tools are on (a control token that marks calls must then reach [`Output::push`]
+    /// as text; with tools off it stays out of the content, as every control token does).
+    pub fn reads_calls(&self) -> bool {
+        self.format.is_some()
+    }
+
     /// The trigger that opens calls in the content, if tools are on and calls have one.
     fn trigger(&self) -> Option<&'static str> {
         self.format.and_then(|f| f.shape().trigger)

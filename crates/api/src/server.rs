@@ -675,7 +675,7 @@ impl Answer {
     fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
         self.generated += 1;
         let mut text = self.decoder.push(id).unwrap_or_default();
-        if self.st.call_markers.contains(&id) {
+        if self.out.reads_calls() && self.st.call_markers.contains(&id) {
             text.push_str(&String::from_utf8_lossy(
                 self.st.tokenizer.token_piece(id, true),
             ));
