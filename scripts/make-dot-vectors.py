@@ -31,8 +31,9 @@ spec = importlib.util.spec_from_file_location("qv", os.path.join(HERE, "make-qua
 qv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(qv)
 
-TYPES = [("IQ4_NL", 20), ("BF16", 30), ("F16", 1), ("Q4_0", 2), ("Q8_0", 8)]
-LENGTHS = {"IQ4_NL": [32, 64, 96, 288, 4096], "Q4_0": [32, 96, 4096], "Q8_0": [32, 96, 4096],
+TYPES = [("IQ4_NL", 20), ("MXFP4", 39), ("BF16", 30), ("F16", 1), ("Q4_0", 2), ("Q8_0", 8)]
+LENGTHS = {"IQ4_NL": [32, 64, 96, 288, 4096], "MXFP4": [32, 64, 96, 288, 4096],
+           "Q4_0": [32, 96, 4096], "Q8_0": [32, 96, 4096],
            "BF16": [8, 40, 96, 1000, 4096], "F16": [8, 40, 96, 1000, 4096]}
 # (weight row, activation row) pairs of make-quant-vectors.py's inputs.
 PAIRS = [(0, 8), (1, 0), (5, 7), (9, 14), (13, 6)]

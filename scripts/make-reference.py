@@ -77,6 +77,10 @@ SYNTH = {
     # 8 or more rows to some experts (llama.cpp's tiled kernel) and fewer to others (vec_dot).
     "qwen3moe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=64, seed=7,
                      experts=8, experts_used=3),
+    # gpt-oss: 8 experts of which 4 per token (the released models use 4 of 32 or 128), heads
+    # wider than width / heads, a 16-token window on every other layer.
+    "gpt-oss": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=64, seed=7,
+                    experts=8, experts_used=4),
     # OLMo 3 (llama.cpp's `olmo2` with a sliding window on three layers of four, YaRN on the rest).
     "olmo2-swa": dict(arch="olmo2", layers=4, embd=256, ff=768, heads=8, kv_heads=2,
                       head_dim=None, seed=7, sliding_window=16),
@@ -91,10 +95,12 @@ SYNTH_PROMPTS = [
 FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
           "q2_k": 10, "q3_k": 11, "q4_k": 14, "q5_k": 16, "q6_k": 18, "iq4_nl": 25,
           "iq4_xs": 30, "bf16": 32}
-MIXES = {"q3_k_m": (12, "q3_k"), "q4_k_m": (15, "q4_k"), "q5_k_m": (17, "q5_k")}
+MIXES = {"q3_k_m": (12, "q3_k"), "q4_k_m": (15, "q4_k"), "q5_k_m": (17, "q5_k"),
+         # MXFP4 experts, every other matrix Q8_0 (how gpt-oss files are quantised).
+         "mxfp4_moe": (38, "q8_0")}
 GGML_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
               10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 20: "iq4_nl",
-              23: "iq4_xs", 30: "bf16"}
+              23: "iq4_xs", 30: "bf16", 39: "mxfp4"}
 
 
 def tensor_types(path, base):
@@ -102,7 +108,8 @@ def tensor_types(path, base):
     from gguf import GGUFReader
     r = GGUFReader(path)
     return {t.name: GGML_NAMES[int(t.tensor_type)] for t in r.tensors
-            if len(t.shape) > 1 and GGML_NAMES[int(t.tensor_type)] != base}
+            if len(t.shape) > 1 and t.name.endswith(".weight")
+            and GGML_NAMES[int(t.tensor_type)] != base}
 
 
 def tensor_digest(path):

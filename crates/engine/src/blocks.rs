@@ -16,7 +16,7 @@
 use strata_kernels::attn::{self, Flavour};
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
-use crate::config::FfnAct;
+use crate::config::{FfnAct, Gating};
 use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
 use crate::weights::{FfnWeights, GatedFfn, LayerWeights};
 use crate::{Combine, Error, KvCache, ModelConfig, Result, ShardSpec};
@@ -129,9 +129,12 @@ fn gated(
         acts.quantize(f.up.ggml_type(), x, rows, e);
         mm(pool, &f.up, acts, up);
     }
+    add_bias(gate, f.gate_b.as_deref(), rows);
+    add_bias(up, f.up_b.as_deref(), rows);
     match act {
         FfnAct::Silu => ops::swiglu(&mut gate[..rows * ff], &up[..rows * ff], flavour),
         FfnAct::Gelu => ops::geglu(&mut gate[..rows * ff], &up[..rows * ff]),
+        FfnAct::SwigluOai => ops::swiglu_oai(&mut gate[..rows * ff], &up[..rows * ff]),
     }
 }
 
@@ -372,7 +375,7 @@ impl Blocks<'_, '_> {
             t_first,
             order: self.order,
         };
-        self.attend(&job);
+        self.attend(&job, lw.sinks.as_deref());
 
         let s = &mut *self.s;
         let width = n_q * hd;
@@ -402,6 +405,16 @@ impl Blocks<'_, '_> {
         s.acts.as_rows_of(n, t_first);
         mm(pool, &lw.wo, &s.acts, &mut s.proj);
         self.combine_output(&combine, n_out, lw.wo.rows())?;
+        if let Some(b) = lw.bo.as_deref() {
+            // The bias of whole rows, added once they are whole (on every rank alike).
+            let s = &mut *self.s;
+            let out = if self.out_gathered {
+                &mut s.gathered
+            } else {
+                &mut s.proj
+            };
+            add_bias(out, Some(b), n_out);
+        }
         self.out_first = t_first;
         self.out_rows = n_out;
         Ok(())
@@ -450,7 +463,7 @@ impl Blocks<'_, '_> {
     /// Scores, softmax and the weighted sum of values for every (token, KV head): the query heads
     /// sharing a KV head are scored and summed together, so each key and value row is loaded
     /// once for all of them. Each token reads its own sequence's cache.
-    fn attend(&mut self, job: &AttnJob) {
+    fn attend(&mut self, job: &AttnJob, sinks: Option<&[f32]>) {
         let hd = self.cfg.head_dim;
         let (li, n_q, t_first, order) = (job.li, job.n_q, job.t_first, job.order);
         let rows = self.rows;
@@ -499,13 +512,14 @@ impl Blocks<'_, '_> {
             let qg = &q[(t * n_q + h0) * hd..(t * n_q + h1) * hd];
             let keys = cache.keys(li, kvh, len);
             attn::scores_grouped(order, qg, hd, keys, len, scale, sc, stride);
-            for row in sc.chunks_exact_mut(stride).take(g) {
+            for (i, row) in sc.chunks_exact_mut(stride).take(g).enumerate() {
                 let row = &mut row[..lenp];
                 if let Some(cap) = softcap {
                     ops::softcap(&mut row[..len], cap);
                 }
                 mask_window(&mut row[..len], query_pos, window);
-                ops::softmax(&mut row[..len], flavour);
+                let sink = sinks.map(|k| k[job.q0 + h0 + i]);
+                ops::softmax(&mut row[..len], sink, flavour);
                 // llama.cpp converts the probabilities to f16 before the product with V.
                 ops::round_f16_slice(&mut row[..len]);
                 // Padded positions weigh nothing.
@@ -526,7 +540,11 @@ impl Blocks<'_, '_> {
     pub(crate) fn ffn(&mut self, lw: &LayerWeights) -> Result<()> {
         match &lw.ffn {
             FfnWeights::Dense(f) => self.dense_ffn(f),
-            FfnWeights::Moe { router, experts } => self.moe_ffn(router, experts),
+            FfnWeights::Moe {
+                router,
+                router_b,
+                experts,
+            } => self.moe_ffn(router, router_b.as_deref(), experts),
         }
     }
 
@@ -576,7 +594,12 @@ impl Blocks<'_, '_> {
     /// then each expert's FFN over the rows routed to it (llama.cpp's `mul_mat_id`: the rows
     /// form one batch, which picks the kernel, and never tinyBLAS), each output times its
     /// weight, and a row's outputs summed in choice order.
-    fn moe_ffn(&mut self, router: &QMatrix, experts: &[GatedFfn]) -> Result<()> {
+    fn moe_ffn(
+        &mut self,
+        router: &QMatrix,
+        router_b: Option<&[f32]>,
+        experts: &[GatedFfn],
+    ) -> Result<()> {
         let rows = self.live;
         let e = self.cfg.n_embd;
         let Some(moe) = self.cfg.moe else {
@@ -588,11 +611,14 @@ impl Blocks<'_, '_> {
         s.acts
             .quantize(router.ggml_type(), &s.xn[..rows * e], rows, e);
         mm(self.pool, router, &s.acts, &mut m.probs);
+        add_bias(&mut m.probs, router_b, rows);
         grow_u32(&mut m.chosen, rows * k);
         grow(&mut m.weight, rows * k);
         for r in 0..rows {
             let p = &mut m.probs[r * nx..(r + 1) * nx];
-            ops::softmax_op(p, self.flavour);
+            if moe.gating == Gating::Softmax {
+                ops::softmax_op(p, self.flavour);
+            }
             m.order.clear();
             m.order.extend(0..nx as u32);
             m.order
@@ -601,6 +627,10 @@ impl Blocks<'_, '_> {
             for (slot, &x) in m.order[..k].iter().enumerate() {
                 m.chosen[r * k + slot] = x;
                 w[slot] = p[x as usize];
+            }
+            if moe.gating == Gating::SoftmaxWeight {
+                // ggml's soft_max over the chosen logits only.
+                ops::softmax_op(w, self.flavour);
             }
             if moe.norm_weights {
                 // ggml_sum_rows (in f64), clamped to the smallest f16 normal, then a division.
@@ -659,6 +689,7 @@ impl Blocks<'_, '_> {
             s.acts
                 .quantize(f.down.ggml_type(), &s.gate[..c * fx], c, fx);
             mm(self.pool, &f.down, &s.acts, &mut m.down);
+            add_bias(&mut m.down, f.down_b.as_deref(), c);
             for (j, &i) in m.grouped[a..b].iter().enumerate() {
                 let i = i as usize;
                 m.outputs[i * e..(i + 1) * e].copy_from_slice(&m.down[j * e..(j + 1) * e]);

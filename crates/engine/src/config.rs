@@ -24,6 +24,18 @@ pub struct Moe {
     pub norm_weights: bool,
     /// The weights are then multiplied by this (`expert_weights_scale`; 1: not at all).
     pub weights_scale: f32,
+    /// How the router's logits become the chosen experts and their weights.
+    pub gating: Gating,
+}
+
+/// How a router's logits choose experts and weigh them (llama.cpp's `expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over all experts; the most probable ones, weighted by their probabilities
+    /// (Qwen3-MoE).
+    Softmax,
+    /// The largest logits choose; a softmax over just those weighs them (gpt-oss).
+    SoftmaxWeight,
 }
 
 /// Hyper-parameters of a decoder.
@@ -138,6 +150,9 @@ pub enum FfnAct {
     Silu,
     /// GELU, tanh approximation (GeGLU): Gemma.
     Gelu,
+    /// gpt-oss's clamped SwiGLU with a sigmoid slope and `up + 1` (see
+    /// [`strata_kernels::ops::swiglu_oai`]).
+    SwigluOai,
 }
 
 /// Which layers attend through a sliding window, and how.

@@ -156,7 +156,7 @@ pub fn chat_template(arch: Arch) -> Option<&'static str> {
         Arch::Mistral3 => Some(MISTRAL_TEMPLATE),
         Arch::Olmo2 => Some(OLMO2_TEMPLATE),
         Arch::Granite => Some(GRANITE_TEMPLATE),
-        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 => None,
+        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::GptOss => None,
     }
 }
 
@@ -223,7 +223,7 @@ impl Noise {
 }
 
 /// The types [`quantize_weights`] writes as llama.cpp's quantiser does.
-pub const WRITABLE: [GgmlType; 15] = [
+pub const WRITABLE: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -239,6 +239,7 @@ pub const WRITABLE: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::MXFP4,
 ];
 
 /// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
@@ -326,7 +327,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("residual_scale"), Value::F32(0.22))
             .kv(&k("logit_scale"), Value::F32(8.0));
     }
-    let moe = (s.arch == Arch::Qwen3Moe).then(|| s.experts.unwrap_or((8, 2)));
+    let moe = matches!(s.arch, Arch::Qwen3Moe | Arch::GptOss).then(|| s.experts.unwrap_or((8, 2)));
     if let Some((nx, used)) = moe {
         if used == 0 || used > nx {
             return bad("experts per token must be between 1 and the expert count");
@@ -354,6 +355,17 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("rope.scaling.type"), Value::String("yarn".into()))
             .kv(&k("rope.scaling.factor"), Value::F32(8.0))
             .kv(&k("rope.scaling.original_context_length"), Value::U32(32));
+    }
+    if s.arch == Arch::GptOss {
+        // The released files' YaRN (32 times a 4096-token context), and a window short enough
+        // that the test prompts reach past it.
+        w.kv(
+            &k("attention.sliding_window"),
+            Value::U32(s.sliding_window.unwrap_or(16) as u32),
+        )
+        .kv(&k("rope.scaling.type"), Value::String("yarn".into()))
+        .kv(&k("rope.scaling.factor"), Value::F32(32.0))
+        .kv(&k("rope.scaling.original_context_length"), Value::U32(4096));
     }
     if s.head_dim.is_some() {
         w.kv(&k("attention.key_length"), Value::U32(hd as u32))
@@ -403,34 +415,39 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         w.tensor(name, &dims, ty, quantize_weights(ty, &x));
     };
     let mut vec_noise = Noise(s.seed.max(1) ^ 0x9E37_79B9_7F4A_7C15);
-    let mut vector = |w: &mut GgufWriter, name: &str, n: usize, centre: f32, spread: f32| {
+    // A float tensor of `dims` (a vector, or a bias per expert) of noise around `centre`.
+    let mut vector = |w: &mut GgufWriter, name: &str, dims: &[usize], centre: f32, spread: f32| {
         let v: Vec<f32> = vec_noise
-            .fill(n, spread)
+            .fill(dims.iter().product(), spread)
             .into_iter()
             .map(|x| x + centre)
             .collect();
         w.tensor(
             name,
-            &[n as u64],
+            &dims.iter().map(|&d| d as u64).collect::<Vec<_>>(),
             GgmlType::F32,
             quantize_weights(GgmlType::F32, &v),
         );
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
-    vector(&mut w, "output_norm.weight", e, 1.0, 0.2);
-    if s.arch == Arch::Olmo2 {
-        // llama.cpp requires OLMo 2's own LM head.
+    vector(&mut w, "output_norm.weight", &[e], 1.0, 0.2);
+    if matches!(s.arch, Arch::Olmo2 | Arch::GptOss) {
+        // llama.cpp requires these families' own LM head.
         matrix(&mut w, "output.weight", e, vocab);
     }
     if s.arch == Arch::Phi3 {
-        vector(&mut w, "rope_factors_short.weight", hd / 2, 1.5, 0.5);
-        vector(&mut w, "rope_factors_long.weight", hd / 2, 8.0, 4.0);
+        vector(&mut w, "rope_factors_short.weight", &[hd / 2], 1.5, 0.5);
+        vector(&mut w, "rope_factors_long.weight", &[hd / 2], 8.0, 4.0);
     }
     for l in 0..s.layers {
         let n = |t: &str| format!("blk.{l}.{t}");
-        if s.arch != Arch::Olmo2 {
-            vector(&mut w, &n("attn_norm.weight"), e, 1.0, 0.2);
-            vector(&mut w, &n("ffn_norm.weight"), e, 1.0, 0.2);
+        if s.arch == Arch::GptOss {
+            // gpt-oss names the FFN's input norm `post_attention_norm`.
+            vector(&mut w, &n("attn_norm.weight"), &[e], 1.0, 0.2);
+            vector(&mut w, &n("post_attention_norm.weight"), &[e], 1.0, 0.2);
+        } else if s.arch != Arch::Olmo2 {
+            vector(&mut w, &n("attn_norm.weight"), &[e], 1.0, 0.2);
+            vector(&mut w, &n("ffn_norm.weight"), &[e], 1.0, 0.2);
         }
         if s.arch == Arch::Phi3 {
             // One fused tensor: Q's rows, then K's, then V's.
@@ -440,31 +457,53 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             matrix(&mut w, &n("attn_k.weight"), e, nkv * hd);
             matrix(&mut w, &n("attn_v.weight"), e, nkv * hd);
         }
-        if s.arch == Arch::Qwen2 {
-            vector(&mut w, &n("attn_q.bias"), nh * hd, 0.0, 0.5);
-            vector(&mut w, &n("attn_k.bias"), nkv * hd, 0.0, 0.5);
-            vector(&mut w, &n("attn_v.bias"), nkv * hd, 0.0, 0.5);
+        if matches!(s.arch, Arch::Qwen2 | Arch::GptOss) {
+            vector(&mut w, &n("attn_q.bias"), &[nh * hd], 0.0, 0.5);
+            vector(&mut w, &n("attn_k.bias"), &[nkv * hd], 0.0, 0.5);
+            vector(&mut w, &n("attn_v.bias"), &[nkv * hd], 0.0, 0.5);
         }
         if matches!(s.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3) {
-            vector(&mut w, &n("attn_q_norm.weight"), hd, 1.0, 0.3);
-            vector(&mut w, &n("attn_k_norm.weight"), hd, 1.0, 0.3);
+            vector(&mut w, &n("attn_q_norm.weight"), &[hd], 1.0, 0.3);
+            vector(&mut w, &n("attn_k_norm.weight"), &[hd], 1.0, 0.3);
         }
         if s.arch == Arch::Olmo2 {
             // Over whole Q and K rows, not per head.
-            vector(&mut w, &n("attn_q_norm.weight"), nh * hd, 1.0, 0.3);
-            vector(&mut w, &n("attn_k_norm.weight"), nkv * hd, 1.0, 0.3);
+            vector(&mut w, &n("attn_q_norm.weight"), &[nh * hd], 1.0, 0.3);
+            vector(&mut w, &n("attn_k_norm.weight"), &[nkv * hd], 1.0, 0.3);
         }
         if matches!(s.arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2) {
-            vector(&mut w, &n("post_attention_norm.weight"), e, 1.0, 0.2);
-            vector(&mut w, &n("post_ffw_norm.weight"), e, 1.0, 0.2);
+            vector(&mut w, &n("post_attention_norm.weight"), &[e], 1.0, 0.2);
+            vector(&mut w, &n("post_ffw_norm.weight"), &[e], 1.0, 0.2);
         }
         matrix(&mut w, &n("attn_output.weight"), nh * hd, e);
+        if s.arch == Arch::GptOss {
+            // Sinks of a size that takes a real share of each head's attention, and biases.
+            vector(&mut w, &n("attn_output.bias"), &[e], 0.0, 0.5);
+            vector(&mut w, &n("attn_sinks.weight"), &[nh], 0.0, 2.0);
+        }
         if moe.is_some() {
             // The router (f32, as llama.cpp's quantiser leaves it) and 3-D expert tensors.
             matrix(&mut w, &n("ffn_gate_inp.weight"), e, 0);
             matrix(&mut w, &n("ffn_gate_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_up_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_down_exps.weight"), ff, e);
+            if s.arch == Arch::GptOss {
+                // gpt-oss's router and experts have biases (one row per expert).
+                vector(&mut w, &n("ffn_gate_inp.bias"), &[n_expert], 0.0, 0.5);
+                for (t, rows) in [
+                    ("ffn_gate_exps", ff),
+                    ("ffn_up_exps", ff),
+                    ("ffn_down_exps", e),
+                ] {
+                    vector(
+                        &mut w,
+                        &n(&format!("{t}.bias")),
+                        &[rows, n_expert],
+                        0.0,
+                        0.3,
+                    );
+                }
+            }
             continue;
         }
         if s.arch == Arch::Phi3 {

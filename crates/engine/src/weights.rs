@@ -27,6 +27,12 @@ pub(crate) struct LayerWeights {
     pub(crate) bk: Option<Vec<f32>>,
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) wo: QMatrix,
+    /// Bias of the attention output (whole model width: added once the shards' outputs are
+    /// combined).
+    pub(crate) bo: Option<Vec<f32>>,
+    /// Attention sinks, one logit per query head of the whole model (gpt-oss): each head's
+    /// softmax weighs them in as a key that contributes no value.
+    pub(crate) sinks: Option<Vec<f32>>,
     pub(crate) ffn_norm: Option<Vec<f32>>,
     /// The feed-forward block: one gated FFN, or a mixture of experts.
     pub(crate) ffn: FfnWeights,
@@ -39,12 +45,16 @@ pub(crate) struct LayerWeights {
     pub(crate) ffn_post_norm: Option<Vec<f32>>,
 }
 
-/// A gated FFN: `down(act(gate(x)) * up(x))`.
+/// A gated FFN: `down(act(gate(x) + gate_b) * (up(x) + up_b)) + down_b`, the biases only where
+/// the model has them (gpt-oss's experts).
 #[derive(Debug)]
 pub(crate) struct GatedFfn {
     pub(crate) gate: QMatrix,
     pub(crate) up: QMatrix,
     pub(crate) down: QMatrix,
+    pub(crate) gate_b: Option<Vec<f32>>,
+    pub(crate) up_b: Option<Vec<f32>>,
+    pub(crate) down_b: Option<Vec<f32>>,
 }
 
 /// A layer's feed-forward block.
@@ -56,6 +66,8 @@ pub(crate) enum FfnWeights {
     /// of its slice of the layer's 3-D expert tensors.
     Moe {
         router: QMatrix,
+        /// Bias of the router's logits (gpt-oss).
+        router_b: Option<Vec<f32>>,
         experts: Vec<GatedFfn>,
     },
 }
@@ -241,12 +253,16 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
         "attn_qkv.weight",
         "attn_qkv.bias",
         "attn_output.weight",
+        "attn_output.bias",
         "ffn_gate.weight",
         "ffn_up.weight",
         "ffn_down.weight",
     ];
     if !family.no_pre_norms {
-        per_layer.extend(["attn_norm.weight", "ffn_norm.weight"]);
+        per_layer.extend(["attn_norm.weight", family.ffn_norm_tensor()]);
+    }
+    if family.sinks {
+        per_layer.push("attn_sinks.weight");
     }
     if family.qk_norm || family.qk_norm_rows {
         per_layer.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
@@ -262,6 +278,10 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
             "ffn_gate_exps.weight",
             "ffn_up_exps.weight",
             "ffn_down_exps.weight",
+            "ffn_gate_inp.bias",
+            "ffn_gate_exps.bias",
+            "ffn_up_exps.bias",
+            "ffn_down_exps.bias",
         ]);
     }
     for t in file.tensors() {
@@ -326,6 +346,9 @@ fn dense_ffn(
         gate,
         up,
         down: out_proj(&n("ffn_down"), ff, spec.ffn.clone())?,
+        gate_b: None,
+        up_b: None,
+        down_b: None,
     }))
 }
 
@@ -355,6 +378,30 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
     let (e, fx, nx) = (cfg.n_embd, moe.n_ff_exp, moe.n_expert);
     let n = |s: &str| format!("blk.{l}.{s}.weight");
     let router = compute_rows(file, &n("ffn_gate_inp"), e, nx, 0..nx)?;
+    let bias = |s: &str| format!("blk.{l}.{s}.bias");
+    let router_b = opt_slice(file, &bias("ffn_gate_inp"), nx, 0..nx)?;
+    // Expert biases: one row per expert (`[rows, n_expert]`), or none.
+    let expert_bias = |s: &str, rows: usize| -> Result<Option<Vec<f32>>> {
+        let name = bias(s);
+        let Some(t) = file.tensor(&name) else {
+            return Ok(None);
+        };
+        if t.dims.as_slice() != [rows as u64, nx as u64] {
+            return Err(Error::InvalidModel(format!(
+                "{name} is {:?}, expected [{rows}, {nx}]",
+                t.dims
+            )));
+        }
+        Ok(Some(vector(file, &name, rows * nx)?))
+    };
+    let (gb, ub, db) = (
+        expert_bias("ffn_gate_exps", fx)?,
+        expert_bias("ffn_up_exps", fx)?,
+        expert_bias("ffn_down_exps", e)?,
+    );
+    let row_of = |b: &Option<Vec<f32>>, x: usize, rows: usize| {
+        b.as_ref().map(|b| b[x * rows..(x + 1) * rows].to_vec())
+    };
     let three = |s: &str, cols: usize, rows: usize| -> Result<&TensorInfo> {
         let name = n(s);
         let t = file.require_tensor(&name)?;
@@ -378,10 +425,17 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
                 gate: expert(file, g, x, fx, e)?,
                 up: expert(file, u, x, fx, e)?,
                 down: expert(file, d, x, e, fx)?,
+                gate_b: row_of(&gb, x, fx),
+                up_b: row_of(&ub, x, fx),
+                down_b: row_of(&db, x, e),
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(FfnWeights::Moe { router, experts })
+    Ok(FfnWeights::Moe {
+        router,
+        router_b,
+        experts,
+    })
 }
 
 impl Weights {
@@ -452,7 +506,13 @@ impl Weights {
                 bk,
                 bv,
                 wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
-                ffn_norm: opt_vec(!family.no_pre_norms, "ffn_norm", e)?,
+                bo: opt_slice(file, &format!("blk.{l}.attn_output.bias"), e, 0..e)?,
+                sinks: opt_vec(family.sinks, "attn_sinks", cfg.n_head)?,
+                ffn_norm: opt_vec(
+                    !family.no_pre_norms,
+                    family.ffn_norm_tensor().trim_end_matches(".weight"),
+                    e,
+                )?,
                 ffn,
             });
         }
@@ -517,7 +577,9 @@ impl Weights {
                 let ffn = match &l.ffn {
                     FfnWeights::Dense(f) => m(&f.gate) + m(&f.up) + m(&f.down),
                     // A token reads the router and its experts: the used share of them.
-                    FfnWeights::Moe { router, experts } => {
+                    FfnWeights::Moe {
+                        router, experts, ..
+                    } => {
                         let all: usize = experts
                             .iter()
                             .map(|f| m(&f.gate) + m(&f.up) + m(&f.down))

@@ -254,8 +254,13 @@ fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
         ),
         (
             vec![],
-            vec![("blk.0.attn_output.bias", 64)],
-            "tensor blk.0.attn_output.bias is not part of",
+            vec![("blk.0.attn_sinks.weight", 64)],
+            "tensor blk.0.attn_sinks.weight is not part of",
+        ),
+        (
+            vec![],
+            vec![("blk.0.attn_output.bias", 63)],
+            "blk.0.attn_output.bias has [63] elements",
         ),
     ];
     for (edits, extra, needle) in cases {
@@ -367,6 +372,7 @@ type MoeCase<'a> = (
 /// A small Qwen3-MoE with `edits` to its metadata and `dims` replacing tensors' dimensions (the
 /// bytes unchanged); returns the load's outcome.
 fn load_edited_moe(
+    arch: strata_engine::Arch,
     edits: &[(&str, strata_gguf::Value)],
     dims: &[(&str, &[u64])],
     drop_bytes_of: Option<&str>,
@@ -375,7 +381,7 @@ fn load_edited_moe(
     use strata_gguf::{GgmlType, GgufWriter};
     let base = GgufFile::from_bytes(real_model()).unwrap();
     let spec = SynthSpec {
-        arch: strata_engine::Arch::Qwen3Moe,
+        arch,
         layers: 2,
         embd: 64,
         ff: 128,
@@ -411,8 +417,9 @@ fn load_edited_moe(
 
 #[test]
 fn mixture_of_experts_metadata_and_tensors_are_checked_naming_them() {
+    use strata_engine::Arch;
     use strata_gguf::Value;
-    assert_eq!(load_edited_moe(&[], &[], None), "ran");
+    assert_eq!(load_edited_moe(Arch::Qwen3Moe, &[], &[], None), "ran");
     let cases: Vec<MoeCase<'_>> = vec![
         (
             vec![("qwen3moe.expert_used_count", Value::U32(5))],
@@ -453,7 +460,46 @@ fn mixture_of_experts_metadata_and_tensors_are_checked_naming_them() {
         ),
     ];
     for (edits, dims, drop, want) in cases {
-        let got = load_edited_moe(&edits, &dims, drop);
+        let got = load_edited_moe(Arch::Qwen3Moe, &edits, &dims, drop);
+        assert!(got.contains(want), "{want:?} not in {got:?}");
+    }
+}
+
+/// gpt-oss's own keys and tensors (window, sinks, expert biases) are checked too.
+#[test]
+fn gpt_oss_metadata_and_tensors_are_checked_naming_them() {
+    use strata_engine::Arch;
+    use strata_gguf::Value;
+    assert_eq!(load_edited_moe(Arch::GptOss, &[], &[], None), "ran");
+    let cases: Vec<MoeCase<'_>> = vec![
+        (
+            vec![("gpt-oss.attention.sliding_window", Value::U32(0))],
+            vec![],
+            None,
+            "gpt-oss.attention.sliding_window must be positive",
+        ),
+        // A bias per expert stored expert-major: each expert would read another's biases.
+        (
+            vec![],
+            vec![("blk.1.ffn_up_exps.bias", &[4, 128])],
+            None,
+            "blk.1.ffn_up_exps.bias is [4, 128], expected [128, 4]",
+        ),
+        (
+            vec![],
+            vec![("blk.0.attn_sinks.weight", &[3])],
+            Some("blk.0.attn_sinks.weight"),
+            "blk.0.attn_sinks.weight has [3] elements, expected 4",
+        ),
+        (
+            vec![],
+            vec![("blk.0.ffn_gate_inp.bias", &[3])],
+            Some("blk.0.ffn_gate_inp.bias"),
+            "blk.0.ffn_gate_inp.bias has [3] elements, expected 4",
+        ),
+    ];
+    for (edits, dims, drop, want) in cases {
+        let got = load_edited_moe(Arch::GptOss, &edits, &dims, drop);
         assert!(got.contains(want), "{want:?} not in {got:?}");
     }
 }

@@ -377,3 +377,8 @@ fn synthetic_qwen3moe_q4_0_matches_llama_cpp() {
 fn synthetic_qwen3moe_iq4_nl_matches_llama_cpp() {
     check_synthetic("synth-qwen3moe-iq4_nl");
 }
+
+#[test]
+fn synthetic_gpt_oss_mxfp4_moe_matches_llama_cpp() {
+    check_synthetic("synth-gpt-oss-mxfp4_moe");
+}

@@ -32,6 +32,8 @@ pub enum GgmlType {
     BF16,
     IQ4NL,
     IQ4XS,
+    /// OCP microscaling FP4: 32 E2M1 values sharing one E8M0 (power of two) scale (gpt-oss).
+    MXFP4,
 }
 
 impl GgmlType {
@@ -60,6 +62,7 @@ impl GgmlType {
             20 => Self::IQ4NL,
             23 => Self::IQ4XS,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -89,6 +92,7 @@ impl GgmlType {
             Self::IQ4NL => 20,
             Self::IQ4XS => 23,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -101,7 +105,8 @@ impl GgmlType {
             | Self::Q5_1
             | Self::Q8_0
             | Self::Q8_1
-            | Self::IQ4NL => 32,
+            | Self::IQ4NL
+            | Self::MXFP4 => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K | Self::IQ4XS => {
                 256
             }
@@ -130,6 +135,7 @@ impl GgmlType {
             Self::Q8K => 292,
             Self::IQ4NL => 18,
             Self::IQ4XS => 136,
+            Self::MXFP4 => 17,
         }
     }
 
@@ -166,13 +172,14 @@ impl GgmlType {
             Self::BF16 => "BF16",
             Self::IQ4NL => "IQ4_NL",
             Self::IQ4XS => "IQ4_XS",
+            Self::MXFP4 => "MXFP4",
         }
     }
 }
 
 impl GgmlType {
     /// Every type this build knows.
-    pub const ALL: [GgmlType; 22] = [
+    pub const ALL: [GgmlType; 23] = [
         Self::F32,
         Self::F16,
         Self::Q4_0,
@@ -195,6 +202,7 @@ impl GgmlType {
         Self::BF16,
         Self::IQ4NL,
         Self::IQ4XS,
+        Self::MXFP4,
     ];
 
     /// The type named `name` as ggml names it, in any case (`q4_k`, `Q4_K`, `iq4_xs`).

@@ -28,7 +28,7 @@ pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             dot_lanes(ty, w, a, n)
         }
-        GgmlType::IQ4NL => dot_iq4_nl(w, a, n),
+        GgmlType::IQ4NL | GgmlType::MXFP4 => dot_pairs(ty, w, a, n),
         GgmlType::BF16 => dot_half(true, w, a, n),
         GgmlType::Q4K => crate::kquants::dot_q4_k(w, a, n),
         GgmlType::Q6K => crate::kquants::dot_q6_k(w, a, n),
@@ -104,18 +104,19 @@ fn lane_sums(codes: &[i8; QK], y: &[u8]) -> [i32; 8] {
     })
 }
 
-/// IQ4_NL in the order of llama.cpp's AVX2 `ggml_vec_dot_iq4_nl_q8_0`: blocks in pairs, even
-/// ones in one 8-lane accumulator and odd ones in another, the two added lane by lane and
-/// reduced by [`hsum8`]; an odd last block is added as `d * sum` (one rounding each, no fusing:
-/// measured against llama.cpp's own function).
-fn dot_iq4_nl(w: &[u8], a: &[u8], n: usize) -> f32 {
+/// IQ4_NL and MXFP4 in the order of llama.cpp's AVX2 `ggml_vec_dot_iq4_nl_q8_0` and
+/// `ggml_vec_dot_mxfp4_q8_0`: blocks in pairs, even ones in one 8-lane accumulator and odd ones
+/// in another, the two added lane by lane and reduced by [`hsum8`]; an odd last block is added
+/// as `d * sum` (one rounding each, no fusing: measured against llama.cpp's own function).
+fn dot_pairs(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let nb = n / QK;
+    let wb = ty.block_bytes();
     let mut acc = [[0.0f32; 8]; 2];
     let mut codes = [0i8; QK];
     let block = |ib: usize, codes: &mut [i8; QK]| {
-        let xb = &w[ib * 18..(ib + 1) * 18];
+        let xb = &w[ib * wb..(ib + 1) * wb];
         let yb = &a[ib * 34..(ib + 1) * 34];
-        let (dx, _) = block_codes(GgmlType::IQ4NL, xb, codes);
+        let (dx, _) = block_codes(ty, xb, codes);
         (rd_f16(yb, 0) * dx, lane_sums(codes, &yb[2..]))
     };
     let mut ib = 0;
@@ -208,7 +209,7 @@ pub fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum8(&acc)
 }
 
-/// The order of llama.cpp's repacked 8-row kernels for Q4_0 and IQ4_NL (`gemv`/`gemm_*_8x8_q8_0`,
+/// The order of llama.cpp's repacked 8-row kernels for Q4_0, IQ4_NL and MXFP4 (`gemv`/`gemm_*_8x8_q8_0`,
 /// which an AVX2 build runs for every batch size when the row count is a multiple of 8): each
 /// block's whole integer sum, times `d_w * d_a`, fused into one accumulator, block after block.
 pub fn dot_repacked(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {

@@ -38,6 +38,22 @@ pub fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
+/// The 16 values of MXFP4 codes: E2M1 floats doubled, so they are integers (ggml's
+/// `kvalues_mxfp4`); the block scale is halved to match ([`e8m0_half`]).
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the value of an E8M0 scale (`2^(e - 128)`), as ggml's `ggml_e8m0_to_fp32_half` builds
+/// it: in the exponent bits, or as the subnormal `2^-128` / `2^-127` for `e` 0 and 1.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
 /// Decodes one block of a 32-element integer format into its signed codes.
 ///
 /// Returns the codes and, for Q4_1 and Q5_1, the block minimum (`m`, added as `m * sum(y)` by the dot).
@@ -91,6 +107,13 @@ pub(crate) fn block_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK]) -> (f32, f
             }
             (rd_f16(b, 0), 0.0)
         }
+        GgmlType::MXFP4 => {
+            for j in 0..16 {
+                out[j] = MXFP4_VALUES[usize::from(b[1 + j] & 0x0F)];
+                out[j + 16] = MXFP4_VALUES[usize::from(b[1 + j] >> 4)];
+            }
+            (e8m0_half(b[0]), 0.0)
+        }
         _ => (0.0, 0.0),
     }
 }
@@ -120,7 +143,8 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
         | GgmlType::Q5_0
         | GgmlType::Q5_1
         | GgmlType::Q8_0
-        | GgmlType::IQ4NL => {
+        | GgmlType::IQ4NL
+        | GgmlType::MXFP4 => {
             let bb = ty.block_bytes();
             let mut codes = [0i8; QK];
             for (o, b) in out.chunks_exact_mut(QK).zip(row.chunks_exact(bb)) {
@@ -142,7 +166,9 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
 pub fn act_type(ty: GgmlType) -> GgmlType {
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => {
+            GgmlType::Q8_0
+        }
         GgmlType::Q2K
         | GgmlType::Q3K
         | GgmlType::Q4K
@@ -337,6 +363,7 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
                 out = q;
             }
         }
+        GgmlType::MXFP4 => quantize_mxfp4(x, &mut out),
         GgmlType::Q4_1 => {
             for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
                 let min = xb.iter().copied().fold(f32::INFINITY, f32::min);
@@ -354,4 +381,37 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
         _ => {}
     }
     out
+}
+
+/// `quantize_row_mxfp4_ref`: the block's exponent from its largest magnitude
+/// (`floor(log2(amax)) - 2 + 127`, with the C library's `log2f`, as ggml calls it), each value
+/// the nearest table entry times the halved scale (the first on ties).
+fn quantize_mxfp4(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(17)) {
+        let amax = xb
+            .iter()
+            .fold(0.0f32, |m, v| if m < v.abs() { v.abs() } else { m });
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_half(e);
+        let best = |v: f32| -> u8 {
+            let mut best = 0;
+            let mut err = (f32::from(MXFP4_VALUES[0]) * d - v).abs();
+            for (i, &k) in MXFP4_VALUES.iter().enumerate().skip(1) {
+                let e = (f32::from(k) * d - v).abs();
+                if e < err {
+                    best = i as u8;
+                    err = e;
+                }
+            }
+            best
+        };
+        ob[0] = e;
+        for j in 0..16 {
+            ob[1 + j] = best(xb[j]) | (best(xb[j + 16]) << 4);
+        }
+    }
 }

@@ -54,7 +54,7 @@ pub enum Error {
     },
     /// The kernels cannot compute with this weight format (yet).
     #[error(
-        "unsupported weight format {0} (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
+        "unsupported weight format {0} (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)"
     )]
     UnsupportedType(GgmlType),
 }
@@ -81,6 +81,7 @@ pub fn supported_weight(ty: GgmlType) -> bool {
             | GgmlType::Q6K
             | GgmlType::IQ4NL
             | GgmlType::IQ4XS
+            | GgmlType::MXFP4
     )
 }
 

@@ -668,6 +668,11 @@ pub(crate) fn row_dot(
     four: bool,
 ) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
     if repacked_b32(ty, rows) {
+        #[cfg(target_arch = "x86_64")]
+        if ty == GgmlType::MXFP4 && crate::isa().avx2 {
+            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
+            return |_, w, a, n| unsafe { crate::x86_rowdot::dot_mxfp4_repacked(w, a, n) };
+        }
         return crate::dot::dot_repacked;
     }
     let repacked = ty == GgmlType::Q4K && rows.is_multiple_of(8);
@@ -688,7 +693,10 @@ pub(crate) fn row_dot(
             GgmlType::Q4K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q4_k(w, a, n) },
             GgmlType::Q6K => return |_, w, a, n| unsafe { crate::x86_kquants::dot_q6_k(w, a, n) },
             GgmlType::IQ4NL => {
-                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_iq4_nl::<true>(w, a, n) };
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_lut4::<false, true>(w, a, n) };
+            }
+            GgmlType::MXFP4 => {
+                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_lut4::<true, true>(w, a, n) };
             }
             GgmlType::BF16 => {
                 return |_, w, a, n| unsafe { crate::x86_rowdot::dot_half::<true>(w, a, n) };
@@ -714,7 +722,7 @@ pub(crate) fn row_dot(
 /// IQ4_NL layout, whose kernels sum each block whole before scaling it (see
 /// [`crate::dot::dot_repacked`]).
 pub(crate) fn repacked_b32(ty: GgmlType, rows: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL) && rows.is_multiple_of(8)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4) && rows.is_multiple_of(8)
 }
 
 /// Whether llama.cpp sends a batch of `n` tokens times `w` through tinyBLAS in an order other
@@ -739,7 +747,9 @@ pub(crate) fn tinyblas_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) ->
         // SAFETY (both): `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
         match ty {
             GgmlType::IQ4NL => {
-                return |_, w, a, n| unsafe { crate::x86_rowdot::dot_iq4_nl::<false>(w, a, n) };
+                return |_, w, a, n| unsafe {
+                    crate::x86_rowdot::dot_lut4::<false, false>(w, a, n)
+                };
             }
             GgmlType::BF16 => {
                 return |_, w, a, n| unsafe {

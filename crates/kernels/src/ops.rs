@@ -315,8 +315,11 @@ fn expf_of(flavour: Flavour, x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn softmax_impl(x: &mut [f32], flavour: Flavour) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+fn softmax_impl(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
+    let max = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
         *v = expf_of(flavour, *v - max);
@@ -341,6 +344,7 @@ fn softmax_impl(x: &mut [f32], flavour: Flavour) {
             }
         }
     }
+    sum += sink_term(sink, max);
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
@@ -355,21 +359,29 @@ fn swiglu_impl(gate: &mut [f32], up: &[f32], flavour: Flavour) {
     }
 }
 
+/// What an attention sink adds to a softmax's sum: a logit that joins the maximum and the
+/// sum (ggml's `soft_max` with sinks: `expf(sink - max)` by the C library, added in f64) but
+/// weighs no value (gpt-oss).
+#[inline(always)]
+pub(crate) fn sink_term(sink: Option<f32>, max: f32) -> f64 {
+    sink.map_or(0.0, |s| f64::from((s - max).exp()))
+}
+
 /// In-place softmax of `x` (already scaled and masked), with the exponential and summation
 /// order of the llama.cpp build `flavour` (block sums in f32, added in f64), multiplied by the
-/// inverse of the sum.
-pub fn softmax(x: &mut [f32], flavour: Flavour) {
+/// inverse of the sum; a `sink` logit takes part in the maximum and the sum only.
+pub fn softmax(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
         return unsafe {
             match flavour {
-                Flavour::Avx512 => crate::x86_ops::softmax(x),
-                Flavour::Avx2 => crate::x86_ops::softmax_avx2(x),
+                Flavour::Avx512 => crate::x86_ops::softmax(x, sink),
+                Flavour::Avx2 => crate::x86_ops::softmax_avx2(x, sink),
             }
         };
     }
-    softmax_ref(x, flavour)
+    softmax_ref(x, sink, flavour)
 }
 
 /// ggml's `soft_max` operator on one row without a mask (`ggml_vec_soft_max_f32`): whole
@@ -410,8 +422,33 @@ pub fn softmax_op(x: &mut [f32], flavour: Flavour) {
 }
 
 /// The scalar definition of [`softmax`] (what the SIMD version must reproduce).
-pub fn softmax_ref(x: &mut [f32], flavour: Flavour) {
-    softmax_impl(x, flavour)
+pub fn softmax_ref(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
+    softmax_impl(x, sink, flavour)
+}
+
+/// gpt-oss's SwiGLU constants (llama.cpp's `LLM_FFN_SWIGLU_OAI_MOE`): the sigmoid's slope and
+/// the clamp of both inputs.
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// See [`SWIGLU_OAI_ALPHA`].
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// `gate = x * sigmoid(alpha * x) * (y + 1)` with `x = min(gate, limit)` and `y = up` clamped
+/// to `[-limit, limit]`: gpt-oss's activation, as ggml's `swiglu_oai` computes it (the C
+/// library's `expf`, `std::min` / `std::clamp` comparisons).
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    let (alpha, limit) = (SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT);
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = if limit < *g { limit } else { *g };
+        let y = if u < -limit {
+            -limit
+        } else if limit < u {
+            limit
+        } else {
+            u
+        };
+        let glu = x / (1.0 + (alpha * -x).exp());
+        *g = glu * (y + 1.0);
+    }
 }
 
 /// `gate = silu(gate) * up`, the SwiGLU activation, with the exponential of `flavour`.

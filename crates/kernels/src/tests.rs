@@ -18,7 +18,7 @@ impl Rng {
     }
 }
 
-const TYPES: [GgmlType; 15] = [
+const TYPES: [GgmlType; 16] = [
     GgmlType::Q4K,
     GgmlType::Q6K,
     GgmlType::Q2K,
@@ -31,6 +31,7 @@ const TYPES: [GgmlType; 15] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::IQ4NL,
+    GgmlType::MXFP4,
     GgmlType::BF16,
     GgmlType::F16,
     GgmlType::F32,
@@ -112,7 +113,8 @@ fn b32_reference(
     cols: usize,
     n: usize,
 ) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
-    let repacked = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL) && rows.is_multiple_of(8);
+    let repacked =
+        matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4) && rows.is_multiple_of(8);
     let tinyblas = n >= 2
         && match ty {
             GgmlType::IQ4NL => !repacked,
@@ -185,6 +187,8 @@ fn weight_quantisers_round_trip() {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::IQ4NL => {
                 0.15
             }
+            // A power-of-two scale and E2M1 values: up to a quarter of the block maximum.
+            GgmlType::MXFP4 => 0.3,
             GgmlType::BF16 => 4e-3,
             GgmlType::Q6K => 0.05,
             GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.07,
@@ -256,11 +260,26 @@ fn simd_ops_match_their_scalar_definitions() {
     for n in [1usize, 7, 16, 33, 100, 257] {
         let base = rng.vec(n, 30.0);
         for fl in [attn::Flavour::Avx512, attn::Flavour::Avx2] {
-            let mut a = base.clone();
-            let mut b = base.clone();
-            ops::softmax(&mut a, fl);
-            ops::softmax_ref(&mut b, fl);
-            assert_eq!(bits(&a), bits(&b), "softmax n={n} {fl:?}");
+            // A sink below, inside and above the scores' range.
+            for sink in [None, Some(-50.0), Some(3.0), Some(80.0)] {
+                let mut a = base.clone();
+                let mut b = base.clone();
+                ops::softmax(&mut a, sink, fl);
+                ops::softmax_ref(&mut b, sink, fl);
+                assert_eq!(bits(&a), bits(&b), "softmax n={n} {fl:?} sink {sink:?}");
+                // The sink takes its share of the probability mass and no more.
+                let total: f64 = a.iter().map(|&v| f64::from(v)).sum();
+                let sink_share = sink.map_or(0.0, |s| {
+                    let max = base.iter().copied().fold(s, f32::max);
+                    let z: f64 = base.iter().map(|&v| f64::from(v - max).exp()).sum::<f64>()
+                        + f64::from(s - max).exp();
+                    f64::from(s - max).exp() / z
+                });
+                assert!(
+                    (total + sink_share - 1.0).abs() < 1e-4,
+                    "n={n} {sink:?}: {total}"
+                );
+            }
         }
 
         let up = rng.vec(n, 3.0);
@@ -688,4 +707,29 @@ fn vec_dot_orders_match_llama_cpp() {
         }
     }
     assert!(checked >= 100, "{checked} cases");
+}
+
+#[test]
+fn mxfp4_scales_are_half_their_power_of_two() {
+    use crate::formats::e8m0_half;
+    assert_eq!(e8m0_half(127), 0.5);
+    assert_eq!(e8m0_half(128), 1.0);
+    assert_eq!(e8m0_half(2), 2f32.powi(-126));
+    // Below the normal range ggml writes the subnormals 2^-128 and 2^-127 directly.
+    assert_eq!(e8m0_half(1), 2f32.powi(-127));
+    assert_eq!(e8m0_half(0), 2f32.powi(-128));
+    assert_eq!(e8m0_half(254), 2f32.powi(126));
+    // A block whose largest magnitude is 3 gets exponent floor(log2 3) - 2 + 127 = 126 and
+    // stores 3 as code 7 (12 * 2^-2); 0.3 rounds to the nearest table value, 0.25 (code 1).
+    let mut x = vec![0.0f32; 32];
+    x[0] = 3.0;
+    x[17] = -0.3;
+    let q = quantize_weights(GgmlType::MXFP4, &x);
+    assert_eq!(q.len(), 17);
+    assert_eq!(q[0], 126);
+    assert_eq!(q[1] & 0x0F, 7);
+    assert_eq!(q[2] >> 4, 9);
+    let mut back = vec![0.0; 32];
+    dequantize_row(GgmlType::MXFP4, &q, &mut back);
+    assert_eq!((back[0], back[17]), (3.0, -0.25));
 }

@@ -137,8 +137,11 @@ unsafe fn expf8_avx2(x: __m256) -> __m256 {
 /// [`crate::ops::softmax`] as an AVX2 build computes it: blocks of eight exponentials summed in
 /// `hsum` order, block sums in f64.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+pub(crate) unsafe fn softmax_avx2(x: &mut [f32], sink: Option<f32>) {
+    let max = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let vmax = _mm256_set1_ps(max);
     let mut sum = 0.0f64;
     let mut chunks = x.chunks_exact_mut(8);
@@ -156,6 +159,7 @@ pub(crate) unsafe fn softmax_avx2(x: &mut [f32]) {
         rest.copy_from_slice(&pad[..rest.len()]);
         sum += f64::from(hsum8(v));
     }
+    sum += crate::ops::sink_term(sink, max);
     let inv = _mm256_set1_ps((1.0 / sum) as f32);
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {
@@ -190,8 +194,11 @@ pub(crate) unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
 
 /// [`crate::ops::softmax`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+pub(crate) unsafe fn softmax(x: &mut [f32], sink: Option<f32>) {
+    let max = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let vmax = _mm256_set1_ps(max);
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {
@@ -218,6 +225,7 @@ pub(crate) unsafe fn softmax(x: &mut [f32]) {
             _mm256_loadu_ps(pad.as_ptr().add(8)),
         ));
     }
+    sum += crate::ops::sink_term(sink, max);
     let inv = (1.0 / sum) as f32;
     let vinv = _mm256_set1_ps(inv);
     let mut chunks = x.chunks_exact_mut(8);

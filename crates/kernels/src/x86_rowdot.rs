@@ -1,28 +1,42 @@
-//! AVX2 row-by-row dot products of IQ4_NL, BF16 and F16 weights in the orders of llama.cpp's AVX2
+//! AVX2 row-by-row dot products of IQ4_NL, MXFP4, BF16 and F16 weights in the orders of llama.cpp's AVX2
 //! `vec_dot` and tinyBLAS kernels. Each is bit-identical to its scalar twin in [`crate::dot`]:
-//! `dot_iq4_nl` / `dot_half` (`vec_dot`) and `dot_tinyblas`.
+//! `dot_pairs` / `dot_half` (`vec_dot`), `dot_repacked` and `dot_tinyblas`.
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 
-use crate::formats::rd_f16;
+use crate::formats::{MXFP4_VALUES, e8m0_half, rd_f16};
 use crate::kformats::IQ4NL_VALUES;
 use crate::x86::hsum8;
 
-/// Bytes of an IQ4_NL block (f16 scale, 16 bytes of indices) and of a Q8_0 block.
+/// Bytes of an IQ4_NL block (f16 scale, 16 bytes of indices), of an MXFP4 block (E8M0
+/// exponent, 16 bytes of indices) and of a Q8_0 block.
 const IQ4_NL_BYTES: usize = 18;
+const MXFP4_BYTES: usize = 17;
 const Q8_0_BYTES: usize = 34;
 
-/// The 32 signed codes of the IQ4_NL block whose 16 index bytes are at `qs`: elements 0..16
-/// (low nibbles) in the low half, 16..32 (high nibbles) in the high half.
+/// The 32 signed codes of the 4-bit table-format block whose 16 index bytes are at `qs`
+/// (`MX`: MXFP4's table, else IQ4_NL's): elements 0..16 (low nibbles) in the low half, 16..32
+/// (high nibbles) in the high half.
 #[inline(always)]
-unsafe fn iq4_nl_codes(qs: *const u8) -> __m256i {
-    let lut = _mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i);
+unsafe fn lut4_codes<const MX: bool>(qs: *const u8) -> __m256i {
+    let table: &[i8; 16] = if MX { &MXFP4_VALUES } else { &IQ4NL_VALUES };
+    let lut = _mm_loadu_si128(table.as_ptr() as *const __m128i);
     let m4 = _mm_set1_epi8(0x0F);
     let q = _mm_loadu_si128(qs as *const __m128i);
     let lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m4));
     let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
     _mm256_set_m128i(hi, lo)
+}
+
+/// Block bytes, index offset and scale of block `ib` of a 4-bit table-format row.
+#[inline(always)]
+fn lut4_block<const MX: bool>(w: &[u8], ib: usize) -> (usize, f32) {
+    if MX {
+        (ib * MXFP4_BYTES + 1, e8m0_half(w[ib * MXFP4_BYTES]))
+    } else {
+        (ib * IQ4_NL_BYTES + 2, rd_f16(w, ib * IQ4_NL_BYTES))
+    }
 }
 
 /// The eight lane sums (four products each) of signed codes `x` and signed quants `y`.
@@ -32,23 +46,41 @@ unsafe fn lane_sums(x: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
 }
 
-/// IQ4_NL times Q8_0 activations: `PAIRS` is `ggml_vec_dot_iq4_nl_q8_0`'s order (even and odd
-/// blocks in two accumulators, an odd last block added unfused), otherwise tinyBLAS's (one
-/// accumulator).
+/// The whole integer sum of signed codes `x` times signed quants `y`.
+#[inline(always)]
+unsafe fn block_sum(x: __m256i, y: __m256i) -> i32 {
+    let p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
+        _mm256_set1_epi16(1),
+    );
+    crate::x86::hsum_epi32(p)
+}
+
+/// IQ4_NL (or, with `MX`, MXFP4) times Q8_0 activations: `PAIRS` is the order of
+/// `ggml_vec_dot_iq4_nl_q8_0` / `ggml_vec_dot_mxfp4_q8_0` (even and odd blocks in two
+/// accumulators, an odd last block added unfused), otherwise tinyBLAS's (one accumulator).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` and `a` must hold `n / 32` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_iq4_nl<const PAIRS: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) unsafe fn dot_lut4<const MX: bool, const PAIRS: bool>(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+) -> f32 {
     let nb = n / 32;
-    assert!(w.len() >= nb * IQ4_NL_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let wb = if MX { MXFP4_BYTES } else { IQ4_NL_BYTES };
+    assert!(w.len() >= nb * wb && a.len() >= nb * Q8_0_BYTES);
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let block = |ib: usize, acc: __m256| {
-        let x = wp.add(ib * IQ4_NL_BYTES);
-        let y = ap.add(ib * Q8_0_BYTES);
-        let d = rd_f16(a, ib * Q8_0_BYTES) * rd_f16(w, ib * IQ4_NL_BYTES);
-        let q = _mm256_loadu_si256(y.add(2) as *const __m256i);
-        _mm256_fmadd_ps(_mm256_set1_ps(d), lane_sums(iq4_nl_codes(x.add(2)), q), acc)
+        let (at, dx) = lut4_block::<MX>(w, ib);
+        let d = rd_f16(a, ib * Q8_0_BYTES) * dx;
+        let q = _mm256_loadu_si256(ap.add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        _mm256_fmadd_ps(
+            _mm256_set1_ps(d),
+            lane_sums(lut4_codes::<MX>(wp.add(at)), q),
+            acc,
+        )
     };
     if !PAIRS {
         let mut acc = _mm256_setzero_ps();
@@ -67,18 +99,34 @@ pub(crate) unsafe fn dot_iq4_nl<const PAIRS: bool>(w: &[u8], a: &[u8], n: usize)
     let mut sum = hsum8(_mm256_add_ps(acc1, acc2));
     if ib < nb {
         // The odd last block: `sumf += d * (sumi1 + sumi2)`, one rounding each.
-        let x = wp.add(ib * IQ4_NL_BYTES + 2);
+        let (at, dx) = lut4_block::<MX>(w, ib);
         let q = _mm256_loadu_si256(ap.add(ib * Q8_0_BYTES + 2) as *const __m256i);
-        let c = iq4_nl_codes(x);
-        let p = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q, c)),
-            _mm256_set1_epi16(1),
-        );
-        let s = crate::x86::hsum_epi32(p);
-        let d = rd_f16(a, ib * Q8_0_BYTES) * rd_f16(w, ib * IQ4_NL_BYTES);
+        let s = block_sum(lut4_codes::<MX>(wp.add(at)), q);
+        let d = rd_f16(a, ib * Q8_0_BYTES) * dx;
         sum += d * s as f32;
     }
     sum
+}
+
+/// MXFP4 times Q8_0 activations in the order of llama.cpp's repacked 8-row kernels (the twin of
+/// [`crate::dot::dot_repacked`]): each block's whole integer sum times `d_w * d_a`, fused into
+/// one accumulator block after block.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` and `a` must hold `n / 32` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_mxfp4_repacked(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / 32;
+    assert!(w.len() >= nb * MXFP4_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = 0.0f32;
+    for ib in 0..nb {
+        let (at, dx) = lut4_block::<true>(w, ib);
+        let q = _mm256_loadu_si256(ap.add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        let s = block_sum(lut4_codes::<true>(wp.add(at)), q);
+        acc = (s as f32).mul_add(dx * rd_f16(a, ib * Q8_0_BYTES), acc);
+    }
+    acc
 }
 
 /// Eight bf16 (`BF`) or f16 values at `p` as f32.

@@ -14,6 +14,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod granite;
 mod llama;
 mod mistral3;
@@ -59,6 +60,9 @@ pub enum Arch {
     Olmo2,
     /// Qwen3-MoE: Qwen3's attention, a softmax-routed mixture of experts for the FFN.
     Qwen3Moe,
+    /// gpt-oss: biased attention with sinks and alternating sliding windows, a mixture of
+    /// biased experts with a clamped SwiGLU (MXFP4 in the released files).
+    GptOss,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -74,6 +78,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("mistral3", Arch::Mistral3),
     ("olmo2", Arch::Olmo2),
     ("qwen3moe", Arch::Qwen3Moe),
+    ("gpt-oss", Arch::GptOss),
 ];
 
 impl Arch {
@@ -121,6 +126,21 @@ pub(crate) struct LayerTensors {
     pub(crate) no_pre_norms: bool,
     /// A mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`) instead of the dense FFN.
     pub(crate) moe: bool,
+    /// `attn_sinks`: one sink logit per query head (gpt-oss).
+    pub(crate) sinks: bool,
+    /// The FFN's input norm is stored as `post_attention_norm` (gpt-oss) rather than `ffn_norm`.
+    pub(crate) ffn_norm_post_attention: bool,
+}
+
+impl LayerTensors {
+    /// The name (after `blk.N.`) of the FFN's input norm.
+    pub(crate) fn ffn_norm_tensor(&self) -> &'static str {
+        if self.ffn_norm_post_attention {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        }
+    }
 }
 
 /// One decoder family.
@@ -149,6 +169,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Mistral3 => &mistral3::Mistral3,
         Arch::Olmo2 => &olmo2::Olmo2,
         Arch::Qwen3Moe => &qwen3moe::Qwen3Moe,
+        Arch::GptOss => &gpt_oss::GptOss,
     }
 }
 

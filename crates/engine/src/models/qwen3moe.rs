@@ -5,7 +5,7 @@
 
 use super::{Family, LayerTensors, pre_norm_layer};
 use crate::blocks::Blocks;
-use crate::config::{Hparams, Moe};
+use crate::config::{Gating, Hparams, Moe};
 use crate::weights::LayerWeights;
 use crate::{Error, ModelConfig, Result};
 
@@ -65,5 +65,6 @@ pub(crate) fn read_moe(hp: &Hparams<'_>, cfg: &ModelConfig, norm_weights: bool) 
         n_ff_exp,
         norm_weights,
         weights_scale,
+        gating: Gating::Softmax,
     })
 }
