@@ -12,6 +12,14 @@
 //! | [`CallFormat::MistralArgs`] | Mistral Small 3.2, Devstral, Magistral | `[TOOL_CALLS]f[ARGS]{…}[TOOL_CALLS]g[ARGS]{…}` |
 //! | [`CallFormat::Granite`] | Granite 3 | `<|tool_call|>[{"name": "f", "arguments": {…}}, …]` |
 //! | [`CallFormat::Llama3`] | Llama 3.1 – 3.3 | `{"name": "f", "parameters": {…}}` (the whole answer; one call) |
+//! | [`CallFormat::Harmony`] | gpt-oss | `<|channel|>commentary to=functions.f <|constrain|>json<|message|>{…}<|call|>` (one call; the answer ends there) |
+//!
+//! gpt-oss's harmony format also splits every answer into channels: `analysis` (the reasoning,
+//! given out as `reasoning_content`), `final` (the content) and `commentary` (calls, and
+//! preambles, which are content); [`crate::output`] reads them whether tools are on or not.
+
+/// The text that makes a harmony message a call of one of the client's functions.
+pub(crate) const HARMONY_RECIPIENT: &str = "to=functions.";
 
 /// A tool-call syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +34,8 @@ pub enum CallFormat {
     Granite,
     /// One bare JSON call `{"name": …, "parameters": …}` as the whole answer.
     Llama3,
+    /// gpt-oss's harmony messages: a call is a `commentary` message to `functions.NAME`.
+    Harmony,
 }
 
 /// The fixed texts around calls; every syntax is these plus a call body.
@@ -56,7 +66,10 @@ impl CallFormat {
         let Some(src) = template else {
             return CallFormat::Hermes;
         };
-        if !src.contains("tools") {
+        if src.contains("<|channel|>") && src.contains("<|message|>") {
+            // Harmony's channels shape every answer, with tools or without.
+            CallFormat::Harmony
+        } else if !src.contains("tools") {
             CallFormat::Hermes
         } else if src.contains("[TOOL_CALLS]") {
             if src.contains("[ARGS]") {
@@ -81,6 +94,7 @@ impl CallFormat {
             CallFormat::MistralArgs => "mistral-args",
             CallFormat::Granite => "granite",
             CallFormat::Llama3 => "llama3",
+            CallFormat::Harmony => "harmony",
         }
     }
 
@@ -122,6 +136,18 @@ impl CallFormat {
                 id: false,
                 ..CallFormat::MistralList.shape()
             },
+            // The recipient opens a call; the rest of its header and the message are written
+            // by the grammar of [`crate::grammar`] and read by [`crate::output`]'s channels.
+            CallFormat::Harmony => Shape {
+                trigger: Some(HARMONY_RECIPIENT),
+                first: NONE,
+                after_each: NONE,
+                next: None,
+                end: NONE,
+                name_args: true,
+                args_key: "arguments",
+                id: false,
+            },
             CallFormat::Llama3 => Shape {
                 trigger: None,
                 first: NONE,
@@ -147,7 +173,7 @@ impl CallFormat {
         let mut m: Vec<&'static str> = s.trigger.into_iter().collect();
         m.extend(s.first.iter().chain(s.after_each).chain(s.end));
         m.extend(s.next.unwrap_or(&[]).iter());
-        if s.name_args {
+        if s.name_args && self != CallFormat::Harmony {
             m.push("[ARGS]");
         }
         m.sort_unstable();
@@ -212,6 +238,10 @@ mod tests {
             ),
             // Markers without tools in the template: the default prompt's syntax.
             (Some("[TOOL_CALLS]"), CallFormat::Hermes),
+            (
+                Some("<|start|>assistant<|channel|>final<|message|>"),
+                CallFormat::Harmony,
+            ),
         ];
         for (src, want) in cases {
             assert_eq!(CallFormat::detect(src), want, "{src:?}");

@@ -191,6 +191,9 @@ impl Grammars {
     /// [`Choice::Named`]). With `open`, the text starts with the opening marker; without,
     /// just after it.
     fn calls_grammar(&self, tools: &[Tool], choice: &Choice, parallel: bool, open: bool) -> String {
+        if self.format == CallFormat::Harmony {
+            return self.harmony_call(tools, choice, open);
+        }
         let shape = self.format.shape();
         let mut start = Vec::new();
         if let (true, Some(t)) = (open, shape.trigger) {
@@ -227,6 +230,46 @@ impl Grammars {
             )
         };
         format!("start: {}\ncall: {call}\n", start.join(" "))
+    }
+}
+
+impl Grammars {
+    /// One harmony call message (the format has one call per answer): with `open`, from its
+    /// channel on, else from just after the recipient's `to=functions.`; the function's name,
+    /// the JSON constraint, the arguments and `<|call|>`, which ends the generation.
+    fn harmony_call(&self, tools: &[Tool], choice: &Choice, open: bool) -> String {
+        let head = if open {
+            format!(
+                "{} {} ",
+                self.lit("<|channel|>"),
+                Value::String(format!(
+                    "commentary {}",
+                    crate::call_format::HARMONY_RECIPIENT
+                ))
+            )
+        } else {
+            String::new()
+        };
+        // ` <|constrain|>json<|message|>`: the space and `json` are text, the markers tokens.
+        let body = format!(
+            "{} {} {} {}",
+            Value::String(" ".into()),
+            self.lit("<|constrain|>"),
+            Value::String("json".into()),
+            self.lit("<|message|>")
+        );
+        let end = self.lit("<|call|>");
+        let call = tools::picked(tools, choice)
+            .map(|t| {
+                format!(
+                    "{} {body} %json {} {end}",
+                    Value::String(t.function.name.clone()),
+                    compact(tools::parameters(t)),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n    | ");
+        format!("start: {head}call\ncall: {call}\n")
     }
 }
 

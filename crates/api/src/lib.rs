@@ -14,6 +14,7 @@ pub mod call_format;
 pub mod engine;
 mod error;
 pub mod grammar;
+mod harmony;
 pub mod metrics;
 pub mod output;
 pub mod scheduler;

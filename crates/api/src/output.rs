@@ -8,6 +8,7 @@
 //! so the streamed pieces join into exactly the arguments of the whole answer.
 
 use crate::call_format::CallFormat;
+use crate::harmony::{Event, Kind, Messages};
 use crate::scheduler::TokenLogprob;
 use crate::tools::ParsedCall;
 
@@ -22,6 +23,8 @@ pub enum Piece {
     CallArgs(usize, String),
     /// The call at this index is complete (its name and arguments were given out before).
     Call(usize, ParsedCall),
+    /// More of the model's reasoning (gpt-oss's `analysis` channel).
+    Reasoning(String),
 }
 
 /// Turns decoded text into [`Piece`]s.
@@ -54,6 +57,13 @@ pub struct Output {
     pub stopped: bool,
     /// Log-probabilities of the tokens so far (with their ids), when asked for.
     pub logprobs: Vec<(u32, TokenLogprob)>,
+    /// Harmony's messages, when the model writes them (gpt-oss): the text passes through
+    /// them first, and only the answer's bodies reach the content.
+    channels: Option<Messages>,
+    /// The kind of the harmony message being read.
+    message: Option<Kind>,
+    /// The reasoning given out.
+    pub reasoning: String,
 }
 
 impl Output {
@@ -66,14 +76,24 @@ impl Output {
         }
     }
 
+    /// Reads the text as harmony messages (gpt-oss): reasoning, answer and calls apart.
+    pub fn with_channels(mut self) -> Output {
+        self.channels = Some(Messages::default());
+        self
+    }
+
     /// Whether tools are on (a control token that marks calls must then reach [`Output::push`]
     /// as text; with tools off it stays out of the content, as every control token does).
     pub fn reads_calls(&self) -> bool {
         self.format.is_some()
     }
 
-    /// The trigger that opens calls in the content, if tools are on and calls have one.
+    /// The trigger that opens calls in the content, if tools are on and calls have one
+    /// (harmony's calls are messages of their own, never inside the content).
     fn trigger(&self) -> Option<&'static str> {
+        if self.channels.is_some() {
+            return None;
+        }
         self.format.and_then(|f| f.shape().trigger)
     }
 
@@ -86,6 +106,9 @@ impl Output {
         if let Some(lp) = logprob {
             self.logprobs.push(lp);
         }
+        if self.channels.is_some() {
+            return self.read_messages(text, false);
+        }
         self.held.push_str(text);
         self.drain(false)
     }
@@ -95,8 +118,70 @@ impl Output {
         if self.stopped {
             return Vec::new();
         }
+        if self.channels.is_some() {
+            return self.read_messages(text, true);
+        }
         self.held.push_str(text);
         self.drain(true)
+    }
+
+    /// Harmony: the bodies of answer messages go through the content path (stop sequences
+    /// included), reasoning out as such, a call's body as its arguments.
+    fn read_messages(&mut self, text: &str, end: bool) -> Vec<Piece> {
+        let Some(channels) = self.channels.as_mut() else {
+            return Vec::new();
+        };
+        let events = channels.push(text, end);
+        let mut out = Vec::new();
+        for ev in events {
+            if self.stopped {
+                break;
+            }
+            match ev {
+                Event::Open(Kind::Call(name)) if self.format.is_some() => {
+                    out.push(Piece::CallStart(self.calls.len(), name.clone()));
+                    self.call = CallProgress {
+                        head: Some((name.clone(), 0)),
+                        ..CallProgress::default()
+                    };
+                    self.message = Some(Kind::Call(name));
+                }
+                // A call with tools off is not one: its text is the answer's.
+                Event::Open(Kind::Call(_)) => self.message = Some(Kind::Content),
+                Event::Open(kind) => self.message = Some(kind),
+                Event::Text(t) => match &self.message {
+                    Some(Kind::Reasoning) => {
+                        self.reasoning.push_str(&t);
+                        out.push(Piece::Reasoning(t));
+                    }
+                    Some(Kind::Call(_)) => {
+                        out.push(Piece::CallArgs(self.calls.len(), t.clone()));
+                        self.held.push_str(&t);
+                    }
+                    _ => {
+                        self.held.push_str(&t);
+                        out.extend(self.drain(false));
+                    }
+                },
+                Event::Close { whole } => match self.message.take() {
+                    Some(Kind::Call(name)) => {
+                        let arguments = self.held.trim().to_string();
+                        self.held.clear();
+                        self.call = CallProgress::default();
+                        if !whole && !harmony_args_complete(&arguments) {
+                            self.cut_call = true;
+                            continue;
+                        }
+                        let call = ParsedCall { name, arguments };
+                        out.push(Piece::Call(self.calls.len(), call.clone()));
+                        self.calls.push(call);
+                    }
+                    Some(Kind::Content) => out.extend(self.drain(true)),
+                    _ => {}
+                },
+            }
+        }
+        out
     }
 
     fn drain(&mut self, end: bool) -> Vec<Piece> {
@@ -334,6 +419,12 @@ impl Output {
         }
         keep
     }
+}
+
+/// Whether a harmony call's arguments, cut by the end of generation, are one whole JSON value
+/// (the `<|call|>` after them ends generation and is not decoded).
+fn harmony_args_complete(args: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(args).is_ok()
 }
 
 /// How far a piece of text matches an expected shape.
@@ -775,5 +866,62 @@ mod tests {
         assert_eq!(streamed_calls(&v), vec![("f".into(), "{}".into())]);
         assert_eq!(o.calls.len(), 1);
         assert!(!o.cut_call);
+    }
+}
+
+#[cfg(test)]
+mod harmony_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn read(o: &mut Output, text: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4];
+        for c in text.chars() {
+            out.extend(o.push(c.encode_utf8(&mut buf), None));
+        }
+        out.extend(o.finish(""));
+        out
+    }
+
+    #[test]
+    fn harmony_answers_split_into_reasoning_and_content_with_stops() {
+        let mut o = Output::new(vec![" nice".into()], None).with_channels();
+        read(
+            &mut o,
+            "<|channel|>analysis<|message|>Think <b>.<|end|><|start|>assistant<|channel|>final<|message|>Paris is nice.",
+        );
+        assert_eq!(o.reasoning, "Think <b>.");
+        assert_eq!(o.content, "Paris is");
+        assert!(o.stopped && o.calls.is_empty());
+    }
+
+    #[test]
+    fn a_harmony_call_streams_and_a_cut_one_is_marked() {
+        let head = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+        let mut o = Output::new(Vec::new(), Some(CallFormat::Harmony)).with_channels();
+        let pieces = read(&mut o, &format!("{head}{{\"city\": \"Oslo\"}}"));
+        assert_eq!(o.reasoning, "Need weather.");
+        assert_eq!(o.content, "");
+        assert!(!o.cut_call);
+        let args: String = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::CallArgs(0, t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(args, "{\"city\": \"Oslo\"}");
+        assert!(pieces.contains(&Piece::CallStart(0, "get_weather".into())));
+        assert_eq!(o.calls.len(), 1);
+        assert_eq!(o.calls[0].arguments, "{\"city\": \"Oslo\"}");
+
+        let mut o = Output::new(Vec::new(), Some(CallFormat::Harmony)).with_channels();
+        read(&mut o, &format!("{head}{{\"city\": \"Os"));
+        assert!(o.cut_call && o.calls.is_empty());
+        // With tools off, a call message is only text of the answer.
+        let mut o = Output::new(Vec::new(), None).with_channels();
+        read(&mut o, &format!("{head}{{}}"));
+        assert!(o.calls.is_empty() && o.content == "{}");
     }
 }

@@ -639,7 +639,15 @@ async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Respons
         id,
         created: unix_now(),
         decoder: StreamDecoder::new(Arc::clone(&st.tokenizer), false),
-        out: Output::new(p.common.stops, p.tools.then_some(st.grammars.format())),
+        out: {
+            let out = Output::new(p.common.stops, p.tools.then_some(st.grammars.format()));
+            // gpt-oss answers in harmony messages; a chat answer is read out of them.
+            if p.kind == Kind::Chat && st.grammars.format() == CallFormat::Harmony {
+                out.with_channels()
+            } else {
+                out
+            }
+        },
         logprobs: p.logprobs.is_some(),
         prompt_tokens: prompt_len,
         generated: 0,
@@ -830,6 +838,9 @@ async fn whole(
                 json!(a.out.content)
             };
             let mut message = json!({"role": "assistant", "content": content});
+            if !a.out.reasoning.is_empty() {
+                message["reasoning_content"] = json!(a.out.reasoning);
+            }
             if !calls.is_empty() {
                 message["tool_calls"] = Value::Array(calls);
             }
@@ -932,6 +943,8 @@ fn stream(
                         json!({"tool_calls": [{"index": i, "function": {"arguments": t}}]})
                     }
                     (Piece::Call(..), _) => continue,
+                    (Piece::Reasoning(t), Kind::Chat) => json!({"reasoning_content": t}),
+                    (Piece::Reasoning(_), Kind::Completion) => continue,
                 };
                 if !send(chunk(&a, delta, None, lp.take().unwrap_or(Value::Null))) {
                     return;
@@ -1052,6 +1065,9 @@ mod tests {
             .strip_prefix(&prefix)
             .unwrap_or_else(|| panic!("{format:?}: {prefix:?} does not begin {full:?}"));
         let mut o = Output::new(Vec::new(), Some(format));
+        if format == CallFormat::Harmony {
+            o = o.with_channels();
+        }
         let mut chars = [0u8; 4];
         for c in written.chars() {
             o.push(c.encode_utf8(&mut chars), None);
@@ -1091,6 +1107,11 @@ mod tests {
         );
         round_trip(NEMO, CallFormat::MistralList, &two);
         round_trip(LLAMA31, CallFormat::Llama3, &two[..1]);
+        round_trip(
+            chat_template(Arch::GptOss).unwrap(),
+            CallFormat::Harmony,
+            &two,
+        );
     }
 
     #[test]

@@ -234,6 +234,7 @@ fn tool_calls_are_written_in_each_familys_syntax() {
             "llama3",
             serve_synth(dir.path(), "llama", Some("llama31-tools")),
         ),
+        ("harmony", serve_synth(dir.path(), "gpt-oss", None)),
     ];
     let list: Vec<String> = servers
         .iter()

@@ -124,6 +124,48 @@ const GRANITE_TEMPLATE: &str = r#"{%- if tools %}<|start_of_role|>available_tool
 {%- endfor %}
 {%- if add_generation_prompt %}<|start_of_role|>assistant<|end_of_role|>{% endif %}"#;
 
+/// A chat template in gpt-oss's harmony format: system and developer messages (instructions,
+/// and tools as a TypeScript-like namespace), messages as `<|start|>ROLE<|message|>…<|end|>`,
+/// answers on the `final` channel, earlier calls as `commentary` messages to
+/// `functions.NAME` ending in `<|call|>`, results as messages from that function.
+const HARMONY_TEMPLATE: &str = r#"{%- set ns = namespace(call_name='') -%}
+<|start|>system<|message|>You are a helpful assistant.
+Reasoning: medium
+
+# Valid channels: analysis, commentary, final. Channel must be included for every message.
+{%- if tools %}
+Calls to these tools must go to the commentary channel: 'functions'.
+{%- endif %}<|end|>
+{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none %}
+{%- if sys or tools %}<|start|>developer<|message|>
+{%- if sys %}# Instructions
+
+{{ sys }}
+{% endif %}
+{%- if tools %}
+# Tools
+
+## functions
+
+namespace functions {
+{% for tool in tools %}
+// {{ tool['function']['description'] }}
+type {{ tool['function']['name'] }} = (_: {{ tool['function']['parameters'] | tojson }}) => any;
+{% endfor %}
+} // namespace functions
+{%- endif %}<|end|>
+{%- endif %}
+{%- for message in messages %}
+{%- if message['role'] == 'user' %}<|start|>user<|message|>{{ message['content'] }}<|end|>
+{%- elif message['role'] == 'assistant' %}
+{%- if message['content'] %}<|start|>assistant<|channel|>final<|message|>{{ message['content'] }}<|end|>{% endif %}
+{%- for tc in message['tool_calls'] or [] %}{% set ns.call_name = tc['function']['name'] %}<|start|>assistant to=functions.{{ tc['function']['name'] }}<|channel|>commentary json<|message|>{% if tc['function']['arguments'] is string %}{{ tc['function']['arguments'] }}{% else %}{{ tc['function']['arguments'] | tojson }}{% endif %}<|call|>
+{%- endfor %}
+{%- elif message['role'] == 'tool' %}<|start|>functions.{{ ns.call_name }} to=assistant<|channel|>commentary<|message|>{{ message['content'] }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"#;
+
 /// The control tokens a family's template writes that the copied vocabulary lacks: they take
 /// the place of its spare control tokens (same count, so the tensors keep their shapes).
 const FAMILY_TOKENS: &[(Arch, &[&str])] = &[
@@ -146,6 +188,18 @@ const FAMILY_TOKENS: &[(Arch, &[&str])] = &[
         Arch::Granite,
         &["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"],
     ),
+    (
+        Arch::GptOss,
+        &[
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+        ],
+    ),
 ];
 
 /// The chat template a synthetic model of `arch` carries, when it is not the copied one.
@@ -156,7 +210,8 @@ pub fn chat_template(arch: Arch) -> Option<&'static str> {
         Arch::Mistral3 => Some(MISTRAL_TEMPLATE),
         Arch::Olmo2 => Some(OLMO2_TEMPLATE),
         Arch::Granite => Some(GRANITE_TEMPLATE),
-        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::GptOss => None,
+        Arch::GptOss => Some(HARMONY_TEMPLATE),
+        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 => None,
     }
 }
 

@@ -36,6 +36,7 @@ MARKERS = {
     "mistral-list": ("[TOOL_CALLS]", ["[{\"name\": ", "\"id\": "]),
     "granite": ("<|tool_call|>", ["[{\"name\": "]),
     "llama3": ("{\"name\": ", ["\"parameters\": "]),
+    "harmony": ("<|channel|>", ["commentary to=functions.", "<|constrain|>json<|message|>"]),
 }
 USER = [{"role": "user", "content": "What is the weather in Oslo, and what is 2 + 3?"}]
 
@@ -69,6 +70,11 @@ def checks_for(syntax, url):
         assert text.startswith(start), text
         for piece in inside:
             assert piece in text, (piece, text)
+        if syntax == "harmony":
+            # Harmony's structure tokens are single tokens, and nothing of them reaches the
+            # content.
+            assert r.choices[0].logprobs.content[0].token == "<|channel|>", text
+            assert not r.choices[0].message.content, r
         if syntax == "mistral-args":
             # The marker is Mistral's control token (the synthetic model has it), one token,
             # not text spelling it.
