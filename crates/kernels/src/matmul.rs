@@ -111,9 +111,9 @@ impl QMatrix {
         let Storage::Plain(plain) = &self.data else {
             return self;
         };
-        // IQ4_NL has a packed kernel only in llama.cpp's repacked order.
-        let iq4_nl_other_order =
-            self.ty == GgmlType::IQ4NL && !repacked_b32(self.ty, self.order_rows);
+        // IQ4_NL and MXFP4 have a packed kernel only in llama.cpp's repacked order.
+        let iq4_nl_other_order = matches!(self.ty, GgmlType::IQ4NL | GgmlType::MXFP4)
+            && !repacked_b32(self.ty, self.order_rows);
         if !crate::packed::packable(self.ty) || iq4_nl_other_order {
             return self;
         }

@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! group g, block b:  d[4] f16 | m[4] f16 (Q4_1, Q5_1) | fifth bits (Q5_0, Q5_1) | quants
+//!   (MXFP4: the four E8M0 exponents in the low bytes of the four scale slots)
 //!   4- and 5-bit quants: row0 16 B | row1 16 B | row2 16 B | row3 16 B   (two rows per 256 bits)
 //!   Q8_0 quants:         row0 32 B | row1 32 B | row2 32 B | row3 32 B
 //! ```
@@ -34,6 +35,7 @@ pub fn packable(ty: GgmlType) -> bool {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::IQ4NL
+            | GgmlType::MXFP4
     )
 }
 
@@ -41,7 +43,7 @@ pub fn packable(ty: GgmlType) -> bool {
 pub fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 8 + 8 + 64,
-        GgmlType::Q4_0 | GgmlType::IQ4NL => 8 + 64,
+        GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => 8 + 64,
         GgmlType::Q5_0 => 8 + 16 + 64,
         GgmlType::Q5_1 => 8 + 8 + 16 + 64,
         GgmlType::Q8_0 => 8 + 128,
@@ -95,6 +97,11 @@ pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
                     continue;
                 }
                 let src = &plain[row * row_bytes + b * bb..row * row_bytes + (b + 1) * bb];
+                if ty == GgmlType::MXFP4 {
+                    dst[2 * r] = src[0];
+                    dst[qoff + 16 * r..qoff + 16 * (r + 1)].copy_from_slice(&src[1..17]);
+                    continue;
+                }
                 dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
                 match ty {
                     GgmlType::Q4_1 => {
@@ -146,6 +153,11 @@ pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u
     for b in 0..nb {
         let src = &packed[(g * nb + b) * gbb..(g * nb + b + 1) * gbb];
         let dst = &mut out[b * bb..(b + 1) * bb];
+        if ty == GgmlType::MXFP4 {
+            dst[0] = src[2 * i];
+            dst[1..17].copy_from_slice(&src[qoff + 16 * i..qoff + 16 * (i + 1)]);
+            continue;
+        }
         dst[0..2].copy_from_slice(&src[2 * i..2 * i + 2]);
         match ty {
             GgmlType::Q4_1 => {
@@ -195,6 +207,7 @@ mod tests {
             GgmlType::Q5_1,
             GgmlType::Q8_0,
             GgmlType::IQ4NL,
+            GgmlType::MXFP4,
         ] {
             let (rows, nb) = (7, 3);
             let rb = nb * ty.block_bytes();

@@ -733,3 +733,34 @@ fn mxfp4_scales_are_half_their_power_of_two() {
     dequantize_row(GgmlType::MXFP4, &q, &mut back);
     assert_eq!((back[0], back[17]), (3.0, -0.25));
 }
+
+/// MXFP4 scales at the bottom of the range (the subnormals ggml writes for exponents 0 and 1)
+/// and far above 1 go through the packed kernel as through the scalar twin, bit for bit.
+#[test]
+fn mxfp4_extreme_exponents_match_the_scalar_reference() {
+    let (rows, cols, n) = (16, 128, 5);
+    let exps = [0u8, 1, 2, 3, 100, 126, 127, 128, 150];
+    let mut rng = Rng(0xF4F4);
+    let nb = cols / 32;
+    let mut bytes = vec![0u8; rows * nb * 17];
+    for (i, blk) in bytes.chunks_exact_mut(17).enumerate() {
+        blk[0] = exps[i % exps.len()];
+        for b in &mut blk[1..] {
+            *b = (rng.f32().abs() * 255.0) as u8;
+        }
+    }
+    let w = QMatrix::new(GgmlType::MXFP4, rows, cols, WeightBytes::Owned(bytes)).unwrap();
+    let x = rng.vec(n * cols, 3.0);
+    let mut acts = QuantActs::new();
+    acts.quantize(GgmlType::MXFP4, &x, n, cols);
+    let mut out = vec![0.0f32; n * rows];
+    matmul(&ThreadPool::new(2), &w.clone().prepared(), &acts, &mut out);
+    let ab = act_type(GgmlType::MXFP4).row_bytes(cols).unwrap();
+    for t in 0..n {
+        let a = &acts.buf_for_test()[t * ab..(t + 1) * ab];
+        for r in 0..rows {
+            let want = crate::dot::dot_repacked(GgmlType::MXFP4, w.row(r).unwrap(), a, cols);
+            assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "r{r} t{t}");
+        }
+    }
+}

@@ -92,6 +92,18 @@ unsafe fn cvt4_f16(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
 }
 
+/// Four MXFP4 scales (E8M0 exponents in the low bytes of four 16-bit slots at `p`) as
+/// [`crate::formats::e8m0_half`] gives them: `(e - 1) << 23`, or the subnormal
+/// `0x200000 << e` for `e` 0 and 1.
+#[inline(always)]
+unsafe fn cvt4_e8m0_half(p: *const u8) -> __m128 {
+    let e = _mm_cvtepu16_epi32(_mm_loadl_epi64(p as *const __m128i));
+    let normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    let sub = _mm_sllv_epi32(_mm_set1_epi32(0x0020_0000), e);
+    let small = _mm_cmplt_epi32(e, _mm_set1_epi32(2));
+    _mm_castsi128_ps(_mm_blendv_epi8(normal, sub, small))
+}
+
 /// Q4_0 / Q4_1 / Q5_0 / Q5_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
 /// activation rows. `out[c][r]` receives row `r` of the group (only the computed rows are set).
 ///
@@ -287,14 +299,14 @@ pub(crate) unsafe fn q8_tile<const C: usize>(
 /// group at `g` times `C` activation rows (Q8_0), each block's whole integer sum times
 /// `d_w * d_a` fused into one accumulator per row ([`crate::dot::dot_repacked`]).
 ///
-/// The codes come from a 16-entry table (`lut`: `i - 8` for Q4_0, the IQ4_NL values), so one
-/// kernel serves both. Per block, the lane sums of rows 0/1 and 2/3 are reduced with two
+/// The codes come from a 16-entry table (`lut`: `i - 8` for Q4_0, the IQ4_NL or MXFP4 values),
+/// so one kernel serves all three (`MX`: the scales are MXFP4's exponents). Per block, the lane sums of rows 0/1 and 2/3 are reduced with two
 /// horizontal adds into one register of four row sums.
 ///
 /// # Safety
 /// As for [`q4_tile`], for the Q4_0 packed layout (which IQ4_NL shares).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn b32_repacked_tile<const C: usize>(
+pub(crate) unsafe fn b32_repacked_tile<const C: usize, const MX: bool>(
     lut: __m256i,
     g: *const u8,
     nb: usize,
@@ -307,7 +319,11 @@ pub(crate) unsafe fn b32_repacked_tile<const C: usize>(
     for b in 0..nb {
         let blk = g.add(b * 72);
         prefetch(blk);
-        let d4 = cvt4_f16(blk);
+        let d4 = if MX {
+            cvt4_e8m0_half(blk)
+        } else {
+            cvt4_f16(blk)
+        };
         // Codes of rows 0/1 (`x[0]`: elements 0..16 of both, `x[1]`: 16..32) and of rows 2/3.
         let mut x = [_mm256_setzero_si256(); 4];
         let mut ax = [_mm256_setzero_si256(); 4];
@@ -343,14 +359,14 @@ pub(crate) unsafe fn b32_repacked_tile<const C: usize>(
     }
 }
 
-/// The code table of [`b32_repacked_tile`] for `ty` (Q4_0 or IQ4_NL), in both halves.
+/// The code table of [`b32_repacked_tile`] for `ty` (Q4_0, IQ4_NL or MXFP4), in both halves.
 #[target_feature(enable = "avx2")]
 unsafe fn b32_lut(ty: strata_gguf::GgmlType) -> __m256i {
     let q4_0: [i8; 16] = std::array::from_fn(|i| i as i8 - 8);
-    let t = if ty == strata_gguf::GgmlType::IQ4NL {
-        &crate::kformats::IQ4NL_VALUES
-    } else {
-        &q4_0
+    let t = match ty {
+        strata_gguf::GgmlType::IQ4NL => &crate::kformats::IQ4NL_VALUES,
+        strata_gguf::GgmlType::MXFP4 => &crate::formats::MXFP4_VALUES,
+        _ => &q4_0,
     };
     _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
 }
@@ -435,6 +451,7 @@ pub(crate) unsafe fn matmul_groups(
     } else {
         None
     };
+    let mx = ty == strata_gguf::GgmlType::MXFP4;
     for g in groups {
         let gp = packed.add(g * gstride);
         let mut t = tokens.start;
@@ -442,7 +459,11 @@ pub(crate) unsafe fn matmul_groups(
             let a = [acts(t), acts(t + 1), acts(t + 2), acts(t + 3)];
             let mut o = [[0.0f32; 4]; 4];
             if let Some(lut) = lut {
-                b32_repacked_tile::<4>(lut, gp, nb, &a, &mut o);
+                if mx {
+                    b32_repacked_tile::<4, true>(lut, gp, nb, &a, &mut o);
+                } else {
+                    b32_repacked_tile::<4, false>(lut, gp, nb, &a, &mut o);
+                }
             } else if ty == strata_gguf::GgmlType::Q8_0 {
                 // Four rows x four tokens of Q8_0 would not fit in registers: two by two.
                 let mut o2 = [[0.0f32; 4]; 2];
@@ -463,7 +484,8 @@ pub(crate) unsafe fn matmul_groups(
         while t < tokens.end {
             let mut o = [[0.0f32; 4]; 1];
             match lut {
-                Some(lut) => b32_repacked_tile::<1>(lut, gp, nb, &[acts(t)], &mut o),
+                Some(lut) if mx => b32_repacked_tile::<1, true>(lut, gp, nb, &[acts(t)], &mut o),
+                Some(lut) => b32_repacked_tile::<1, false>(lut, gp, nb, &[acts(t)], &mut o),
                 None => group::<1>(ty, gp, nb, &[acts(t)], &mut o),
             }
             store(t, g, &o[0]);
