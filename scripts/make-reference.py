@@ -81,6 +81,9 @@ SYNTH = {
     # wider than width / heads, a 16-token window on every other layer.
     "gpt-oss": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=64, seed=7,
                     experts=8, experts_used=4),
+    # OLMoE: no grouped-query attention (llama.cpp sizes the K norm by the model width).
+    "olmoe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=8, head_dim=None, seed=7,
+                  experts=8, experts_used=3),
     # OLMo 3 (llama.cpp's `olmo2` with a sliding window on three layers of four, YaRN on the rest).
     "olmo2-swa": dict(arch="olmo2", layers=4, embd=256, ff=768, heads=8, kv_heads=2,
                       head_dim=None, seed=7, sliding_window=16),

@@ -211,6 +211,7 @@ pub fn chat_template(arch: Arch) -> Option<&'static str> {
         Arch::Olmo2 => Some(OLMO2_TEMPLATE),
         Arch::Granite => Some(GRANITE_TEMPLATE),
         Arch::GptOss => Some(HARMONY_TEMPLATE),
+        Arch::Olmoe => Some(OLMO2_TEMPLATE),
         Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 => None,
     }
 }
@@ -382,7 +383,8 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("residual_scale"), Value::F32(0.22))
             .kv(&k("logit_scale"), Value::F32(8.0));
     }
-    let moe = matches!(s.arch, Arch::Qwen3Moe | Arch::GptOss).then(|| s.experts.unwrap_or((8, 2)));
+    let moe = matches!(s.arch, Arch::Qwen3Moe | Arch::GptOss | Arch::Olmoe)
+        .then(|| s.experts.unwrap_or((8, 2)));
     if let Some((nx, used)) = moe {
         if used == 0 || used > nx {
             return bad("experts per token must be between 1 and the expert count");
@@ -486,7 +488,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
     vector(&mut w, "output_norm.weight", &[e], 1.0, 0.2);
-    if matches!(s.arch, Arch::Olmo2 | Arch::GptOss) {
+    if matches!(s.arch, Arch::Olmo2 | Arch::GptOss | Arch::Olmoe) {
         // llama.cpp requires these families' own LM head.
         matrix(&mut w, "output.weight", e, vocab);
     }
@@ -521,7 +523,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("attn_q_norm.weight"), &[hd], 1.0, 0.3);
             vector(&mut w, &n("attn_k_norm.weight"), &[hd], 1.0, 0.3);
         }
-        if s.arch == Arch::Olmo2 {
+        if matches!(s.arch, Arch::Olmo2 | Arch::Olmoe) {
             // Over whole Q and K rows, not per head.
             vector(&mut w, &n("attn_q_norm.weight"), &[nh * hd], 1.0, 0.3);
             vector(&mut w, &n("attn_k_norm.weight"), &[nkv * hd], 1.0, 0.3);

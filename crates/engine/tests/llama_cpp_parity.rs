@@ -382,3 +382,8 @@ fn synthetic_qwen3moe_iq4_nl_matches_llama_cpp() {
 fn synthetic_gpt_oss_mxfp4_moe_matches_llama_cpp() {
     check_synthetic("synth-gpt-oss-mxfp4_moe");
 }
+
+#[test]
+fn synthetic_olmoe_q6_k_matches_llama_cpp() {
+    check_synthetic("synth-olmoe-q6_k");
+}

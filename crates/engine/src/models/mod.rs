@@ -19,6 +19,7 @@ mod granite;
 mod llama;
 mod mistral3;
 mod olmo2;
+mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -63,6 +64,9 @@ pub enum Arch {
     /// gpt-oss: biased attention with sinks and alternating sliding windows, a mixture of
     /// biased experts with a clamped SwiGLU (MXFP4 in the released files).
     GptOss,
+    /// OLMoE: OLMo 2's whole-row Q/K norms in a pre-norm layer, a softmax-routed mixture of
+    /// experts whose probabilities are not renormalised.
+    Olmoe,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -79,6 +83,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("olmo2", Arch::Olmo2),
     ("qwen3moe", Arch::Qwen3Moe),
     ("gpt-oss", Arch::GptOss),
+    ("olmoe", Arch::Olmoe),
 ];
 
 impl Arch {
@@ -170,6 +175,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Olmo2 => &olmo2::Olmo2,
         Arch::Qwen3Moe => &qwen3moe::Qwen3Moe,
         Arch::GptOss => &gpt_oss::GptOss,
+        Arch::Olmoe => &olmoe::Olmoe,
     }
 }
 
