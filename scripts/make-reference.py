@@ -81,6 +81,9 @@ SYNTH = {
     # wider than width / heads, a 16-token window on every other layer.
     "gpt-oss": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=64, seed=7,
                     experts=8, experts_used=4),
+    # Qwen2-MoE: a shared expert twice an expert's width beside 8 experts, 2 per token.
+    "qwen2moe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=None, seed=7,
+                     experts=8, experts_used=2),
     # OLMoE: no grouped-query attention (llama.cpp sizes the K norm by the model width).
     "olmoe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=8, head_dim=None, seed=7,
                   experts=8, experts_used=3),

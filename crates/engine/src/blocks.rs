@@ -18,7 +18,7 @@ use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
 use crate::config::{FfnAct, Gating};
 use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
-use crate::weights::{FfnWeights, GatedFfn, LayerWeights};
+use crate::weights::{FfnWeights, GatedFfn, LayerWeights, SharedExpert};
 use crate::{Combine, Error, KvCache, ModelConfig, Result, ShardSpec};
 
 /// One step's state as it passes through the layers of a shard.
@@ -544,7 +544,14 @@ impl Blocks<'_, '_> {
                 router,
                 router_b,
                 experts,
-            } => self.moe_ffn(router, router_b.as_deref(), experts),
+                shared,
+            } => {
+                self.moe_ffn(router, router_b.as_deref(), experts)?;
+                match shared {
+                    Some(x) => self.shared_expert(x),
+                    None => Ok(()),
+                }
+            }
         }
     }
 
@@ -717,6 +724,48 @@ impl Blocks<'_, '_> {
         self.out_gathered = false;
         self.out_first = 0;
         self.out_rows = rows;
+        Ok(())
+    }
+
+    /// Adds a shared expert's output to the mixture's in `proj`, as llama.cpp's Qwen2-MoE graph
+    /// computes it: the FFN over every row, times `silu(g) / g` (a sigmoid by ggml's operators)
+    /// of the row's gate logit `g`.
+    fn shared_expert(&mut self, x: &SharedExpert) -> Result<()> {
+        let rows = self.live;
+        let e = self.cfg.n_embd;
+        let s = &mut *self.s;
+        let m = &mut s.moe;
+        if let Some(g) = &x.gate {
+            s.acts.quantize(g.ggml_type(), &s.xn[..rows * e], rows, e);
+            mm(self.pool, g, &s.acts, &mut m.probs);
+            for v in &mut m.probs[..rows] {
+                // ggml_silu of a one-element row: the scalar `x / (1 + expf(-x))`.
+                let silu = *v / (1.0 + (-*v).exp());
+                *v = silu / *v;
+            }
+        }
+        let f = &x.ffn;
+        gated(
+            self.pool,
+            &mut s.acts,
+            &s.xn[..rows * e],
+            rows,
+            f,
+            (&mut s.gate, &mut s.up),
+            FfnAct::Silu,
+            self.flavour,
+        );
+        let fs = f.gate.rows();
+        s.acts
+            .quantize(f.down.ggml_type(), &s.gate[..rows * fs], rows, fs);
+        mm(self.pool, &f.down, &s.acts, &mut m.down);
+        for r in 0..rows {
+            let g = if x.gate.is_some() { m.probs[r] } else { 1.0 };
+            let y = &m.down[r * e..(r + 1) * e];
+            for (o, &v) in s.proj[r * e..(r + 1) * e].iter_mut().zip(y) {
+                *o += if x.gate.is_some() { v * g } else { v };
+            }
+        }
         Ok(())
     }
 

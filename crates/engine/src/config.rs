@@ -26,6 +26,8 @@ pub struct Moe {
     pub weights_scale: f32,
     /// How the router's logits become the chosen experts and their weights.
     pub gating: Gating,
+    /// FFN width of the shared expert every token also runs (Qwen2-MoE), if the family has one.
+    pub n_ff_shexp: Option<usize>,
 }
 
 /// How a router's logits choose experts and weigh them (llama.cpp's `expert_gating_func`).
@@ -467,7 +469,7 @@ fn matrix_bytes(
         file.tensor(name)
             .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
     };
-    const MATRICES: [&str; 9] = [
+    const MATRICES: [&str; 13] = [
         "attn_q",
         "attn_k",
         "attn_v",
@@ -477,6 +479,10 @@ fn matrix_bytes(
         "ffn_up",
         "ffn_down",
         "ffn_gate_inp",
+        "ffn_gate_inp_shexp",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
     ];
     const EXPERTS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
     let layers = (0..cfg.n_layer)

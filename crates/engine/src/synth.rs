@@ -205,7 +205,7 @@ const FAMILY_TOKENS: &[(Arch, &[&str])] = &[
 /// The chat template a synthetic model of `arch` carries, when it is not the copied one.
 pub fn chat_template(arch: Arch) -> Option<&'static str> {
     match arch {
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => Some(QWEN_TEMPLATE),
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe => Some(QWEN_TEMPLATE),
         Arch::Phi3 => Some(PHI3_TEMPLATE),
         Arch::Mistral3 => Some(MISTRAL_TEMPLATE),
         Arch::Olmo2 => Some(OLMO2_TEMPLATE),
@@ -383,8 +383,11 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("residual_scale"), Value::F32(0.22))
             .kv(&k("logit_scale"), Value::F32(8.0));
     }
-    let moe = matches!(s.arch, Arch::Qwen3Moe | Arch::GptOss | Arch::Olmoe)
-        .then(|| s.experts.unwrap_or((8, 2)));
+    let moe = matches!(
+        s.arch,
+        Arch::Qwen3Moe | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe
+    )
+    .then(|| s.experts.unwrap_or((8, 2)));
     if let Some((nx, used)) = moe {
         if used == 0 || used > nx {
             return bad("experts per token must be between 1 and the expert count");
@@ -392,6 +395,13 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         w.kv(&k("expert_count"), Value::U32(nx as u32))
             .kv(&k("expert_used_count"), Value::U32(used as u32))
             .kv(&k("expert_feed_forward_length"), Value::U32(ff as u32));
+        if s.arch == Arch::Qwen2Moe {
+            // The shared expert: twice an expert's width.
+            w.kv(
+                &k("expert_shared_feed_forward_length"),
+                Value::U32(2 * ff as u32),
+            );
+        }
     }
     if s.arch == Arch::Mistral3 {
         // YaRN as Ministral 3 has it (its `mscale_all_dim` of 1 as the log multiplier), over an
@@ -431,7 +441,10 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     // Qwen's own split rules on the copied vocabulary, so both tokenizers exercise them, and a
     // template of the family.
     let mut overrides: Vec<(&str, Value)> = Vec::new();
-    if matches!(s.arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe) {
+    if matches!(
+        s.arch,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe
+    ) {
         overrides.push(("tokenizer.ggml.pre", Value::String("qwen2".into())));
     }
     if let Some(t) = s.chat_template.as_deref().or(chat_template(s.arch)) {
@@ -488,7 +501,10 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
     vector(&mut w, "output_norm.weight", &[e], 1.0, 0.2);
-    if matches!(s.arch, Arch::Olmo2 | Arch::GptOss | Arch::Olmoe) {
+    if matches!(
+        s.arch,
+        Arch::Olmo2 | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe
+    ) {
         // llama.cpp requires these families' own LM head.
         matrix(&mut w, "output.weight", e, vocab);
     }
@@ -514,7 +530,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             matrix(&mut w, &n("attn_k.weight"), e, nkv * hd);
             matrix(&mut w, &n("attn_v.weight"), e, nkv * hd);
         }
-        if matches!(s.arch, Arch::Qwen2 | Arch::GptOss) {
+        if matches!(s.arch, Arch::Qwen2 | Arch::GptOss | Arch::Qwen2Moe) {
             vector(&mut w, &n("attn_q.bias"), &[nh * hd], 0.0, 0.5);
             vector(&mut w, &n("attn_k.bias"), &[nkv * hd], 0.0, 0.5);
             vector(&mut w, &n("attn_v.bias"), &[nkv * hd], 0.0, 0.5);
@@ -544,6 +560,13 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             matrix(&mut w, &n("ffn_gate_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_up_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_down_exps.weight"), ff, e);
+            if s.arch == Arch::Qwen2Moe {
+                // The shared expert and its gate vector (f32, 1-D, as llama.cpp leaves it).
+                vector(&mut w, &n("ffn_gate_inp_shexp.weight"), &[e], 0.0, 0.2);
+                matrix(&mut w, &n("ffn_gate_shexp.weight"), e, 2 * ff);
+                matrix(&mut w, &n("ffn_up_shexp.weight"), e, 2 * ff);
+                matrix(&mut w, &n("ffn_down_shexp.weight"), 2 * ff, e);
+            }
             if s.arch == Arch::GptOss {
                 // gpt-oss's router and experts have biases (one row per expert).
                 vector(&mut w, &n("ffn_gate_inp.bias"), &[n_expert], 0.0, 0.5);

@@ -69,7 +69,18 @@ pub(crate) enum FfnWeights {
         /// Bias of the router's logits (gpt-oss).
         router_b: Option<Vec<f32>>,
         experts: Vec<GatedFfn>,
+        /// An expert every token uses (Qwen2-MoE), with its gate.
+        shared: Option<SharedExpert>,
     },
+}
+
+/// A shared expert: an FFN over every row, its output scaled by `sigmoid(gate · x)` when the
+/// model has a gate vector (`ffn_gate_inp_shexp`).
+#[derive(Debug)]
+pub(crate) struct SharedExpert {
+    pub(crate) ffn: GatedFfn,
+    /// The gate, as a one-row f32 matrix.
+    pub(crate) gate: Option<QMatrix>,
 }
 
 /// All weights a shard needs.
@@ -282,6 +293,10 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
             "ffn_gate_exps.bias",
             "ffn_up_exps.bias",
             "ffn_down_exps.bias",
+            "ffn_gate_inp_shexp.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_up_shexp.weight",
+            "ffn_down_shexp.weight",
         ]);
     }
     for t in file.tensors() {
@@ -431,10 +446,31 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    let shared = match moe.n_ff_shexp {
+        Some(fs) if file.tensor(&n("ffn_up_shexp")).is_some() => {
+            let gate = match file.tensor(&n("ffn_gate_inp_shexp")) {
+                Some(_) => Some(compute_rows(file, &n("ffn_gate_inp_shexp"), e, 1, 0..1)?),
+                None => None,
+            };
+            Some(SharedExpert {
+                ffn: GatedFfn {
+                    gate: compute_rows(file, &n("ffn_gate_shexp"), e, fs, 0..fs)?,
+                    up: compute_rows(file, &n("ffn_up_shexp"), e, fs, 0..fs)?,
+                    down: compute_rows(file, &n("ffn_down_shexp"), fs, e, 0..e)?,
+                    gate_b: None,
+                    up_b: None,
+                    down_b: None,
+                },
+                gate,
+            })
+        }
+        _ => None,
+    };
     Ok(FfnWeights::Moe {
         router,
         router_b,
         experts,
+        shared,
     })
 }
 
@@ -578,13 +614,22 @@ impl Weights {
                     FfnWeights::Dense(f) => m(&f.gate) + m(&f.up) + m(&f.down),
                     // A token reads the router and its experts: the used share of them.
                     FfnWeights::Moe {
-                        router, experts, ..
+                        router,
+                        experts,
+                        shared,
+                        ..
                     } => {
                         let all: usize = experts
                             .iter()
                             .map(|f| m(&f.gate) + m(&f.up) + m(&f.down))
                             .sum();
-                        m(router) + all * self.moe_used / experts.len().max(1)
+                        let shared = shared.as_ref().map_or(0, |x| {
+                            m(&x.ffn.gate)
+                                + m(&x.ffn.up)
+                                + m(&x.ffn.down)
+                                + x.gate.as_ref().map_or(0, m)
+                        });
+                        m(router) + all * self.moe_used / experts.len().max(1) + shared
                     }
                 };
                 m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + ffn

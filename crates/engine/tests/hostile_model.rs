@@ -465,6 +465,23 @@ fn mixture_of_experts_metadata_and_tensors_are_checked_naming_them() {
     }
 }
 
+/// Qwen2-MoE's shared expert is checked against its width key.
+#[test]
+fn a_shared_expert_of_the_wrong_width_is_refused_naming_it() {
+    use strata_engine::Arch;
+    assert_eq!(load_edited_moe(Arch::Qwen2Moe, &[], &[], None), "ran");
+    let got = load_edited_moe(
+        Arch::Qwen2Moe,
+        &[],
+        &[("blk.0.ffn_up_shexp.weight", &[64, 192])],
+        Some("blk.0.ffn_up_shexp.weight"),
+    );
+    assert!(
+        got.contains("blk.0.ffn_up_shexp.weight is 64x192, expected 64x256"),
+        "{got}"
+    );
+}
+
 /// gpt-oss's own keys and tensors (window, sinks, expert biases) are checked too.
 #[test]
 fn gpt_oss_metadata_and_tensors_are_checked_naming_them() {

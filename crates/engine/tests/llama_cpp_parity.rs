@@ -387,3 +387,8 @@ fn synthetic_gpt_oss_mxfp4_moe_matches_llama_cpp() {
 fn synthetic_olmoe_q6_k_matches_llama_cpp() {
     check_synthetic("synth-olmoe-q6_k");
 }
+
+#[test]
+fn synthetic_qwen2moe_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-qwen2moe-q4_k_m");
+}

@@ -22,6 +22,7 @@ mod olmo2;
 mod olmoe;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 mod smollm3;
@@ -67,6 +68,9 @@ pub enum Arch {
     /// OLMoE: OLMo 2's whole-row Q/K norms in a pre-norm layer, a softmax-routed mixture of
     /// experts whose probabilities are not renormalised.
     Olmoe,
+    /// Qwen2-MoE: Qwen2's attention, a softmax-routed mixture of experts plus a gated shared
+    /// expert.
+    Qwen2Moe,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -84,6 +88,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("qwen3moe", Arch::Qwen3Moe),
     ("gpt-oss", Arch::GptOss),
     ("olmoe", Arch::Olmoe),
+    ("qwen2moe", Arch::Qwen2Moe),
 ];
 
 impl Arch {
@@ -176,6 +181,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::Qwen3Moe => &qwen3moe::Qwen3Moe,
         Arch::GptOss => &gpt_oss::GptOss,
         Arch::Olmoe => &olmoe::Olmoe,
+        Arch::Qwen2Moe => &qwen2moe::Qwen2Moe,
     }
 }
 

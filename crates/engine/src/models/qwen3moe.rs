@@ -66,5 +66,6 @@ pub(crate) fn read_moe(hp: &Hparams<'_>, cfg: &ModelConfig, norm_weights: bool) 
         norm_weights,
         weights_scale,
         gating: Gating::Softmax,
+        n_ff_shexp: None,
     })
 }
