@@ -140,10 +140,6 @@ impl Output {
             match ev {
                 Event::Open(Kind::Call(name)) if self.format.is_some() => {
                     out.push(Piece::CallStart(self.calls.len(), name.clone()));
-                    self.call = CallProgress {
-                        head: Some((name.clone(), 0)),
-                        ..CallProgress::default()
-                    };
                     self.message = Some(Kind::Call(name));
                 }
                 // A call with tools off is not one: its text is the answer's.
@@ -167,7 +163,6 @@ impl Output {
                     Some(Kind::Call(name)) => {
                         let arguments = self.held.trim().to_string();
                         self.held.clear();
-                        self.call = CallProgress::default();
                         if !whole && !harmony_args_complete(&arguments) {
                             self.cut_call = true;
                             continue;

@@ -138,6 +138,27 @@ fn gated(
     }
 }
 
+/// A whole gated FFN over `rows` rows of `x` without any exchange (an expert's, a shared
+/// expert's): [`gated`], then the down projection (and its bias) into `out`.
+#[allow(clippy::too_many_arguments)]
+fn gated_down(
+    pool: &ThreadPool,
+    acts: &mut QuantActs,
+    x: &[f32],
+    rows: usize,
+    f: &GatedFfn,
+    (gate, up): (&mut Vec<f32>, &mut Vec<f32>),
+    act: FfnAct,
+    flavour: Flavour,
+    out: &mut Vec<f32>,
+) {
+    gated(pool, acts, x, rows, f, (&mut *gate, up), act, flavour);
+    let ff = f.gate.rows();
+    acts.quantize(f.down.ggml_type(), &gate[..rows * ff], rows, ff);
+    mm(pool, &f.down, acts, out);
+    add_bias(out, f.down_b.as_deref(), rows);
+}
+
 fn grow_u32(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);
@@ -682,7 +703,7 @@ impl Blocks<'_, '_> {
                 let r = i as usize / k;
                 m.input[j * e..(j + 1) * e].copy_from_slice(&s.xn[r * e..(r + 1) * e]);
             }
-            gated(
+            gated_down(
                 self.pool,
                 &mut s.acts,
                 &m.input[..c * e],
@@ -691,12 +712,8 @@ impl Blocks<'_, '_> {
                 (&mut s.gate, &mut s.up),
                 self.cfg.ffn_act,
                 self.flavour,
+                &mut m.down,
             );
-            let fx = f.gate.rows();
-            s.acts
-                .quantize(f.down.ggml_type(), &s.gate[..c * fx], c, fx);
-            mm(self.pool, &f.down, &s.acts, &mut m.down);
-            add_bias(&mut m.down, f.down_b.as_deref(), c);
             for (j, &i) in m.grouped[a..b].iter().enumerate() {
                 let i = i as usize;
                 m.outputs[i * e..(i + 1) * e].copy_from_slice(&m.down[j * e..(j + 1) * e]);
@@ -744,26 +761,28 @@ impl Blocks<'_, '_> {
                 *v = silu / *v;
             }
         }
-        let f = &x.ffn;
-        gated(
+        gated_down(
             self.pool,
             &mut s.acts,
             &s.xn[..rows * e],
             rows,
-            f,
+            &x.ffn,
             (&mut s.gate, &mut s.up),
             FfnAct::Silu,
             self.flavour,
+            &mut m.down,
         );
-        let fs = f.gate.rows();
-        s.acts
-            .quantize(f.down.ggml_type(), &s.gate[..rows * fs], rows, fs);
-        mm(self.pool, &f.down, &s.acts, &mut m.down);
         for r in 0..rows {
-            let g = if x.gate.is_some() { m.probs[r] } else { 1.0 };
             let y = &m.down[r * e..(r + 1) * e];
-            for (o, &v) in s.proj[r * e..(r + 1) * e].iter_mut().zip(y) {
-                *o += if x.gate.is_some() { v * g } else { v };
+            let out = &mut s.proj[r * e..(r + 1) * e];
+            match x.gate {
+                Some(_) => {
+                    let g = m.probs[r];
+                    for (o, &v) in out.iter_mut().zip(y) {
+                        *o += v * g;
+                    }
+                }
+                None => ops::add_assign(out, y),
             }
         }
         Ok(())

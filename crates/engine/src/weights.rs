@@ -446,8 +446,9 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // A family with a shared expert (its width set) requires its tensors, as llama.cpp does.
     let shared = match moe.n_ff_shexp {
-        Some(fs) if file.tensor(&n("ffn_up_shexp")).is_some() => {
+        Some(fs) => {
             let gate = match file.tensor(&n("ffn_gate_inp_shexp")) {
                 Some(_) => Some(compute_rows(file, &n("ffn_gate_inp_shexp"), e, 1, 0..1)?),
                 None => None,
@@ -464,7 +465,7 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
                 gate,
             })
         }
-        _ => None,
+        None => None,
     };
     Ok(FfnWeights::Moe {
         router,
