@@ -84,6 +84,11 @@ SYNTH = {
     # Qwen2-MoE: a shared expert twice an expert's width beside 8 experts, 2 per token.
     "qwen2moe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=2, head_dim=None, seed=7,
                      experts=8, experts_used=2),
+    # DeepSeek V3 scaled down (see `SynthMla`): latent attention (a 128-wide latent row, 4
+    # heads of 64 + 32 rotated), a dense first layer, 16 experts in 4 groups of which the best 2
+    # may be chosen, 4 per token, sigmoid routing with a selection bias, one shared expert, YaRN.
+    "deepseek2": dict(layers=4, embd=256, ff=256, heads=4, kv_heads=1, head_dim=64, seed=7,
+                      experts=16, experts_used=4),
     # OLMoE: no grouped-query attention (llama.cpp sizes the K norm by the model width).
     "olmoe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=8, head_dim=None, seed=7,
                   experts=8, experts_used=3),

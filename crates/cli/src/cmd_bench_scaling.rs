@@ -165,6 +165,7 @@ impl Ctx<'_> {
                 (StrategyArg::Tensor, CombineArg::Reduce) => "tensor-reduce",
                 (StrategyArg::Pipeline, _) => "pipeline",
                 (StrategyArg::Hybrid, _) => "hybrid",
+                (StrategyArg::Expert, _) => "expert",
             };
             let transport = match transport {
                 TransportArg::Shm => "shm",

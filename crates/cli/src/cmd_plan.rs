@@ -70,6 +70,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
             crate::cmd_shard::StrategyArg::Tensor => StrategyChoice::Tensor,
             crate::cmd_shard::StrategyArg::Pipeline => StrategyChoice::Pipeline,
             crate::cmd_shard::StrategyArg::Hybrid => StrategyChoice::Hybrid { tp: a.tp_size },
+            crate::cmd_shard::StrategyArg::Expert => StrategyChoice::Expert,
         }),
         nodes: a.nodes.clone(),
     };
@@ -80,6 +81,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
             StrategyChoice::Single | StrategyChoice::Tensor => Strategy::Tensor,
             StrategyChoice::Pipeline => Strategy::Pipeline,
             StrategyChoice::Hybrid { tp } => Strategy::Hybrid { tp },
+            StrategyChoice::Expert => Strategy::Expert,
         };
         let plan = make_plan(
             &file,

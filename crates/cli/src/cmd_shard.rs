@@ -80,6 +80,8 @@ pub(crate) enum StrategyArg {
     Pipeline,
     /// Pipeline stages of `--tp-size` tensor-parallel ranks.
     Hybrid,
+    /// A mixture of experts split by expert (attention and dense parts tensor-parallel).
+    Expert,
 }
 
 /// `--tp-combine`.
@@ -106,6 +108,7 @@ impl ShardOpts {
             StrategyArg::Tensor => Strategy::Tensor,
             StrategyArg::Pipeline => Strategy::Pipeline,
             StrategyArg::Hybrid => Strategy::Hybrid { tp: self.tp_size },
+            StrategyArg::Expert => Strategy::Expert,
         }
     }
 

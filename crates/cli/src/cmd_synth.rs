@@ -19,7 +19,7 @@ pub(crate) struct SynthArgs {
     #[arg(long, short = 'o')]
     output: PathBuf,
     /// Architecture (`general.architecture`): llama, qwen2, qwen3, phi3, gemma2, gemma3, smollm3,
-    /// granite, mistral3, olmo2, qwen3moe, gpt-oss, olmoe, qwen2moe.
+    /// granite, mistral3, olmo2, qwen3moe, gpt-oss, olmoe, qwen2moe, deepseek2.
     #[arg(long, default_value = "llama")]
     arch: String,
     /// Model whose tokenizer to copy (catalog id or path).
@@ -61,7 +61,8 @@ pub(crate) struct SynthArgs {
     /// A chat template file (Jinja) to carry instead of the family's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Experts per layer of a mixture-of-experts family (qwen3moe, gpt-oss, olmoe, qwen2moe; default 8). `--ff` is then
+    /// Experts per layer of a mixture-of-experts family (qwen3moe, gpt-oss, olmoe, qwen2moe,
+    /// deepseek2; default 8). `--ff` is then
     /// one expert's FFN width.
     #[arg(long)]
     experts: Option<usize>,

@@ -209,21 +209,27 @@ fn gemma_shards_with_one_kv_head() {
 /// Synthesises a small model of `arch` (with `extra` synth flags) at `path` and checks that
 /// each of `configs` gives `n` tokens of exactly the single-process output.
 fn check_synth_shards(path: &Path, arch: &str, extra: &[&str], n: &str, configs: &[&[&str]]) {
-    let path_s = path.to_str().unwrap();
     let mut flags = vec!["--arch", arch, "--kv-heads", "2"];
     flags.extend_from_slice(extra);
-    synth_small(path_s, &flags);
+    synth_small(path.to_str().unwrap(), &flags);
+    check_shards(path, &format!("{arch} {extra:?}"), n, configs);
+}
+
+/// Checks that each of `configs` gives `n` tokens of the model at `path` exactly as one
+/// process does.
+fn check_shards(path: &Path, what: &str, n: &str, configs: &[&[&str]]) {
+    let path_s = path.to_str().unwrap();
     let base = ["run", "-m", path_s, "-n", n, "--ignore-eos", "--raw"];
     let with = |extra: &[&str]| {
         let mut a: Vec<&str> = base.to_vec();
         a.extend_from_slice(extra);
         a.push(PROMPT);
-        text(&strata(&a), arch)
+        text(&strata(&a), what)
     };
     let want = with(&["--threads", "1"]);
-    assert!(!want.is_empty(), "{arch} {extra:?}: no output");
+    assert!(!want.is_empty(), "{what}: no output");
     for cfg in configs {
-        assert_eq!(with(cfg), want, "{arch} {extra:?} {cfg:?}");
+        assert_eq!(with(cfg), want, "{what} {cfg:?}");
     }
 }
 
@@ -559,32 +565,62 @@ fn chat_runs_sharded_with_the_same_replies() {
     assert_eq!(chat(&["--ranks", "2", "--strategy", "pipeline"]), want);
 }
 
+const EXPERT_SHM: &[&str] = &["--ranks", "2", "--strategy", "expert", "--transport", "shm"];
+
+/// Every mixture-of-experts family splits by layers and by experts (two ranks, three over TCP,
+/// and an uneven split) exactly like one process: routed experts' outputs and the shared
+/// expert's cross ranks, attention heads are split too (DeepSeek's latent attention, OLMoE's
+/// whole-row norms, gpt-oss's sinks).
 #[test]
-fn a_mixture_of_experts_splits_by_layers_like_one_process() {
+fn mixtures_of_experts_split_by_experts_and_layers_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("qwen3moe.gguf");
-    check_synth_shards(
-        &path,
-        "qwen3moe",
-        &[
-            "--head-dim",
-            "64",
-            "--experts",
-            "8",
-            "--experts-used",
-            "3",
-            "--type",
-            "q8_0",
-        ],
-        "24",
-        &[PIPELINE_TCP],
-    );
-    // Tensor parallelism would split experts, which strata does not do yet: one line saying so.
-    let p = path.to_str().unwrap();
+    let three: &[&str] = &["--ranks", "3", "--strategy", "expert", "--transport", "tcp"];
+    let uneven: &[&str] = &[
+        "--ranks",
+        "2",
+        "--strategy",
+        "expert",
+        "--rank-weights",
+        "3,1",
+    ];
+    for (arch, extra) in [
+        (
+            "qwen3moe",
+            &["--heads", "8", "--head-dim", "64", "--kv-heads", "2"][..],
+        ),
+        (
+            "gpt-oss",
+            &["--heads", "8", "--head-dim", "64", "--kv-heads", "2"][..],
+        ),
+        ("qwen2moe", &["--heads", "8", "--kv-heads", "2"][..]),
+        ("olmoe", &["--heads", "8", "--kv-heads", "8"][..]),
+        (
+            "deepseek2",
+            &["--heads", "4", "--kv-heads", "1", "--head-dim", "64"][..],
+        ),
+    ] {
+        let path = dir.path().join(format!("{arch}.gguf"));
+        let experts = if arch == "deepseek2" { "16" } else { "8" };
+        let mut args = vec!["synth", "-o", path.to_str().unwrap(), "--arch", arch];
+        args.extend([
+            "--layers", "4", "--embd", "256", "--ff", "256", "--type", "q8_0",
+        ]);
+        args.extend(["--seed", "7", "--experts", experts, "--experts-used", "3"]);
+        args.extend_from_slice(extra);
+        text(&strata(&args), "synth");
+        check_shards(
+            &path,
+            arch,
+            "24",
+            &[PIPELINE_TCP, EXPERT_SHM, three, uneven],
+        );
+    }
+    // Splitting each expert's columns is not offered: one line naming what is.
+    let p = dir.path().join("qwen3moe.gguf");
     let out = strata(&[
         "run",
         "-m",
-        p,
+        p.to_str().unwrap(),
         "-n",
         "4",
         "--raw",
@@ -597,7 +633,12 @@ fn a_mixture_of_experts_splits_by_layers_like_one_process() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("mixture of experts") && err.contains("pipeline"),
+        err.contains("mixture of experts") && err.contains("--strategy expert or pipeline"),
         "{err}"
     );
+    // A dense model has no experts to split.
+    let out = run(&["--ranks", "2", "--strategy", "expert"], PROMPT, "4");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no experts to split"), "{err}");
 }

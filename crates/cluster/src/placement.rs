@@ -29,9 +29,15 @@ pub struct ModelFacts {
     /// experts reads only its used experts (0 in facts from older nodes: the held bytes).
     #[serde(default)]
     pub token_bytes: u64,
-    /// A mixture of experts, which strata splits by layers only (older nodes: dense).
+    /// A mixture of experts (older nodes: dense).
     #[serde(default)]
     pub moe: bool,
+    /// Experts per MoE layer (0 for a dense model).
+    #[serde(default)]
+    pub n_expert: usize,
+    /// Experts each token uses (0 for a dense model).
+    #[serde(default)]
+    pub n_used: usize,
     /// Of which the LM head.
     pub head_bytes: u64,
     /// KV-cache bytes per context position, whole model.
@@ -75,14 +81,19 @@ impl ModelFacts {
             weight_bytes: layers + head,
             token_bytes: read + head,
             moe: cfg.moe.is_some(),
+            n_expert: cfg.moe.map_or(0, |m| m.n_expert),
+            n_used: cfg.moe.map_or(0, |m| m.n_used),
             head_bytes: head,
             // strata keeps keys and values as f32.
-            kv_bytes_per_token: (2 * 4 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim) as u64,
+            kv_bytes_per_token: (4
+                * cfg.n_layer
+                * cfg.n_head_kv
+                * (cfg.head_dim + cfg.cache_v_dim())) as u64,
             n_layer: cfg.n_layer,
             n_head: cfg.n_head,
             n_embd: cfg.n_embd,
             n_ff: cfg.n_ff,
-            q_width: cfg.q_width(),
+            q_width: cfg.attn_out_width(),
         })
     }
 }
@@ -126,6 +137,8 @@ pub enum StrategyChoice {
         /// Nodes per stage.
         tp: usize,
     },
+    /// A mixture of experts split by expert across the nodes (attention tensor-parallel).
+    Expert,
 }
 
 /// What is asked.
@@ -297,6 +310,34 @@ fn tensor_time(
     compute + worst * layers * m.n_layer as f64
 }
 
+/// Seconds per token of expert parallelism over `group`: each rank reads its share of the
+/// per-token bytes (the attention and dense parts split as under tensor parallelism, the
+/// experts by count, each chosen `n_used / n_expert` of the time), and every layer makes three
+/// exchanges (the attention heads', the model width's, and the all-gather of the chosen
+/// experts' outputs: `n_used` model-width rows per token, plus the shared expert's row).
+fn expert_time(c: &Cluster<'_>, m: &ModelFacts, group: &[&Node], shares: &[f64]) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let compute = group
+        .iter()
+        .zip(shares)
+        .map(|(n, s)| s / sum * m.read_per_token() / n.mem_bandwidth)
+        .fold(0.0, f64::max);
+    if group.len() == 1 {
+        return compute;
+    }
+    let k = group.len() as f64;
+    let rows = (m.n_used + 1) as f64;
+    let bytes_per_layer = 4.0 * (m.q_width as f64 + (1.0 + rows) * m.n_embd as f64) * (k - 1.0) / k;
+    let mut worst = 0.0f64;
+    for (i, a) in group.iter().enumerate() {
+        for b in &group[i + 1..] {
+            let (lat, bw) = c.link(&a.id, &b.id);
+            worst = worst.max(3.0 * lat + bytes_per_layer / bw);
+        }
+    }
+    compute + worst * m.n_layer as f64
+}
+
 /// Predicted seconds per decoded token of `strategy` over `nodes` (rank order) with `weights`.
 fn seconds_per_token(
     c: &Cluster<'_>,
@@ -310,6 +351,7 @@ fn seconds_per_token(
         StrategyChoice::Tensor => nodes.len(),
         StrategyChoice::Pipeline => 1,
         StrategyChoice::Hybrid { tp } => tp,
+        StrategyChoice::Expert => return expert_time(c, m, nodes, weights),
     };
     let stages: Vec<usize> = (0..nodes.len() / tp).collect();
     let total_w: f64 = weights.iter().sum();
@@ -389,9 +431,12 @@ fn candidates<'a>(
     }
     let mut out = Vec::new();
     if m.moe {
-        // Experts are not split across tensor-parallel ranks yet: layers only.
+        // A mixture splits by layers or by experts (each rank needs a query head too).
         if nodes.len() <= m.n_layer {
             out.push((StrategyChoice::Pipeline, nodes.to_vec()));
+        }
+        if nodes.len() <= m.n_head.min(m.n_expert) {
+            out.push((StrategyChoice::Expert, nodes.to_vec()));
         }
         return out;
     }

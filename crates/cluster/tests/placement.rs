@@ -15,6 +15,8 @@ fn model() -> ModelFacts {
         weight_bytes: 600_000_000,
         token_bytes: 600_000_000,
         moe: false,
+        n_expert: 0,
+        n_used: 0,
         head_bytes: 60_000_000,
         kv_bytes_per_token: 2 * 4 * 16 * 8 * 64,
         n_layer: 16,
@@ -258,4 +260,55 @@ proptest! {
             }
         }
     }
+}
+
+/// A Qwen3-30B-A3B-like mixture: 17 GB held, 1.7 GB read per token, 128 experts of which 8.
+fn moe_model() -> ModelFacts {
+    ModelFacts {
+        name: "qwen3-30b-a3b".into(),
+        weight_bytes: 17 * GB,
+        token_bytes: 1_700_000_000,
+        moe: true,
+        n_expert: 128,
+        n_used: 8,
+        head_bytes: 300_000_000,
+        kv_bytes_per_token: 4 * 48 * 4 * 2 * 128,
+        n_layer: 48,
+        n_head: 32,
+        n_embd: 2048,
+        n_ff: 6144,
+        q_width: 4096,
+    }
+}
+
+/// A mixture of experts that needs two nodes splits by expert over a fast link (each node
+/// reads half of every token's experts) and by layers over a slow one, where three exchanges
+/// per layer would cost more than the halved reading saves; never by tensor columns.
+#[test]
+fn a_mixture_of_experts_splits_by_expert_on_fast_links_and_by_layers_on_slow_ones() {
+    let nodes = [node("a", 12.0, 20.0), node("b", 12.0, 20.0)];
+    let req = Request {
+        context: 4096,
+        ..Request::default()
+    };
+    let fast = place(&moe_model(), &nodes, &[link("a", "b", 10.0)], &req).unwrap();
+    assert_eq!(fast.strategy, StrategyChoice::Expert, "{fast:?}");
+    let slow = place(&moe_model(), &nodes, &[link("a", "b", 2000.0)], &req).unwrap();
+    assert_eq!(slow.strategy, StrategyChoice::Pipeline, "{slow:?}");
+    for p in [&fast, &slow] {
+        assert!(
+            p.considered
+                .iter()
+                .all(|(s, _)| *s != StrategyChoice::Tensor)
+        );
+    }
+    // Expert parallelism halves the bytes each node reads per token: on the fast link it is
+    // predicted well over 1.5 times the pipeline's single-stream speed.
+    let pipe = fast
+        .considered
+        .iter()
+        .find(|(s, _)| *s == StrategyChoice::Pipeline)
+        .unwrap()
+        .1;
+    assert!(fast.predicted_decode_tok_s > 1.5 * pipe, "{fast:?}");
 }

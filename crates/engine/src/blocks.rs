@@ -16,10 +16,12 @@
 use strata_kernels::attn::{self, Flavour};
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
-use crate::config::{FfnAct, Gating};
+use crate::config::{ExpertGroups, FfnAct, Gating};
 use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
-use crate::weights::{FfnWeights, GatedFfn, LayerWeights, SharedExpert};
-use crate::{Combine, Error, KvCache, ModelConfig, Result, ShardSpec};
+use crate::weights::{
+    AttnProj, FfnWeights, GatedFfn, LayerWeights, MlaQuery, MlaWeights, SharedExpert,
+};
+use crate::{Combine, Error, ExpertSplit, KvCache, ModelConfig, Result, ShardSpec};
 
 /// One step's state as it passes through the layers of a shard.
 pub(crate) struct Blocks<'a, 'c> {
@@ -159,6 +161,42 @@ fn gated_down(
     add_bias(out, f.down_b.as_deref(), rows);
 }
 
+/// DeepSeek V3's group-limited routing over one row's selection scores: each group of
+/// `n_expert / count` experts is scored by the sum of its two best scores (ggml's `sum_rows`,
+/// in f64), and the experts of all but the `used` best groups are masked to -inf.
+fn mask_groups(
+    select: &mut [f32],
+    g: ExpertGroups,
+    order: &mut Vec<u32>,
+    group_scores: &mut Vec<f32>,
+) {
+    let per = select.len() / g.count;
+    group_scores.clear();
+    for grp in select.chunks_exact(per) {
+        order.clear();
+        order.extend(0..per as u32);
+        order.sort_unstable_by(|&a, &b| grp[b as usize].total_cmp(&grp[a as usize]));
+        let best = f64::from(grp[order[0] as usize]) + f64::from(grp[order[1] as usize]);
+        group_scores.push(best as f32);
+    }
+    order.clear();
+    order.extend(0..g.count as u32);
+    order.sort_unstable_by(|&a, &b| group_scores[b as usize].total_cmp(&group_scores[a as usize]));
+    for &dropped in &order[g.used..] {
+        let d = dropped as usize;
+        select[d * per..(d + 1) * per].fill(f32::NEG_INFINITY);
+    }
+}
+
+/// RoPE with the family's pairing (halves, or adjacent elements) and the step's tables.
+fn rotate(cfg: &ModelConfig, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    if cfg.rope_neox {
+        ops::rope_apply_neox(x, cos, sin);
+    } else {
+        ops::rope_apply(x, cos, sin);
+    }
+}
+
 fn grow_u32(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);
@@ -293,11 +331,15 @@ impl Blocks<'_, '_> {
     /// them), per-head Q/K norms, RoPE, the query scale, the KV cache, grouped attention, the
     /// output projection and this shard's exchange. The output rows land in `proj`.
     pub(crate) fn attention(&mut self, lw: &LayerWeights) -> Result<()> {
+        let qkv = match &lw.attn {
+            AttnProj::Heads(h) => h,
+            AttnProj::Latent(m) => return self.latent_attention(lw, m),
+        };
         let cfg = self.cfg;
         let n = self.live;
         let (e, hd) = (cfg.n_embd, cfg.head_dim);
-        let n_q = lw.wq.rows() / hd;
-        let n_kv = lw.wk.rows() / hd;
+        let n_q = qkv.wq.rows() / hd;
+        let n_kv = qkv.wk.rows() / hd;
         let group = cfg.group();
         let q0 = self.spec.q_heads.start;
         let kv0 = q0 / group;
@@ -306,31 +348,31 @@ impl Blocks<'_, '_> {
         let pool = self.pool;
         let s = &mut *self.s;
 
-        s.acts.quantize(lw.wq.ggml_type(), &s.xn[..n * e], n, e);
-        let same = |m: &QMatrix| m.ggml_type() == lw.wq.ggml_type();
-        if same(&lw.wk) && same(&lw.wv) {
-            grow(&mut s.q, n * lw.wq.rows());
-            grow(&mut s.k, n * lw.wk.rows());
-            grow(&mut s.v, n * lw.wv.rows());
+        s.acts.quantize(qkv.wq.ggml_type(), &s.xn[..n * e], n, e);
+        let same = |m: &QMatrix| m.ggml_type() == qkv.wq.ggml_type();
+        if same(&qkv.wk) && same(&qkv.wv) {
+            grow(&mut s.q, n * qkv.wq.rows());
+            grow(&mut s.k, n * qkv.wk.rows());
+            grow(&mut s.v, n * qkv.wv.rows());
             matmul_multi(
                 pool,
                 &s.acts,
                 &mut [
-                    (&lw.wq, &mut s.q[..n * lw.wq.rows()]),
-                    (&lw.wk, &mut s.k[..n * lw.wk.rows()]),
-                    (&lw.wv, &mut s.v[..n * lw.wv.rows()]),
+                    (&qkv.wq, &mut s.q[..n * qkv.wq.rows()]),
+                    (&qkv.wk, &mut s.k[..n * qkv.wk.rows()]),
+                    (&qkv.wv, &mut s.v[..n * qkv.wv.rows()]),
                 ],
             );
         } else {
-            mm(pool, &lw.wq, &s.acts, &mut s.q);
-            s.acts.quantize(lw.wk.ggml_type(), &s.xn[..n * e], n, e);
-            mm(pool, &lw.wk, &s.acts, &mut s.k);
-            s.acts.quantize(lw.wv.ggml_type(), &s.xn[..n * e], n, e);
-            mm(pool, &lw.wv, &s.acts, &mut s.v);
+            mm(pool, &qkv.wq, &s.acts, &mut s.q);
+            s.acts.quantize(qkv.wk.ggml_type(), &s.xn[..n * e], n, e);
+            mm(pool, &qkv.wk, &s.acts, &mut s.k);
+            s.acts.quantize(qkv.wv.ggml_type(), &s.xn[..n * e], n, e);
+            mm(pool, &qkv.wv, &s.acts, &mut s.v);
         }
-        add_bias(&mut s.q, lw.bq.as_deref(), n);
-        add_bias(&mut s.k, lw.bk.as_deref(), n);
-        add_bias(&mut s.v, lw.bv.as_deref(), n);
+        add_bias(&mut s.q, qkv.bq.as_deref(), n);
+        add_bias(&mut s.k, qkv.bk.as_deref(), n);
+        add_bias(&mut s.v, qkv.bv.as_deref(), n);
         if cfg.qk_norm_rows {
             self.qk_norm_rows(lw, n, n_q, n_kv)?;
         }
@@ -343,13 +385,8 @@ impl Blocks<'_, '_> {
         let table = if cfg.is_swa(gl) { n } else { 0 };
         let use_rope = cfg.uses_rope(gl);
         let rope = |x: &mut [f32], c: &[f32], sn: &[f32]| {
-            if !use_rope {
-                return;
-            }
-            if cfg.rope_neox {
-                ops::rope_apply_neox(x, c, sn);
-            } else {
-                ops::rope_apply(x, c, sn);
+            if use_rope {
+                rotate(cfg, x, c, sn);
             }
         };
         let rows = self.rows;
@@ -397,12 +434,27 @@ impl Blocks<'_, '_> {
             order: self.order,
         };
         self.attend(&job, lw.sinks.as_deref());
+        self.attn_output(lw, n, t_first, n_q)
+    }
 
+    /// The output projection of the attention outputs in `att` (`n_q` heads of
+    /// [`ModelConfig::v_head_dim`] for rows `t_first..n`), with this shard's exchanges and the
+    /// bias; the rows land in `proj` (or `gathered`).
+    fn attn_output(
+        &mut self,
+        lw: &LayerWeights,
+        n: usize,
+        t_first: usize,
+        n_q: usize,
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        let pool = self.pool;
+        let n_out = n - t_first;
         let s = &mut *self.s;
-        let width = n_q * hd;
+        let width = n_q * cfg.v_head_dim();
         let combine = CombineMode::of(cfg, self.spec);
         let att_in: &[f32] = if combine.gather_heads {
-            let full = cfg.q_width();
+            let full = cfg.attn_out_width();
             grow(&mut s.gathered, n_out * full);
             self.comm
                 .all_gather(
@@ -439,6 +491,135 @@ impl Blocks<'_, '_> {
         self.out_first = t_first;
         self.out_rows = n_out;
         Ok(())
+    }
+
+    /// Multi-head latent attention as llama.cpp's DeepSeek graph runs it (absorbed): the
+    /// queries (directly, or through a normed low rank), the latent row (normed) and the
+    /// shared rotated key part; each head's un-rotated query projected into the latent space
+    /// and joined to its rotated part; the latent row and rotated key cached as one key, its
+    /// latent part doubling as the value; grouped attention of every head over that single
+    /// KV head; each head's latent output decompressed into its values; then the output
+    /// projection. Every product is ggml's, head by head where it multiplies 3-D tensors.
+    fn latent_attention(&mut self, lw: &LayerWeights, m: &MlaWeights) -> Result<()> {
+        let cfg = self.cfg;
+        let Some(mla) = cfg.mla else {
+            return Err(Error::InvalidModel(
+                "latent attention without its sizes".into(),
+            ));
+        };
+        let n = self.live;
+        let (e, rope) = (cfg.n_embd, cfg.rope_dims);
+        let (qh, kl, vh, nope) = (mla.q_head(rope), mla.kv_lora, mla.v_head, mla.nope);
+        let kw = cfg.head_dim;
+        let n_q = m.k_b.len();
+        let half = rope / 2;
+        let li = self.li;
+        let gl = self.spec.layers.start + li;
+        let pool = self.pool;
+        let s = &mut *self.s;
+        let xn = &s.xn[..n * e];
+
+        // Queries, `qh` per head: `nope` elements, then the rotated ones.
+        match &m.q {
+            MlaQuery::Direct(wq) => {
+                s.acts.quantize(wq.ggml_type(), xn, n, e);
+                mm(pool, wq, &s.acts, &mut s.up);
+            }
+            MlaQuery::Lora { a, norm, b } => {
+                let r = a.rows();
+                s.acts.quantize(a.ggml_type(), xn, n, e);
+                mm(pool, a, &s.acts, &mut s.gate);
+                for row in s.gate[..n * r].chunks_exact_mut(r) {
+                    ops::rms_norm_in_place(row, norm, cfg.rms_eps);
+                }
+                s.acts.quantize(b.ggml_type(), &s.gate[..n * r], n, r);
+                mm(pool, b, &s.acts, &mut s.up);
+            }
+        }
+        // The latent row (normed) and the shared key part (rotated): the cached key.
+        s.acts.quantize(m.kv_a.ggml_type(), xn, n, e);
+        mm(pool, &m.kv_a, &s.acts, &mut s.k);
+        let rows = self.rows;
+        for t in 0..n {
+            let (c, sn) = (
+                &s.rope_cos[t * half..(t + 1) * half],
+                &s.rope_sin[t * half..(t + 1) * half],
+            );
+            let k = &mut s.k[t * kw..(t + 1) * kw];
+            ops::rms_norm_in_place(&mut k[..kl], &m.kv_a_norm, cfg.rms_eps);
+            rotate(cfg, &mut k[kl..], c, sn);
+            let (k, v) = (&s.k[t * kw..(t + 1) * kw], &s.k[t * kw..t * kw + kl]);
+            self.caches[rows.seq[t]].store(li, 0, rows.pos[t], k, v);
+        }
+        // Each head's query: its un-rotated part through `attn_k_b` into the latent space,
+        // then its rotated part, rounded to f16 where it meets the f16 keys.
+        grow(&mut s.q, n * n_q * kw);
+        grow(&mut s.gate, n * nope);
+        for (h, kb) in m.k_b.iter().enumerate() {
+            for t in 0..n {
+                let src = (t * n_q + h) * qh;
+                s.gate[t * nope..(t + 1) * nope].copy_from_slice(&s.up[src..src + nope]);
+            }
+            s.acts
+                .quantize(kb.ggml_type(), &s.gate[..n * nope], n, nope);
+            mm(pool, kb, &s.acts, &mut s.v);
+            for t in 0..n {
+                let dst = (t * n_q + h) * kw;
+                s.q[dst..dst + kl].copy_from_slice(&s.v[t * kl..(t + 1) * kl]);
+            }
+        }
+        for t in 0..n {
+            let (c, sn) = (
+                &s.rope_cos[t * half..(t + 1) * half],
+                &s.rope_sin[t * half..(t + 1) * half],
+            );
+            for h in 0..n_q {
+                let src = (t * n_q + h) * qh + nope;
+                let dst = &mut s.q[(t * n_q + h) * kw..(t * n_q + h + 1) * kw];
+                dst[kl..].copy_from_slice(&s.up[src..src + rope]);
+                rotate(cfg, &mut dst[kl..], c, sn);
+                ops::round_f16_slice(dst);
+            }
+        }
+
+        // Every head reads the one latent KV head.
+        let t_first = if self.trim { n - 1 } else { 0 };
+        let n_out = n - t_first;
+        grow(&mut self.s.att, n_out * n_q * kl);
+        let job = AttnJob {
+            li,
+            gl,
+            n_q,
+            q0: self.spec.q_heads.start,
+            kv0: 0,
+            group: cfg.n_head,
+            t_first,
+            order: self.order,
+        };
+        self.attend(&job, None);
+
+        // Each head's latent output through `attn_v_b` (llama.cpp decompresses every row
+        // before it drops all but the last: follow its kernel choice).
+        let s = &mut *self.s;
+        grow(&mut s.gate, n_out * kl);
+        grow(&mut s.v, n_out * n_q * vh);
+        for (h, vb) in m.v_b.iter().enumerate() {
+            for tt in 0..n_out {
+                let src = (tt * n_q + h) * kl;
+                s.gate[tt * kl..(tt + 1) * kl].copy_from_slice(&s.att[src..src + kl]);
+            }
+            s.acts
+                .quantize(vb.ggml_type(), &s.gate[..n_out * kl], n_out, kl);
+            s.acts.as_rows_of(n, t_first);
+            mm(pool, vb, &s.acts, &mut s.up);
+            for tt in 0..n_out {
+                let dst = (tt * n_q + h) * vh;
+                s.v[dst..dst + vh].copy_from_slice(&s.up[tt * vh..(tt + 1) * vh]);
+            }
+        }
+        grow(&mut s.att, n_out * n_q * vh);
+        s.att[..n_out * n_q * vh].copy_from_slice(&s.v[..n_out * n_q * vh]);
+        self.attn_output(lw, n, t_first, n_q)
     }
 
     /// OLMo 2's Q and K norms, over whole rows (every head together) of the `n` rows in `q` and
@@ -485,7 +666,7 @@ impl Blocks<'_, '_> {
     /// sharing a KV head are scored and summed together, so each key and value row is loaded
     /// once for all of them. Each token reads its own sequence's cache.
     fn attend(&mut self, job: &AttnJob, sinks: Option<&[f32]>) {
-        let hd = self.cfg.head_dim;
+        let (hd, vd) = (self.cfg.head_dim, self.cfg.cache_v_dim());
         let (li, n_q, t_first, order) = (job.li, job.n_q, job.t_first, job.order);
         let rows = self.rows;
         let n_out = rows.pos.len() - t_first;
@@ -549,10 +730,10 @@ impl Blocks<'_, '_> {
             // SAFETY: unit u owns the output rows of heads h0..h1 of token tt, inside the
             // buffer grown by the caller.
             let o = unsafe {
-                std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * hd), g * hd)
+                std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * vd), g * vd)
             };
             let (vt, vs) = (cache.values_t(li, kvh), cache.value_stride());
-            attn::weighted_sum_grouped(order, sc, stride, vt, vs, hd, lenp, o);
+            attn::weighted_sum_grouped(order, sc, stride, vt, vs, vd, lenp, o);
         });
     }
 
@@ -564,15 +745,16 @@ impl Blocks<'_, '_> {
             FfnWeights::Moe {
                 router,
                 router_b,
+                select_b,
                 experts,
+                first,
                 shared,
-            } => {
-                self.moe_ffn(router, router_b.as_deref(), experts)?;
-                match shared {
-                    Some(x) => self.shared_expert(x),
-                    None => Ok(()),
-                }
-            }
+            } => self.moe_ffn(
+                router,
+                (router_b.as_deref(), select_b.as_deref()),
+                (experts, *first),
+                shared.as_deref(),
+            ),
         }
     }
 
@@ -625,8 +807,9 @@ impl Blocks<'_, '_> {
     fn moe_ffn(
         &mut self,
         router: &QMatrix,
-        router_b: Option<&[f32]>,
-        experts: &[GatedFfn],
+        (router_b, select_b): (Option<&[f32]>, Option<&[f32]>),
+        (experts, first): (&[GatedFfn], usize),
+        shared: Option<&SharedExpert>,
     ) -> Result<()> {
         let rows = self.live;
         let e = self.cfg.n_embd;
@@ -644,13 +827,27 @@ impl Blocks<'_, '_> {
         grow(&mut m.weight, rows * k);
         for r in 0..rows {
             let p = &mut m.probs[r * nx..(r + 1) * nx];
-            if moe.gating == Gating::Softmax {
-                ops::softmax_op(p, self.flavour);
+            match moe.gating {
+                Gating::Softmax => ops::softmax_op(p, self.flavour),
+                // ggml_sigmoid: `1 / (1 + expf(-x))`.
+                Gating::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+                Gating::SoftmaxWeight => {}
             }
+            // The choice follows the probabilities plus any selection bias, within the best
+            // groups; the weights are the probabilities themselves.
+            m.select.clear();
+            m.select.extend_from_slice(p);
+            if let Some(b) = select_b {
+                ops::add_assign(&mut m.select, b);
+            }
+            if let Some(g) = moe.groups {
+                mask_groups(&mut m.select, g, &mut m.order, &mut m.group_scores);
+            }
+            let sel = &m.select;
             m.order.clear();
             m.order.extend(0..nx as u32);
             m.order
-                .sort_unstable_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]));
+                .sort_unstable_by(|&a, &b| sel[b as usize].total_cmp(&sel[a as usize]));
             let w = &mut m.weight[r * k..(r + 1) * k];
             for (slot, &x) in m.order[..k].iter().enumerate() {
                 m.chosen[r * k + slot] = x;
@@ -692,7 +889,8 @@ impl Blocks<'_, '_> {
         }
         grow(&mut m.outputs, rows * k * e);
         s.acts.set_mul_mat_id(true);
-        for (x, f) in experts.iter().enumerate() {
+        for (i, f) in experts.iter().enumerate() {
+            let x = first + i;
             let (a, b) = (m.starts[x], m.starts[x + 1]);
             if a == b {
                 continue;
@@ -720,6 +918,15 @@ impl Blocks<'_, '_> {
             }
         }
         s.acts.set_mul_mat_id(false);
+        let has_shared = moe.n_ff_shexp.is_some();
+        if let Some(x) = shared {
+            self.shared_expert(x);
+        }
+        if let Some(split) = &self.spec.experts {
+            self.exchange_experts(split, has_shared)?;
+        }
+        let s = &mut *self.s;
+        let m = &mut s.moe;
         grow(&mut s.proj, rows * e);
         for r in 0..rows {
             let out = &mut s.proj[r * e..(r + 1) * e];
@@ -737,6 +944,10 @@ impl Blocks<'_, '_> {
                     }
                 }
             }
+            // The shared expert's contribution joins after the routed ones (ggml_add).
+            if has_shared {
+                ops::add_assign(out, &m.shared[r * e..(r + 1) * e]);
+            }
         }
         self.out_gathered = false;
         self.out_first = 0;
@@ -744,10 +955,60 @@ impl Blocks<'_, '_> {
         Ok(())
     }
 
-    /// Adds a shared expert's output to the mixture's in `proj`, as llama.cpp's Qwen2-MoE graph
-    /// computes it: the FFN over every row, times `silu(g) / g` (a sigmoid by ggml's operators)
-    /// of the row's gate logit `g`.
-    fn shared_expert(&mut self, x: &SharedExpert) -> Result<()> {
+    /// Expert parallelism's exchange: every member sends the outputs of the choices routed to
+    /// its experts (grouped by expert, in the order all members derive from the same routing)
+    /// and, on its owner, the shared expert's contributions; every member places what it
+    /// receives where one process would have computed it.
+    fn exchange_experts(&mut self, split: &ExpertSplit, has_shared: bool) -> Result<()> {
+        let (rows, e) = (self.live, self.cfg.n_embd);
+        let m = &mut self.s.moe;
+        let shared_len = |member: usize| {
+            if has_shared && member == split.shared_owner {
+                rows * e
+            } else {
+                0
+            }
+        };
+        m.counts.clear();
+        for (i, p) in split.parts.iter().enumerate() {
+            m.counts
+                .push((m.starts[p.end] - m.starts[p.start]) * e + shared_len(i));
+        }
+        let mine = split.mine();
+        m.send.clear();
+        for &i in &m.grouped[m.starts[mine.start]..m.starts[mine.end]] {
+            let i = i as usize;
+            m.send.extend_from_slice(&m.outputs[i * e..(i + 1) * e]);
+        }
+        if shared_len(split.me) > 0 {
+            m.send.extend_from_slice(&m.shared[..rows * e]);
+        }
+        let total = m.counts.iter().sum::<usize>();
+        grow(&mut m.recv, total);
+        self.comm
+            .all_gather_varying(&m.counts, &m.send, &mut m.recv[..total])
+            .map_err(Error::Collective)?;
+        if has_shared {
+            grow(&mut m.shared, rows * e);
+        }
+        let mut at = 0;
+        for (member, p) in split.parts.iter().enumerate() {
+            for &i in &m.grouped[m.starts[p.start]..m.starts[p.end]] {
+                let i = i as usize;
+                m.outputs[i * e..(i + 1) * e].copy_from_slice(&m.recv[at..at + e]);
+                at += e;
+            }
+            let n = shared_len(member);
+            m.shared[..n].copy_from_slice(&m.recv[at..at + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// A shared expert's contributions into `moe.shared`, as llama.cpp's graphs compute them:
+    /// the FFN over every row, times `silu(g) / g` (a sigmoid by ggml's operators) of the row's
+    /// gate logit `g` when the model has a gate (Qwen2-MoE).
+    fn shared_expert(&mut self, x: &SharedExpert) {
         let rows = self.live;
         let e = self.cfg.n_embd;
         let s = &mut *self.s;
@@ -772,20 +1033,20 @@ impl Blocks<'_, '_> {
             self.flavour,
             &mut m.down,
         );
+        grow(&mut m.shared, rows * e);
         for r in 0..rows {
             let y = &m.down[r * e..(r + 1) * e];
-            let out = &mut s.proj[r * e..(r + 1) * e];
+            let out = &mut m.shared[r * e..(r + 1) * e];
             match x.gate {
                 Some(_) => {
                     let g = m.probs[r];
                     for (o, &v) in out.iter_mut().zip(y) {
-                        *o += v * g;
+                        *o = v * g;
                     }
                 }
-                None => ops::add_assign(out, y),
+                None => out.copy_from_slice(y),
             }
         }
-        Ok(())
     }
 
     /// Turns this rank's output-projection result (`rows` rows of `part` values in `proj`) into

@@ -26,8 +26,57 @@ pub struct Moe {
     pub weights_scale: f32,
     /// How the router's logits become the chosen experts and their weights.
     pub gating: Gating,
-    /// FFN width of the shared expert every token also runs (Qwen2-MoE), if the family has one.
+    /// FFN width of the shared expert every token also runs (Qwen2-MoE, DeepSeek), if the
+    /// family has one.
     pub n_ff_shexp: Option<usize>,
+    /// The experts are split into groups and a token chooses among the best groups only
+    /// (DeepSeek V3's group-limited routing).
+    pub groups: Option<ExpertGroups>,
+    /// The first this many layers have a dense FFN (`leading_dense_block_count`, DeepSeek).
+    pub dense_lead: usize,
+}
+
+/// Group-limited routing: each group is scored by the sum of its two best (selection)
+/// probabilities, and only the `used` best groups' experts may be chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    /// Groups of equal size the experts are split into (`expert_group_count`).
+    pub count: usize,
+    /// Groups a token may choose from (`expert_group_used_count`).
+    pub used: usize,
+}
+
+impl Moe {
+    /// Whether layer `il` has a mixture of experts (rather than a leading dense FFN).
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        il >= self.dense_lead
+    }
+}
+
+/// Multi-head latent attention (DeepSeek V2/V3, Kimi K2), in the absorbed form llama.cpp runs:
+/// keys and values are one compressed latent row per token (plus a shared RoPE part), each
+/// query head is projected into the latent space, and each head's output is projected back out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mla {
+    /// Rank of the query compression (`attention.q_lora_rank`); none: queries are projected
+    /// directly (DeepSeek V2 Lite).
+    pub q_lora: Option<usize>,
+    /// Rank of the key/value compression (`attention.kv_lora_rank`): the latent row's width.
+    pub kv_lora: usize,
+    /// Per-head query/key width without RoPE (`key_length_mla - rope dims`).
+    pub nope: usize,
+    /// Per-head value width after decompression (`value_length_mla`).
+    pub v_head: usize,
+    /// DeepSeek's `mscale_all_dim` (`rope.scaling.yarn_log_multiplier / 0.1`; 0: none), which
+    /// enters the softmax scale.
+    pub yarn_log_mul: f32,
+}
+
+impl Mla {
+    /// Width of a query head as projected (`nope` plus the rotated part).
+    pub fn q_head(&self, rope_dims: usize) -> usize {
+        self.nope + rope_dims
+    }
 }
 
 /// How a router's logits choose experts and weigh them (llama.cpp's `expert_gating_func`).
@@ -38,6 +87,9 @@ pub enum Gating {
     Softmax,
     /// The largest logits choose; a softmax over just those weighs them (gpt-oss).
     SoftmaxWeight,
+    /// A sigmoid of each logit (DeepSeek V3, Kimi K2); a per-expert bias may steer the choice
+    /// without entering the weights.
+    Sigmoid,
 }
 
 /// Hyper-parameters of a decoder.
@@ -112,6 +164,10 @@ pub struct ModelConfig {
     pub attn_temperature: Option<AttnTemperature>,
     /// A mixture of experts in place of the dense feed-forward block (Qwen3-MoE).
     pub moe: Option<Moe>,
+    /// Multi-head latent attention in place of per-head keys and values (DeepSeek): the cache
+    /// then holds one `head_dim`-wide key row per token, of which the values are the first
+    /// `kv_lora` elements.
+    pub mla: Option<Mla>,
 }
 
 /// YaRN's parameters (llama.cpp's `yarn_*` hyper-parameters): besides the linear scale, the
@@ -124,6 +180,9 @@ pub struct Yarn {
     pub beta: (f32, f32),
     /// `rope.scaling.yarn_log_multiplier` (DeepSeek's and Mistral's `mscale_all_dim`; 0: none).
     pub log_mul: f32,
+    /// The magnitude's numerator uses `log_mul` too, unless it is 1 (llama.cpp's DeepSeek V2
+    /// special case, where the correction then cancels).
+    pub mscale_is_log_mul: bool,
 }
 
 /// Llama 4's attention temperature: queries at position `p` are multiplied by
@@ -148,7 +207,7 @@ impl AttnTemperature {
 /// The gated activation of a feed-forward block: `act(gate) * up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FfnAct {
-    /// SiLU (SwiGLU): Llama, Qwen, Phi, Mistral.
+    /// SiLU (SwiGLU): Llama, Qwen, Phi, Mistral, DeepSeek.
     Silu,
     /// GELU, tanh approximation (GeGLU): Gemma.
     Gelu,
@@ -204,6 +263,22 @@ impl ModelConfig {
     /// Width of all key (or value) heads together.
     pub fn kv_width(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Width of one head's attention output (the input of the output projection): the head
+    /// width, or MLA's decompressed value width.
+    pub fn v_head_dim(&self) -> usize {
+        self.mla.map_or(self.head_dim, |m| m.v_head)
+    }
+
+    /// Width of one value row in the cache (MLA: the latent row).
+    pub fn cache_v_dim(&self) -> usize {
+        self.mla.map_or(self.head_dim, |m| m.kv_lora)
+    }
+
+    /// Width of all heads' attention outputs together (the output projection's input).
+    pub fn attn_out_width(&self) -> usize {
+        self.n_head * self.v_head_dim()
     }
 
     /// Query heads per key/value head.
@@ -294,11 +369,13 @@ impl ModelConfig {
             )));
         }
         let head_dim = key_length.unwrap_or(n_embd / n_head);
+        // Under MLA the cached value is the first `kv_lora_rank` elements of the key row.
+        let mla_value = kind == Arch::Deepseek2;
         if head_dim == 0
             || head_dim > 4096
             || hp
                 .opt_u32("attention.value_length")?
-                .is_some_and(|v| v != head_dim)
+                .is_some_and(|v| v != head_dim && !(mla_value && v < head_dim))
         {
             return Err(Error::InvalidModel(format!(
                 "head width {head_dim} is unsupported (keys and values must be equally wide)"
@@ -349,6 +426,7 @@ impl ModelConfig {
             logit_factor: None,
             attn_temperature: None,
             moe: None,
+            mla: None,
             qk_norm_rows: false,
             ffn_act: FfnAct::Silu,
             kind,
@@ -358,6 +436,7 @@ impl ModelConfig {
         if let Some(y) = &cfg.yarn {
             cfg.rope_attn_factor = yarn_attn_factor(y, cfg.rope_freq_scale, rope_attn_factor);
         }
+        models::family(kind).finish(&mut cfg);
         // Every layer has at least seven tensors; a count beyond that is a corrupt header, and
         // must be refused before anything is sized by it.
         if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 7 {
@@ -407,6 +486,7 @@ fn rope_scaling(hp: &Hparams<'_>) -> Result<(f32, Option<Yarn>)> {
             ext_factor: 1.0,
             beta: (32.0, 1.0),
             log_mul: 0.0,
+            mscale_is_log_mul: false,
         }),
         Some(other) => {
             return Err(Error::InvalidModel(format!(
@@ -439,7 +519,12 @@ fn yarn_attn_factor(y: &Yarn, freq_scale: f32, attn_factor: f32) -> f32 {
     };
     let factor = 1.0 / freq_scale;
     let mut f = if y.log_mul != 0.0 {
-        mscale(factor, 1.0) / mscale(factor, y.log_mul)
+        let m = if y.mscale_is_log_mul && y.log_mul != 1.0 {
+            y.log_mul
+        } else {
+            1.0
+        };
+        mscale(factor, m) / mscale(factor, y.log_mul)
     } else {
         mscale(factor, 1.0)
     };
@@ -469,8 +554,13 @@ fn matrix_bytes(
         file.tensor(name)
             .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
     };
-    const MATRICES: [&str; 13] = [
+    const MATRICES: [&str; 18] = [
         "attn_q",
+        "attn_q_a",
+        "attn_q_b",
+        "attn_kv_a_mqa",
+        "attn_k_b",
+        "attn_v_b",
         "attn_k",
         "attn_v",
         "attn_qkv",

@@ -12,12 +12,15 @@
 
 use strata_kernels::{attn, ops};
 
-/// Keys and values for `n_layers x n_kv_heads x n_ctx` positions of `head_dim` each.
+/// Keys and values for `n_layers x n_kv_heads x n_ctx` positions, keys `head_dim` wide and
+/// values `v_dim` (equal but under multi-head latent attention, whose values are the first
+/// `v_dim` elements of its keys).
 #[derive(Debug)]
 pub struct KvCache {
     n_kv_heads: usize,
     n_ctx: usize,
     head_dim: usize,
+    v_dim: usize,
     len: usize,
     /// `[layer][head][position][dim]`.
     k: Vec<f32>,
@@ -36,7 +39,7 @@ impl KvCache {
         n_layers: usize,
         n_kv_heads: usize,
         n_ctx: usize,
-        head_dim: usize,
+        (head_dim, v_dim): (usize, usize),
     ) -> crate::Result<Self> {
         let v_stride = n_ctx.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
         let too_large = || crate::Error::CacheTooLarge {
@@ -44,14 +47,13 @@ impl KvCache {
             bytes: 4
                 * n_layers as u128
                 * n_kv_heads as u128
-                * (n_ctx as u128 + v_stride as u128)
-                * head_dim as u128,
+                * (n_ctx as u128 * head_dim as u128 + v_stride as u128 * v_dim as u128),
         };
-        let per_head = |positions: usize| {
+        let per_head = |positions: usize, width: usize| {
             n_layers
                 .checked_mul(n_kv_heads)
                 .and_then(|x| x.checked_mul(positions))
-                .and_then(|x| x.checked_mul(head_dim))
+                .and_then(|x| x.checked_mul(width))
                 .ok_or_else(too_large)
         };
         let alloc = |total: usize| -> crate::Result<Vec<f32>> {
@@ -66,9 +68,10 @@ impl KvCache {
             n_kv_heads,
             n_ctx,
             head_dim,
+            v_dim,
             len: 0,
-            k: alloc(per_head(n_ctx)?)?,
-            v: alloc(per_head(v_stride)?)?,
+            k: alloc(per_head(n_ctx, head_dim)?)?,
+            v: alloc(per_head(v_stride, v_dim)?)?,
             v_stride,
         })
     }
@@ -104,7 +107,7 @@ impl KvCache {
 
     /// Where the value rows of `(layer, head)` start.
     fn v_at(&self, layer: usize, head: usize) -> usize {
-        (layer * self.n_kv_heads + head) * self.head_dim * self.v_stride
+        (layer * self.n_kv_heads + head) * self.v_dim * self.v_stride
     }
 
     pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
@@ -116,7 +119,7 @@ impl KvCache {
         // Values go down a column: round a stretch at a time, then scatter it.
         let base = self.v_at(layer, head) + pos;
         let mut buf = [0.0f32; 64];
-        for (c, chunk) in v[..hd].chunks(buf.len()).enumerate() {
+        for (c, chunk) in v[..self.v_dim].chunks(buf.len()).enumerate() {
             let b = &mut buf[..chunk.len()];
             b.copy_from_slice(chunk);
             ops::round_f16_slice(b);
@@ -136,7 +139,7 @@ impl KvCache {
     /// dimension `d` of every position (past the filled ones, zero or an earlier sequence's).
     pub(crate) fn values_t(&self, layer: usize, head: usize) -> &[f32] {
         let i = self.v_at(layer, head);
-        &self.v[i..i + self.head_dim * self.v_stride]
+        &self.v[i..i + self.v_dim * self.v_stride]
     }
 
     /// Positions per row of [`KvCache::values_t`].

@@ -33,4 +33,4 @@ pub use kv_cache::KvCache;
 pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput};
 pub use models::Arch;
 pub use sampler::{Sampler, SamplingParams, shard_candidates};
-pub use shard::{Combine, ShardSpec};
+pub use shard::{Combine, ExpertSplit, ShardSpec};

@@ -50,6 +50,16 @@ pub trait Collective {
         src: &[f32],
         dst: &mut [f32],
     ) -> std::result::Result<(), CommError>;
+
+    /// Assembles `dst` from every rank's `src`, member `i` of the group contributing
+    /// `counts[i]` values, in group order (expert parallelism's exchange, whose sizes every
+    /// member derives from the same routing).
+    fn all_gather_varying(
+        &mut self,
+        counts: &[usize],
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError>;
 }
 
 /// The collective of a single rank: nothing to combine.
@@ -65,6 +75,16 @@ impl Collective for NoComm {
         &mut self,
         _axis: Axis,
         _rows: usize,
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError> {
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn all_gather_varying(
+        &mut self,
+        _counts: &[usize],
         src: &[f32],
         dst: &mut [f32],
     ) -> std::result::Result<(), CommError> {
@@ -126,6 +146,10 @@ pub(crate) struct MoeScratch {
     pub(crate) probs: Vec<f32>,
     /// Experts sorted by probability (one row's worth).
     pub(crate) order: Vec<u32>,
+    /// One row's selection scores (the probabilities plus any selection bias, with the
+    /// experts of unchosen groups masked), and its groups' scores.
+    pub(crate) select: Vec<f32>,
+    pub(crate) group_scores: Vec<f32>,
     /// Each row's chosen experts and their weights: `n_used` per row, best first.
     pub(crate) chosen: Vec<u32>,
     pub(crate) weight: Vec<f32>,
@@ -139,6 +163,12 @@ pub(crate) struct MoeScratch {
     pub(crate) down: Vec<f32>,
     /// Every choice's output: `n_used` model-width rows per row.
     pub(crate) outputs: Vec<f32>,
+    /// The shared expert's contribution to each row.
+    pub(crate) shared: Vec<f32>,
+    /// Expert parallelism: each member's share of the exchange, this rank's, and all of it.
+    pub(crate) counts: Vec<usize>,
+    pub(crate) send: Vec<f32>,
+    pub(crate) recv: Vec<f32>,
 }
 
 /// The sequence (index into the step's caches) and position of every row of a step.
@@ -241,7 +271,7 @@ impl Model {
             self.spec.layers.len(),
             self.spec.kv_heads(&self.cfg).len(),
             n_ctx,
-            self.cfg.head_dim,
+            (self.cfg.head_dim, self.cfg.cache_v_dim()),
         )
     }
 

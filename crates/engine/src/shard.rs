@@ -33,6 +33,36 @@ pub struct ShardSpec {
     pub vocab: Range<usize>,
     /// How tensor-parallel partial results are combined.
     pub combine: Combine,
+    /// How the group splits every mixture-of-experts layer by expert (expert parallelism);
+    /// none: this rank runs every expert. Absent from plans made before it existed.
+    #[serde(default)]
+    pub experts: Option<ExpertSplit>,
+}
+
+/// Expert parallelism within a tensor-parallel group: each member owns a contiguous range of
+/// every MoE layer's experts (and one of them the shared expert), computes the outputs of the
+/// choices routed to them, and the group all-gathers those outputs; every member then sums
+/// each row's outputs in the router's order, exactly as one process does.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExpertSplit {
+    /// Each member's experts, in group order: contiguous, covering every expert.
+    pub parts: Vec<Range<usize>>,
+    /// This rank's position in the group.
+    pub me: usize,
+    /// The member that runs the shared expert (if the model has one).
+    pub shared_owner: usize,
+}
+
+impl ExpertSplit {
+    /// The experts this rank owns.
+    pub fn mine(&self) -> Range<usize> {
+        self.parts[self.me].clone()
+    }
+
+    /// Whether this rank runs the shared expert.
+    pub fn owns_shared(&self) -> bool {
+        self.me == self.shared_owner
+    }
 }
 
 /// How a tensor-parallel rank's attention-output and FFN-down projections are split.
@@ -59,6 +89,7 @@ impl ShardSpec {
             combine: Combine::Gather {
                 embd: 0..cfg.n_embd,
             },
+            experts: None,
         }
     }
 
@@ -93,15 +124,35 @@ impl ShardSpec {
             )));
         }
         if cfg.moe.is_some()
+            && self.experts.is_none()
             && (self.q_heads != (0..cfg.n_head)
                 || self.ffn != (0..cfg.n_ff)
                 || self.vocab != (0..cfg.n_vocab))
         {
             return Err(Error::InvalidShard(format!(
-                "{} is a mixture of experts, which strata splits by layers only for now: use \
-                 pipeline placement (--strategy pipeline)",
+                "{} is a mixture of experts, which strata splits by experts or by layers: use \
+                 --strategy expert or pipeline",
                 cfg.arch
             )));
+        }
+        if let Some(x) = &self.experts {
+            let Some(moe) = cfg.moe else {
+                return Err(Error::InvalidShard(format!(
+                    "an expert split for {}, which has no experts",
+                    cfg.arch
+                )));
+            };
+            let contiguous = x.parts.first().is_some_and(|p| p.start == 0)
+                && x.parts.last().is_some_and(|p| p.end == moe.n_expert)
+                && x.parts.windows(2).all(|w| w[0].end == w[1].start)
+                && x.parts.iter().all(|p| p.start <= p.end);
+            if !contiguous || x.me >= x.parts.len() || x.shared_owner >= x.parts.len() {
+                return Err(Error::InvalidShard(format!(
+                    "expert split {:?} (member {}, shared expert on {}) does not cover the {} \
+                     experts once, in order",
+                    x.parts, x.me, x.shared_owner, moe.n_expert
+                )));
+            }
         }
         if !aligned(&self.vocab, cfg.n_vocab) {
             return Err(Error::InvalidShard(format!(

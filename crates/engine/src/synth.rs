@@ -212,7 +212,7 @@ pub fn chat_template(arch: Arch) -> Option<&'static str> {
         Arch::Granite => Some(GRANITE_TEMPLATE),
         Arch::GptOss => Some(HARMONY_TEMPLATE),
         Arch::Olmoe => Some(OLMO2_TEMPLATE),
-        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 => None,
+        Arch::Llama | Arch::Gemma2 | Arch::Gemma3 | Arch::SmolLm3 | Arch::Deepseek2 => None,
     }
 }
 
@@ -261,6 +261,29 @@ fn family_vocabulary(arch: Arch, md: &strata_gguf::Metadata) -> Result<Option<Ve
 
 /// OLMo 2 Instruct's chat template (`<|user|>` / `<|assistant|>` turns, plain text here).
 const OLMO2_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
+
+/// The latent-attention widths of a synthetic DeepSeek model, from its head width `hd`:
+/// DeepSeek V3's proportions (nope 128, rope 64, values 128, latent 512, query rank 1536 at
+/// `hd` 128) scaled down.
+struct SynthMla {
+    nope: usize,
+    rope: usize,
+    v_head: usize,
+    kv_lora: usize,
+    q_lora: usize,
+}
+
+impl SynthMla {
+    fn of(hd: usize) -> SynthMla {
+        SynthMla {
+            nope: hd,
+            rope: hd / 2,
+            v_head: hd,
+            kv_lora: 2 * hd,
+            q_lora: 2 * hd,
+        }
+    }
+}
 
 struct Noise(u64);
 
@@ -326,6 +349,25 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     if hd % 2 != 0 {
         return bad("the head width must be even (RoPE rotates pairs)");
     }
+    let mla = (s.arch == Arch::Deepseek2).then(|| SynthMla::of(hd));
+    if let Some(m) = &mla {
+        if nkv != 1 {
+            return bad("latent attention has one KV head (--kv-heads 1)");
+        }
+        let block = s.ty.block_size();
+        if [m.nope, m.kv_lora, m.q_lora]
+            .iter()
+            .any(|d| !d.is_multiple_of(block))
+        {
+            return bad(&format!(
+                "the head width must be a multiple of {block} ({} blocks)",
+                s.ty
+            ));
+        }
+    }
+    // Per-head widths: RoPE's, the attention output's.
+    let rope_dims = mla.as_ref().map_or(hd, |m| m.rope);
+    let v_head = mla.as_ref().map_or(hd, |m| m.v_head);
     let md = tokenizer_from.metadata();
     let vocab = match md.get("tokenizer.ggml.tokens") {
         Some(Value::Array(Array::String(t))) => t.len(),
@@ -360,7 +402,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
                 1_000_000.0
             }),
         )
-        .kv(&k("rope.dimension_count"), Value::U32(hd as u32));
+        .kv(&k("rope.dimension_count"), Value::U32(rope_dims as u32));
     if s.arch == Arch::Phi3 {
         // LongRoPE: factors for within and beyond the original context, and its magnitude.
         w.kv(&k("rope.scaling.attn_factor"), Value::F32(1.190_238))
@@ -385,7 +427,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     }
     let moe = matches!(
         s.arch,
-        Arch::Qwen3Moe | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe
+        Arch::Qwen3Moe | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe | Arch::Deepseek2
     )
     .then(|| s.experts.unwrap_or((8, 2)));
     if let Some((nx, used)) = moe {
@@ -434,7 +476,45 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         .kv(&k("rope.scaling.factor"), Value::F32(32.0))
         .kv(&k("rope.scaling.original_context_length"), Value::U32(4096));
     }
-    if s.head_dim.is_some() {
+    if let (Some(m), Some((nx, used))) = (&mla, moe) {
+        // DeepSeek V3's structure scaled down: a low-rank query, the latent KV row, one dense
+        // layer first, sigmoid routing over groups of experts steered by a selection bias,
+        // renormalised and scaled weights, one shared expert, and its YaRN.
+        let groups = if nx % 4 == 0 && nx >= 8 && used <= nx / 2 {
+            4
+        } else {
+            1
+        };
+        w.kv(
+            &k("attention.key_length"),
+            Value::U32((m.kv_lora + m.rope) as u32),
+        )
+        .kv(&k("attention.value_length"), Value::U32(m.kv_lora as u32))
+        .kv(
+            &k("attention.key_length_mla"),
+            Value::U32((m.nope + m.rope) as u32),
+        )
+        .kv(
+            &k("attention.value_length_mla"),
+            Value::U32(m.v_head as u32),
+        )
+        .kv(&k("attention.q_lora_rank"), Value::U32(m.q_lora as u32))
+        .kv(&k("attention.kv_lora_rank"), Value::U32(m.kv_lora as u32))
+        .kv(&k("leading_dense_block_count"), Value::U32(1))
+        .kv(&k("expert_shared_count"), Value::U32(1))
+        .kv(&k("expert_weights_scale"), Value::F32(2.5))
+        .kv(&k("expert_weights_norm"), Value::Bool(true))
+        .kv(&k("expert_gating_func"), Value::U32(2))
+        .kv(&k("expert_group_count"), Value::U32(groups))
+        .kv(
+            &k("expert_group_used_count"),
+            Value::U32(groups.div_ceil(2)),
+        )
+        .kv(&k("rope.scaling.type"), Value::String("yarn".into()))
+        .kv(&k("rope.scaling.factor"), Value::F32(40.0))
+        .kv(&k("rope.scaling.original_context_length"), Value::U32(4096))
+        .kv(&k("rope.scaling.yarn_log_multiplier"), Value::F32(0.1));
+    } else if s.head_dim.is_some() {
         w.kv(&k("attention.key_length"), Value::U32(hd as u32))
             .kv(&k("attention.value_length"), Value::U32(hd as u32));
     }
@@ -477,6 +557,9 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vec![cols as u64, n_expert as u64]
         } else if name.ends_with("_exps.weight") {
             vec![cols as u64, rows as u64, n_expert as u64]
+        } else if name.ends_with("attn_k_b.weight") || name.ends_with("attn_v_b.weight") {
+            // One matrix per query head.
+            vec![cols as u64, rows as u64, nh as u64]
         } else {
             vec![cols as u64, rows as u64]
         };
@@ -522,7 +605,20 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("attn_norm.weight"), &[e], 1.0, 0.2);
             vector(&mut w, &n("ffn_norm.weight"), &[e], 1.0, 0.2);
         }
-        if s.arch == Arch::Phi3 {
+        if let Some(m) = &mla {
+            vector(&mut w, &n("attn_q_a_norm.weight"), &[m.q_lora], 1.0, 0.2);
+            vector(&mut w, &n("attn_kv_a_norm.weight"), &[m.kv_lora], 1.0, 0.2);
+            matrix(&mut w, &n("attn_q_a.weight"), e, m.q_lora);
+            matrix(
+                &mut w,
+                &n("attn_q_b.weight"),
+                m.q_lora,
+                nh * (m.nope + m.rope),
+            );
+            matrix(&mut w, &n("attn_kv_a_mqa.weight"), e, m.kv_lora + m.rope);
+            matrix(&mut w, &n("attn_k_b.weight"), m.nope, m.kv_lora);
+            matrix(&mut w, &n("attn_v_b.weight"), m.kv_lora, m.v_head);
+        } else if s.arch == Arch::Phi3 {
             // One fused tensor: Q's rows, then K's, then V's.
             matrix(&mut w, &n("attn_qkv.weight"), e, (nh + 2 * nkv) * hd);
         } else {
@@ -548,18 +644,26 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             vector(&mut w, &n("post_attention_norm.weight"), &[e], 1.0, 0.2);
             vector(&mut w, &n("post_ffw_norm.weight"), &[e], 1.0, 0.2);
         }
-        matrix(&mut w, &n("attn_output.weight"), nh * hd, e);
+        matrix(&mut w, &n("attn_output.weight"), nh * v_head, e);
         if s.arch == Arch::GptOss {
             // Sinks of a size that takes a real share of each head's attention, and biases.
             vector(&mut w, &n("attn_output.bias"), &[e], 0.0, 0.5);
             vector(&mut w, &n("attn_sinks.weight"), &[nh], 0.0, 2.0);
         }
-        if moe.is_some() {
+        // DeepSeek's first layer is dense.
+        if moe.is_some() && !(mla.is_some() && l == 0) {
             // The router (f32, as llama.cpp's quantiser leaves it) and 3-D expert tensors.
             matrix(&mut w, &n("ffn_gate_inp.weight"), e, 0);
             matrix(&mut w, &n("ffn_gate_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_up_exps.weight"), e, ff);
             matrix(&mut w, &n("ffn_down_exps.weight"), ff, e);
+            if mla.is_some() {
+                // The selection bias, of a size that changes choices, and a shared expert.
+                vector(&mut w, &n("exp_probs_b.bias"), &[n_expert], 0.0, 0.3);
+                matrix(&mut w, &n("ffn_gate_shexp.weight"), e, ff);
+                matrix(&mut w, &n("ffn_up_shexp.weight"), e, ff);
+                matrix(&mut w, &n("ffn_down_shexp.weight"), ff, e);
+            }
             if s.arch == Arch::Qwen2Moe {
                 // The shared expert and its gate vector (f32, 1-D, as llama.cpp leaves it).
                 vector(&mut w, &n("ffn_gate_inp_shexp.weight"), &[e], 0.0, 0.2);

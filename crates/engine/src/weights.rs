@@ -19,13 +19,8 @@ pub(crate) struct LayerWeights {
     /// RMSNorm weights of the attention and FFN inputs (none in OLMo 2, which normalises
     /// block outputs only).
     pub(crate) attn_norm: Option<Vec<f32>>,
-    pub(crate) wq: QMatrix,
-    pub(crate) wk: QMatrix,
-    pub(crate) wv: QMatrix,
-    /// Biases of the shard's Q, K and V rows (Qwen2, and any file that has them).
-    pub(crate) bq: Option<Vec<f32>>,
-    pub(crate) bk: Option<Vec<f32>>,
-    pub(crate) bv: Option<Vec<f32>>,
+    /// Where queries, keys and values come from.
+    pub(crate) attn: AttnProj,
     pub(crate) wo: QMatrix,
     /// Bias of the attention output (whole model width: added once the shards' outputs are
     /// combined).
@@ -43,6 +38,74 @@ pub(crate) struct LayerWeights {
     /// RMSNorm weights applied to the attention and FFN outputs before the residual (Gemma 3).
     pub(crate) attn_post_norm: Option<Vec<f32>>,
     pub(crate) ffn_post_norm: Option<Vec<f32>>,
+}
+
+/// A layer's query, key and value projections.
+#[derive(Debug)]
+pub(crate) enum AttnProj {
+    /// Per-head Q, K and V (every family but DeepSeek's).
+    Heads(HeadsQkv),
+    /// Multi-head latent attention (DeepSeek).
+    Latent(MlaWeights),
+}
+
+/// The shard's rows of Q, K and V.
+#[derive(Debug)]
+pub(crate) struct HeadsQkv {
+    pub(crate) wq: QMatrix,
+    pub(crate) wk: QMatrix,
+    pub(crate) wv: QMatrix,
+    /// Biases of the shard's Q, K and V rows (Qwen2, and any file that has them).
+    pub(crate) bq: Option<Vec<f32>>,
+    pub(crate) bk: Option<Vec<f32>>,
+    pub(crate) bv: Option<Vec<f32>>,
+}
+
+/// Multi-head latent attention's projections, for the shard's query heads.
+#[derive(Debug)]
+pub(crate) struct MlaWeights {
+    /// Queries of the shard's heads (`nope` then rotated elements per head).
+    pub(crate) q: MlaQuery,
+    /// The latent row and the shared rotated key part (`attn_kv_a_mqa`: `kv_lora + rope`
+    /// rows), and the latent row's RMSNorm.
+    pub(crate) kv_a: QMatrix,
+    pub(crate) kv_a_norm: Vec<f32>,
+    /// Per local head: the query's un-rotated part into the latent space (`attn_k_b`,
+    /// `kv_lora` rows of `nope`), and the latent output back to the head's values
+    /// (`attn_v_b`, `v_head` rows of `kv_lora`).
+    pub(crate) k_b: Vec<QMatrix>,
+    pub(crate) v_b: Vec<QMatrix>,
+}
+
+/// How queries are projected under MLA.
+#[derive(Debug)]
+pub(crate) enum MlaQuery {
+    /// One matrix (`attn_q`, DeepSeek V2 Lite).
+    Direct(QMatrix),
+    /// Through a compressed rank: `attn_q_a`, an RMSNorm, `attn_q_b`.
+    Lora {
+        a: QMatrix,
+        norm: Vec<f32>,
+        b: QMatrix,
+    },
+}
+
+impl AttnProj {
+    /// The matrices of the projections (for byte counts).
+    pub(crate) fn matrices(&self) -> Vec<&QMatrix> {
+        match self {
+            AttnProj::Heads(h) => vec![&h.wq, &h.wk, &h.wv],
+            AttnProj::Latent(m) => {
+                let mut v = match &m.q {
+                    MlaQuery::Direct(q) => vec![q],
+                    MlaQuery::Lora { a, b, .. } => vec![a, b],
+                };
+                v.push(&m.kv_a);
+                v.extend(m.k_b.iter().chain(&m.v_b));
+                v
+            }
+        }
+    }
 }
 
 /// A gated FFN: `down(act(gate(x) + gate_b) * (up(x) + up_b)) + down_b`, the biases only where
@@ -68,9 +131,15 @@ pub(crate) enum FfnWeights {
         router: QMatrix,
         /// Bias of the router's logits (gpt-oss).
         router_b: Option<Vec<f32>>,
+        /// Bias added to the probabilities to choose the experts, not to weigh them
+        /// (`ffn_exp_probs_b`, DeepSeek V3).
+        select_b: Option<Vec<f32>>,
+        /// The experts this shard owns, from expert `first` on (all of them, but under expert
+        /// parallelism).
         experts: Vec<GatedFfn>,
+        first: usize,
         /// An expert every token uses (Qwen2-MoE), with its gate.
-        shared: Option<SharedExpert>,
+        shared: Option<Box<SharedExpert>>,
     },
 }
 
@@ -96,8 +165,9 @@ pub(crate) struct Weights {
     /// LongRoPE's divisors beyond and within the original context (Phi-3's
     /// `rope_factors_long` / `rope_factors_short`).
     pub(crate) rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
-    /// Experts a token uses (0 without experts).
+    /// Experts a token uses, and experts per layer (0 without experts).
     pub(crate) moe_used: usize,
+    pub(crate) moe_total: usize,
 }
 
 fn kernel_err(t: &TensorInfo) -> impl FnOnce(strata_kernels::Error) -> Error + '_ {
@@ -254,21 +324,30 @@ fn opt_slice(
 /// wrong answers, so the load is refused naming it.
 fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     let family = crate::models::family(cfg.kind).tensors();
-    let mut per_layer: Vec<&str> = vec![
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_q.bias",
-        "attn_k.bias",
-        "attn_v.bias",
-        "attn_qkv.weight",
-        "attn_qkv.bias",
-        "attn_output.weight",
-        "attn_output.bias",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    ];
+    let mut per_layer: Vec<&str> = vec!["attn_output.weight", "attn_output.bias"];
+    if family.mla {
+        per_layer.extend([
+            "attn_q.weight",
+            "attn_q_a.weight",
+            "attn_q_a_norm.weight",
+            "attn_q_b.weight",
+            "attn_kv_a_mqa.weight",
+            "attn_kv_a_norm.weight",
+            "attn_k_b.weight",
+            "attn_v_b.weight",
+        ]);
+    } else {
+        per_layer.extend([
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_qkv.weight",
+            "attn_qkv.bias",
+        ]);
+    }
     if !family.no_pre_norms {
         per_layer.extend(["attn_norm.weight", family.ffn_norm_tensor()]);
     }
@@ -281,24 +360,27 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
     if family.post_norms {
         per_layer.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
     }
-    if family.moe {
-        per_layer.retain(|t| !t.starts_with("ffn_gate") && !t.starts_with("ffn_up"));
-        per_layer.retain(|t| !t.starts_with("ffn_down"));
-        per_layer.extend([
-            "ffn_gate_inp.weight",
-            "ffn_gate_exps.weight",
-            "ffn_up_exps.weight",
-            "ffn_down_exps.weight",
-            "ffn_gate_inp.bias",
-            "ffn_gate_exps.bias",
-            "ffn_up_exps.bias",
-            "ffn_down_exps.bias",
-            "ffn_gate_inp_shexp.weight",
-            "ffn_gate_shexp.weight",
-            "ffn_up_shexp.weight",
-            "ffn_down_shexp.weight",
-        ]);
-    }
+    let dense: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
+    let experts: &[&str] = &[
+        "ffn_gate_inp.weight",
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+        "ffn_gate_inp.bias",
+        "ffn_gate_exps.bias",
+        "ffn_up_exps.bias",
+        "ffn_down_exps.bias",
+        "exp_probs_b.bias",
+        "ffn_gate_inp_shexp.weight",
+        "ffn_gate_shexp.weight",
+        "ffn_up_shexp.weight",
+        "ffn_down_shexp.weight",
+    ];
+    // Layers before a mixture family's `dense_lead` have the dense FFN.
+    let ffn_of = |l: usize| match cfg.moe {
+        Some(m) if family.moe && m.is_moe_layer(l) => experts,
+        _ => dense,
+    };
     for t in file.tensors() {
         let name = t.name.as_str();
         let known = match name {
@@ -312,7 +394,9 @@ fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
                 .strip_prefix("blk.")
                 .and_then(|rest| rest.split_once('.'))
                 .is_some_and(|(l, what)| {
-                    l.parse::<usize>().is_ok_and(|l| l < cfg.n_layer) && per_layer.contains(&what)
+                    l.parse::<usize>().is_ok_and(|l| {
+                        l < cfg.n_layer && (per_layer.contains(&what) || ffn_of(l).contains(&what))
+                    })
                 }),
         };
         if !known {
@@ -367,23 +451,90 @@ fn dense_ffn(
     }))
 }
 
-/// Expert `x` of a 3-D expert tensor `[cols, rows, n_expert]`: a view of its `rows` rows.
-/// llama.cpp picks an expert's kernel by the expert's own row count, so that is the matrix's.
-fn expert(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
+/// Matrix `x` of a 3-D tensor `[cols, rows, n]` (an expert, a head): a view of its `rows`
+/// rows. llama.cpp picks the kernel by the matrix's own row count, so that is the matrix's.
+fn slab(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
     let rb = t.row_bytes();
     let data = WeightBytes::Mapped {
         file: file.clone(),
         start: t.offset as usize + x * rows * rb,
         len: rows * rb,
     };
-    let m = QMatrix::new(t.ggml_type, rows, cols, data).map_err(kernel_err(t))?;
-    Ok(m.prepared())
+    QMatrix::new(t.ggml_type, rows, cols, data).map_err(kernel_err(t))
+}
+
+/// Expert `x` of a 3-D expert tensor (`mul_mat_id` repacks them as it repacks 2-D weights).
+fn expert(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
+    Ok(slab(file, t, x, rows, cols)?.prepared())
+}
+
+/// A 3-D tensor's `dims`, checked dimension by dimension (a tensor of the right size but
+/// another shape would pair the wrong rows).
+fn three_d<'a>(
+    file: &'a GgufFile,
+    name: &str,
+    want: [usize; 3],
+    what: &str,
+) -> Result<&'a TensorInfo> {
+    let t = file.require_tensor(name)?;
+    let want = want.map(|d| d as u64);
+    if t.dims.as_slice() != want {
+        return Err(Error::InvalidModel(format!(
+            "{name} is {:?}, expected {want:?} ({what})",
+            t.dims
+        )));
+    }
+    Ok(t)
+}
+
+/// A layer's latent-attention projections for the shard's query heads.
+fn mla_weights(
+    file: &GgufFile,
+    l: usize,
+    cfg: &ModelConfig,
+    spec: &ShardSpec,
+) -> Result<MlaWeights> {
+    let Some(m) = cfg.mla else {
+        return Err(Error::InvalidModel(format!(
+            "{} layer {l} has latent attention but no latent sizes",
+            cfg.arch
+        )));
+    };
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let (e, rope, nh) = (cfg.n_embd, cfg.rope_dims, cfg.n_head);
+    let qh = m.q_head(rope);
+    let heads = spec.q_heads.clone();
+    let q_rows = heads.start * qh..heads.end * qh;
+    let q = match m.q_lora {
+        Some(r) => MlaQuery::Lora {
+            a: compute_rows(file, &n("attn_q_a"), e, r, 0..r)?,
+            norm: vector(file, &n("attn_q_a_norm"), r)?,
+            b: compute_rows(file, &n("attn_q_b"), r, nh * qh, q_rows)?,
+        },
+        None => MlaQuery::Direct(compute_rows(file, &n("attn_q"), e, nh * qh, q_rows)?),
+    };
+    let kv_rows = m.kv_lora + rope;
+    // ggml_mul_mat multiplies these 3-D tensors head by head and never repacks them.
+    let per_head = |s: &str, cols: usize, rows: usize| -> Result<Vec<QMatrix>> {
+        let t = three_d(file, &n(s), [cols, rows, nh], "one matrix per query head")?;
+        heads
+            .clone()
+            .map(|h| Ok(slab(file, t, h, rows, cols)?.never_repacked().prepared()))
+            .collect()
+    };
+    Ok(MlaWeights {
+        q,
+        kv_a: compute_rows(file, &n("attn_kv_a_mqa"), e, kv_rows, 0..kv_rows)?,
+        kv_a_norm: vector(file, &n("attn_kv_a_norm"), m.kv_lora)?,
+        k_b: per_head("attn_k_b", m.nope, m.kv_lora)?,
+        v_b: per_head("attn_v_b", m.kv_lora, m.v_head)?,
+    })
 }
 
 /// A layer's mixture of experts: the router and every expert's gate, up and down matrices,
 /// each tensor checked dimension by dimension (a 3-D tensor of the right size but another
 /// shape would pair the wrong rows).
-fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
+fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig, spec: &ShardSpec) -> Result<FfnWeights> {
     let Some(moe) = cfg.moe else {
         return Err(Error::InvalidModel(format!(
             "{} layer {l} has experts but no expert counts",
@@ -395,6 +546,7 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
     let router = compute_rows(file, &n("ffn_gate_inp"), e, nx, 0..nx)?;
     let bias = |s: &str| format!("blk.{l}.{s}.bias");
     let router_b = opt_slice(file, &bias("ffn_gate_inp"), nx, 0..nx)?;
+    let select_b = opt_slice(file, &bias("exp_probs_b"), nx, 0..nx)?;
     // Expert biases: one row per expert (`[rows, n_expert]`), or none.
     let expert_bias = |s: &str, rows: usize| -> Result<Option<Vec<f32>>> {
         let name = bias(s);
@@ -418,23 +570,21 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
         b.as_ref().map(|b| b[x * rows..(x + 1) * rows].to_vec())
     };
     let three = |s: &str, cols: usize, rows: usize| -> Result<&TensorInfo> {
-        let name = n(s);
-        let t = file.require_tensor(&name)?;
-        let want = [cols as u64, rows as u64, nx as u64];
-        if t.dims.as_slice() != want {
-            return Err(Error::InvalidModel(format!(
-                "{name} is {:?}, expected {want:?} ({nx} experts of {rows} rows of {cols})",
-                t.dims
-            )));
-        }
-        Ok(t)
+        three_d(
+            file,
+            &n(s),
+            [cols, rows, nx],
+            &format!("{nx} experts of {rows} rows of {cols}"),
+        )
     };
     let (g, u, d) = (
         three("ffn_gate_exps", e, fx)?,
         three("ffn_up_exps", e, fx)?,
         three("ffn_down_exps", fx, e)?,
     );
-    let experts = (0..nx)
+    let mine = spec.experts.as_ref().map_or(0..nx, |x| x.mine());
+    let experts = mine
+        .clone()
         .map(|x| {
             Ok(GatedFfn {
                 gate: expert(file, g, x, fx, e)?,
@@ -447,13 +597,14 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
         })
         .collect::<Result<Vec<_>>>()?;
     // A family with a shared expert (its width set) requires its tensors, as llama.cpp does.
+    let owns_shared = spec.experts.as_ref().is_none_or(|x| x.owns_shared());
     let shared = match moe.n_ff_shexp {
-        Some(fs) => {
+        Some(fs) if owns_shared => {
             let gate = match file.tensor(&n("ffn_gate_inp_shexp")) {
                 Some(_) => Some(compute_rows(file, &n("ffn_gate_inp_shexp"), e, 1, 0..1)?),
                 None => None,
             };
-            Some(SharedExpert {
+            Some(Box::new(SharedExpert {
                 ffn: GatedFfn {
                     gate: compute_rows(file, &n("ffn_gate_shexp"), e, fs, 0..fs)?,
                     up: compute_rows(file, &n("ffn_up_shexp"), e, fs, 0..fs)?,
@@ -463,14 +614,16 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig) -> Result<FfnWeights> {
                     down_b: None,
                 },
                 gate,
-            })
+            }))
         }
-        None => None,
+        _ => None,
     };
     Ok(FfnWeights::Moe {
         router,
         router_b,
+        select_b,
         experts,
+        first: mine.start,
         shared,
     })
 }
@@ -489,6 +642,11 @@ impl Weights {
         let kv = spec.kv_heads(cfg);
         let kv_rows = kv.start * hd..kv.end * hd;
         let q_width = cfg.q_width();
+        // The output projection's input columns this shard owns (its heads' outputs).
+        let out_cols = {
+            let (h, vd) = (spec.q_heads.clone(), cfg.v_head_dim());
+            h.start * vd..h.end * vd
+        };
         // Output projections: row slices of whole dot products (Gather) or column slices
         // giving partial sums (Reduce).
         let out_proj = |name: &str, cols: usize, keep: Range<usize>| -> Result<QMatrix> {
@@ -507,20 +665,34 @@ impl Weights {
                     Ok(None)
                 }
             };
-            let qkv = QkvSource::of(file, l);
-            let part = |which: &str, rows: &Range<usize>| -> Result<(QMatrix, Option<Vec<f32>>)> {
-                let (name, at) = qkv.locate(l, which, cfg, "weight");
-                let total = qkv.total_rows(which, cfg);
-                let m = compute_rows(file, &name, e, total, at + rows.start..at + rows.end)?;
-                let (bias, at) = qkv.locate(l, which, cfg, "bias");
-                let b = opt_slice(file, &bias, total, at + rows.start..at + rows.end)?;
-                Ok((m, b))
+            let attn = if family.mla {
+                AttnProj::Latent(mla_weights(file, l, cfg, spec)?)
+            } else {
+                let qkv = QkvSource::of(file, l);
+                let part = |which: &str,
+                            rows: &Range<usize>|
+                 -> Result<(QMatrix, Option<Vec<f32>>)> {
+                    let (name, at) = qkv.locate(l, which, cfg, "weight");
+                    let total = qkv.total_rows(which, cfg);
+                    let m = compute_rows(file, &name, e, total, at + rows.start..at + rows.end)?;
+                    let (bias, at) = qkv.locate(l, which, cfg, "bias");
+                    let b = opt_slice(file, &bias, total, at + rows.start..at + rows.end)?;
+                    Ok((m, b))
+                };
+                let (wq, bq) = part("q", &q_rows)?;
+                let (wk, bk) = part("k", &kv_rows)?;
+                let (wv, bv) = part("v", &kv_rows)?;
+                AttnProj::Heads(HeadsQkv {
+                    wq,
+                    wk,
+                    wv,
+                    bq,
+                    bk,
+                    bv,
+                })
             };
-            let (wq, bq) = part("q", &q_rows)?;
-            let (wk, bk) = part("k", &kv_rows)?;
-            let (wv, bv) = part("v", &kv_rows)?;
-            let ffn = if family.moe {
-                moe_ffn(file, l, cfg)?
+            let ffn = if family.moe && cfg.moe.is_some_and(|m| m.is_moe_layer(l)) {
+                moe_ffn(file, l, cfg, spec)?
             } else {
                 dense_ffn(file, l, cfg, spec, &out_proj)?
             };
@@ -536,13 +708,8 @@ impl Weights {
                 },
                 attn_post_norm: opt_vec(family.post_norms, "post_attention_norm", e)?,
                 ffn_post_norm: opt_vec(family.post_norms, "post_ffw_norm", e)?,
-                wq,
-                wk,
-                wv,
-                bq,
-                bk,
-                bv,
-                wo: out_proj(&n("attn_output"), q_width, q_rows.clone())?,
+                attn,
+                wo: out_proj(&n("attn_output"), cfg.attn_out_width(), out_cols.clone())?,
                 bo: opt_slice(file, &format!("blk.{l}.attn_output.bias"), e, 0..e)?,
                 sinks: opt_vec(family.sinks, "attn_sinks", cfg.n_head)?,
                 ffn_norm: opt_vec(
@@ -598,6 +765,7 @@ impl Weights {
             rope_factors,
             rope_long_short,
             moe_used: cfg.moe.map_or(0, |m| m.n_used),
+            moe_total: cfg.moe.map_or(0, |m| m.n_expert),
         })
     }
 }
@@ -630,10 +798,11 @@ impl Weights {
                                 + m(&x.ffn.down)
                                 + x.gate.as_ref().map_or(0, m)
                         });
-                        m(router) + all * self.moe_used / experts.len().max(1) + shared
+                        // Each expert is chosen by `used / total` of the tokens, on average.
+                        m(router) + all * self.moe_used / self.moe_total.max(1) + shared
                     }
                 };
-                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + ffn
+                l.attn.matrices().into_iter().map(m).sum::<usize>() + m(&l.wo) + ffn
             })
             .sum();
         layers + self.head.as_ref().map_or(0, |(_, h)| m(h))

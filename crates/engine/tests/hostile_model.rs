@@ -386,14 +386,27 @@ fn load_edited_moe(
         embd: 64,
         ff: 128,
         heads: 4,
-        kv_heads: 2,
-        head_dim: None,
+        // Latent attention has one KV head, and widths that are whole Q8_0 blocks.
+        kv_heads: if arch == strata_engine::Arch::Deepseek2 {
+            1
+        } else {
+            2
+        },
+        head_dim: (arch == strata_engine::Arch::Deepseek2).then_some(32),
         ty: GgmlType::Q8_0,
         tensor_types: Vec::new(),
         seed: 3,
         sliding_window: None,
         chat_template: None,
-        experts: Some((4, 2)),
+        // DeepSeek's synthetic routing groups need at least eight experts.
+        experts: Some((
+            if arch == strata_engine::Arch::Deepseek2 {
+                8
+            } else {
+                4
+            },
+            2,
+        )),
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
     let mut w = GgufWriter::new();
@@ -517,6 +530,71 @@ fn gpt_oss_metadata_and_tensors_are_checked_naming_them() {
     ];
     for (edits, dims, drop, want) in cases {
         let got = load_edited_moe(Arch::GptOss, &edits, &dims, drop);
+        assert!(got.contains(want), "{want:?} not in {got:?}");
+    }
+}
+
+/// DeepSeek's latent attention, dense lead, expert groups and selection bias are checked
+/// against each other and against the tensors.
+#[test]
+fn deepseek2_metadata_and_tensors_are_checked_naming_them() {
+    use strata_engine::Arch;
+    use strata_gguf::Value;
+    assert_eq!(load_edited_moe(Arch::Deepseek2, &[], &[], None), "ran");
+    let cases: Vec<MoeCase<'_>> = vec![
+        (
+            vec![("deepseek2.attention.key_length_mla", Value::U32(16))],
+            vec![],
+            None,
+            "latent attention's sizes are inconsistent",
+        ),
+        (
+            vec![("deepseek2.attention.head_count_kv", Value::U32(2))],
+            vec![],
+            None,
+            "heads",
+        ),
+        (
+            vec![("deepseek2.leading_dense_block_count", Value::U32(5))],
+            vec![],
+            None,
+            "leading_dense_block_count 5 exceeds the 2 layers",
+        ),
+        (
+            vec![("deepseek2.expert_group_used_count", Value::U32(0))],
+            vec![],
+            None,
+            "expert_group_count 4 and expert_group_used_count 0 do not fit",
+        ),
+        (
+            vec![("deepseek2.expert_gating_func", Value::U32(9))],
+            vec![],
+            None,
+            "expert_gating_func 9 is not supported",
+        ),
+        // Heads and latent rows swapped: each head would read another's rows.
+        (
+            vec![],
+            vec![("blk.1.attn_k_b.weight", &[32, 4, 64])],
+            None,
+            "blk.1.attn_k_b.weight is [32, 4, 64], expected [32, 64, 4]",
+        ),
+        (
+            vec![],
+            vec![("blk.1.exp_probs_b.bias", &[3])],
+            Some("blk.1.exp_probs_b.bias"),
+            "blk.1.exp_probs_b.bias has [3] elements, expected 8",
+        ),
+        // A dense layer's FFN where experts belong.
+        (
+            vec![("deepseek2.leading_dense_block_count", Value::U32(0))],
+            vec![],
+            None,
+            "blk.0.ffn_gate.weight is not part of strata's deepseek2 model",
+        ),
+    ];
+    for (edits, dims, drop, want) in cases {
+        let got = load_edited_moe(Arch::Deepseek2, &edits, &dims, drop);
         assert!(got.contains(want), "{want:?} not in {got:?}");
     }
 }

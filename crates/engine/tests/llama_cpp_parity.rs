@@ -392,3 +392,8 @@ fn synthetic_olmoe_q6_k_matches_llama_cpp() {
 fn synthetic_qwen2moe_q4_k_m_matches_llama_cpp() {
     check_synthetic("synth-qwen2moe-q4_k_m");
 }
+
+#[test]
+fn synthetic_deepseek2_q8_0_matches_llama_cpp() {
+    check_synthetic("synth-deepseek2-q8_0");
+}

@@ -56,6 +56,9 @@ pub struct QMatrix {
     /// (and with it the float order strata must follow) by the tensor's row count, so a slice
     /// keeps its tensor's order.
     order_rows: usize,
+    /// Whether llama.cpp may repack this matrix (every 2-D weight; not the per-head slices of a
+    /// 3-D tensor multiplied by `ggml_mul_mat`, such as DeepSeek's `attn_k_b`).
+    repackable: bool,
     cols: usize,
     row_bytes: usize,
     data: Storage,
@@ -88,6 +91,7 @@ impl QMatrix {
             ty,
             rows,
             order_rows: rows,
+            repackable: true,
             cols,
             row_bytes,
             data: Storage::Plain(data),
@@ -113,7 +117,7 @@ impl QMatrix {
         };
         // IQ4_NL and MXFP4 have a packed kernel only in llama.cpp's repacked order.
         let iq4_nl_other_order = matches!(self.ty, GgmlType::IQ4NL | GgmlType::MXFP4)
-            && !repacked_b32(self.ty, self.order_rows);
+            && !repacked_b32(self.ty, self.repack_rows());
         if !crate::packed::packable(self.ty) || iq4_nl_other_order {
             return self;
         }
@@ -131,6 +135,19 @@ impl QMatrix {
     pub fn cut_from(mut self, rows: usize) -> QMatrix {
         self.order_rows = rows;
         self
+    }
+
+    /// The matrix as one llama.cpp never repacks (a slice of a 3-D tensor that `ggml_mul_mat`
+    /// multiplies head by head): its products keep `vec_dot`'s order whatever its row count.
+    pub fn never_repacked(mut self) -> QMatrix {
+        self.repackable = false;
+        self
+    }
+
+    /// The row count llama.cpp's repacking rule sees: the tensor's, or 1 (never a multiple of
+    /// 8) for a matrix it leaves as it is.
+    fn repack_rows(&self) -> usize {
+        if self.repackable { self.order_rows } else { 1 }
     }
 
     /// Whether the matrix is in the packed layout.
@@ -397,8 +414,8 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
                 (d, d, 0)
             } else {
                 (
-                    row_dot(w.ty, w.order_rows, false),
-                    row_dot(w.ty, w.order_rows, true),
+                    row_dot(w.ty, w.repack_rows(), false),
+                    row_dot(w.ty, w.repack_rows(), true),
                     // `mul_mat_id` runs repacked experts one token at a time.
                     if acts.mul_mat_id {
                         0
@@ -532,7 +549,7 @@ fn ktiled(w: &QMatrix, acts: &QuantActs) -> bool {
     !acts.tiles.is_empty()
         && acts.order_batch() == (acts.n, 0)
         && match w.ty {
-            GgmlType::Q4K if w.order_rows.is_multiple_of(8) => true,
+            GgmlType::Q4K if w.repack_rows().is_multiple_of(8) => true,
             GgmlType::Q6K => acts.n >= KTILE_MIN_Q6_K,
             ty => crate::kformats::tiles(ty) && acts.n >= TILED_MIN_BATCH,
         }
@@ -550,7 +567,7 @@ fn matmul_ktiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs,
     let n_rc = w.rows.div_ceil(KTILE_ROWS);
     // Q4_K: llama.cpp's four-token kernel takes the first `n / 4 * 4` tokens (none under
     // `mul_mat_id`, which runs repacked experts one token at a time).
-    let n4 = if w.ty == GgmlType::Q4K && w.order_rows.is_multiple_of(8) {
+    let n4 = if w.ty == GgmlType::Q4K && w.repack_rows().is_multiple_of(8) {
         if acts.mul_mat_id { 0 } else { n / 4 * 4 }
     } else {
         n
@@ -596,7 +613,7 @@ fn ktile_rows<const CV: usize>(
         let mut o = [[0.0f32; 8]; CV];
         // SAFETY: AVX2, FMA and F16C were detected (`ktiles_enabled`); the row holds `nb` blocks
         // and each group `nb` interleaved blocks.
-        unsafe { ktile::<CV>(w.ty, w.order_rows, n, split, row, nb, &y, &mut o) };
+        unsafe { ktile::<CV>(w.ty, w.repack_rows(), n, split, row, nb, &y, &mut o) };
         for t in t0..t1 {
             let v = o[(t - t0) / TILE_TOKENS][(t - t0) % TILE_TOKENS];
             // SAFETY: in bounds (checked by `check_shapes`); this thread alone owns the rows of
@@ -732,7 +749,7 @@ pub(crate) fn repacked_b32(ty: GgmlType, rows: usize) -> bool {
 fn tinyblas_order(w: &QMatrix, n: usize) -> bool {
     n >= 2
         && match w.ty {
-            GgmlType::IQ4NL => !repacked_b32(w.ty, w.order_rows),
+            GgmlType::IQ4NL => !repacked_b32(w.ty, w.repack_rows()),
             GgmlType::BF16 | GgmlType::F16 | GgmlType::F32 => {
                 w.cols.is_multiple_of(8) && w.order_rows.is_multiple_of(4)
             }
@@ -778,7 +795,7 @@ const TILED_MIN_BATCH: usize = 8;
 fn tiled_format(w: &QMatrix) -> bool {
     match w.ty {
         GgmlType::Q6K => true,
-        GgmlType::Q4K => !w.order_rows.is_multiple_of(8),
+        GgmlType::Q4K => !w.repack_rows().is_multiple_of(8),
         ty => crate::kformats::handles(ty),
     }
 }
@@ -813,6 +830,7 @@ static EMPTY_MATRIX: QMatrix = QMatrix {
     ty: GgmlType::F32,
     rows: 0,
     order_rows: 0,
+    repackable: true,
     cols: 0,
     row_bytes: 0,
     data: Storage::Packed(Vec::new()),
@@ -859,7 +877,7 @@ fn matmul_packed(pool: &ThreadPool, jobs: &mut [PackedJob<'_>], acts: &QuantActs
         unsafe {
             crate::x86::matmul_groups(
                 j.w.ty,
-                repacked_b32(j.w.ty, j.w.order_rows),
+                repacked_b32(j.w.ty, j.w.repack_rows()),
                 j.packed.as_ptr(),
                 j.w.cols / QK,
                 j.w.rows,

@@ -127,6 +127,7 @@ pub fn strategy(p: &Placement) -> strata_parallel::Strategy {
         StrategyChoice::Single | StrategyChoice::Tensor => strata_parallel::Strategy::Tensor,
         StrategyChoice::Pipeline => strata_parallel::Strategy::Pipeline,
         StrategyChoice::Hybrid { tp } => strata_parallel::Strategy::Hybrid { tp },
+        StrategyChoice::Expert => strata_parallel::Strategy::Expert,
     }
 }
 

@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
-use strata_engine::{Combine, ModelConfig, ShardSpec};
+use strata_engine::{Combine, ExpertSplit, ModelConfig, ShardSpec};
 use strata_gguf::GgufFile;
 
 use crate::{Error, Result};
@@ -30,6 +30,10 @@ pub enum Strategy {
         /// Ranks per stage.
         tp: usize,
     },
+    /// For a mixture of experts: every rank owns a share of every MoE layer's experts, and the
+    /// group exchanges the outputs of each token's chosen experts (an all-gather per MoE
+    /// layer); attention, dense layers and the LM head are tensor-parallel as under `Tensor`.
+    Expert,
 }
 
 /// How tensor-parallel ranks combine work (see [`strata_engine::Combine`]).
@@ -174,19 +178,26 @@ pub fn make_plan(
         )));
     }
     let tp = match strategy {
-        Strategy::Tensor => world,
+        Strategy::Tensor | Strategy::Expert => world,
         Strategy::Pipeline => 1,
         Strategy::Hybrid { tp } => tp,
     };
+    let by_expert = strategy == Strategy::Expert;
+    if by_expert && cfg.moe.is_none() {
+        return Err(Error::Plan(format!(
+            "{} has no experts to split: use --strategy tensor, pipeline or hybrid",
+            cfg.arch
+        )));
+    }
     if world == 0 || tp == 0 || !world.is_multiple_of(tp) {
         return Err(Error::Plan(format!(
             "{world} ranks cannot form stages of {tp} tensor-parallel ranks"
         )));
     }
-    if tp > 1 && cfg.moe.is_some() {
+    if tp > 1 && cfg.moe.is_some() && !by_expert {
         return Err(Error::Plan(format!(
-            "{} is a mixture of experts, which strata splits by layers only for now: use \
-             --strategy pipeline",
+            "{} is a mixture of experts, which strata splits by experts or by layers: use \
+             --strategy expert or pipeline",
             cfg.arch
         )));
     }
@@ -228,6 +239,11 @@ pub fn make_plan(
         // finishes early only waits at the next exchange, so evening out totals across
         // stretches (more FFN columns for the rank with fewer heads) would not help.
         let ffn = split(cfg.n_ff, &gw, 32)?;
+        // Experts by weight; the shared expert (always active) on the last member.
+        let experts = match (by_expert, cfg.moe) {
+            (true, Some(m)) => Some(split(m.n_expert, &gw, 1)?),
+            _ => None,
+        };
         for i in 0..group.len() {
             ranks.push(RankPlan {
                 stage: s,
@@ -246,12 +262,17 @@ pub fn make_plan(
                         },
                         CombineStyle::Reduce => Combine::Reduce,
                     },
+                    experts: experts.as_ref().map(|parts| ExpertSplit {
+                        parts: parts.clone(),
+                        me: i,
+                        shared_owner: group.len() - 1,
+                    }),
                 },
             });
         }
-        let hd = cfg.head_dim;
+        let (hd, vd) = (cfg.head_dim, cfg.v_head_dim());
         parts.push(GroupParts {
-            q: heads.iter().map(|r| r.start * hd..r.end * hd).collect(),
+            q: heads.iter().map(|r| r.start * vd..r.end * vd).collect(),
             kv: ranks[ranks.len() - group.len()..]
                 .iter()
                 .map(|rp| {

@@ -90,6 +90,24 @@ impl Collective for GroupComm<'_> {
             .comm
             .all_gather_cols(self.group, src, dst, rows, parts)?)
     }
+
+    fn all_gather_varying(
+        &mut self,
+        counts: &[usize],
+        src: &[f32],
+        dst: &mut [f32],
+    ) -> std::result::Result<(), CommError> {
+        // One "row" whose columns are the members' contributions back to back.
+        let mut at = 0;
+        let parts: Vec<Range<usize>> = counts
+            .iter()
+            .map(|&c| {
+                at += c;
+                at - c..at
+            })
+            .collect();
+        Ok(self.comm.all_gather_cols(self.group, src, dst, 1, &parts)?)
+    }
 }
 
 /// A rank's loaded weights and caches, before it is connected.

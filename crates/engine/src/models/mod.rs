@@ -12,6 +12,7 @@
 //! (`strata synth --arch NAME` writes a model of it; `scripts/make-reference.py` makes the
 //! reference).
 
+mod deepseek2;
 mod gemma2;
 mod gemma3;
 mod gpt_oss;
@@ -71,6 +72,10 @@ pub enum Arch {
     /// Qwen2-MoE: Qwen2's attention, a softmax-routed mixture of experts plus a gated shared
     /// expert.
     Qwen2Moe,
+    /// DeepSeek V2/V3 and Kimi K2: multi-head latent attention, leading dense layers, then a
+    /// mixture of experts (sigmoid or softmax routing, group-limited, with a selection bias)
+    /// plus shared experts.
+    Deepseek2,
 }
 
 /// Every family: its `general.architecture` name and its variant.
@@ -89,6 +94,7 @@ const FAMILIES: &[(&str, Arch)] = &[
     ("gpt-oss", Arch::GptOss),
     ("olmoe", Arch::Olmoe),
     ("qwen2moe", Arch::Qwen2Moe),
+    ("deepseek2", Arch::Deepseek2),
 ];
 
 impl Arch {
@@ -140,6 +146,9 @@ pub(crate) struct LayerTensors {
     pub(crate) sinks: bool,
     /// The FFN's input norm is stored as `post_attention_norm` (gpt-oss) rather than `ffn_norm`.
     pub(crate) ffn_norm_post_attention: bool,
+    /// Multi-head latent attention (`attn_q_a`, `attn_q_a_norm`, `attn_q_b` or `attn_q`,
+    /// `attn_kv_a_mqa`, `attn_kv_a_norm`, `attn_k_b`, `attn_v_b`) instead of Q/K/V.
+    pub(crate) mla: bool,
 }
 
 impl LayerTensors {
@@ -160,6 +169,10 @@ pub(crate) trait Family: Sync {
 
     /// The per-layer tensors it needs beyond the common set.
     fn tensors(&self) -> LayerTensors;
+
+    /// Settles what depends on values computed after [`Family::configure`] (the YaRN
+    /// attention factor).
+    fn finish(&self, _cfg: &mut ModelConfig) {}
 
     /// One decoder layer over the live rows of the residual stream.
     fn layer(&self, b: &mut Blocks<'_, '_>, lw: &LayerWeights) -> Result<()>;
@@ -182,6 +195,7 @@ pub(crate) fn family(arch: Arch) -> &'static dyn Family {
         Arch::GptOss => &gpt_oss::GptOss,
         Arch::Olmoe => &olmoe::Olmoe,
         Arch::Qwen2Moe => &qwen2moe::Qwen2Moe,
+        Arch::Deepseek2 => &deepseek2::Deepseek2,
     }
 }
 

@@ -67,5 +67,7 @@ pub(crate) fn read_moe(hp: &Hparams<'_>, cfg: &ModelConfig, norm_weights: bool) 
         weights_scale,
         gating: Gating::Softmax,
         n_ff_shexp: None,
+        groups: None,
+        dense_lead: 0,
     })
 }
