@@ -642,3 +642,79 @@ fn mixtures_of_experts_split_by_experts_and_layers_like_one_process() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no experts to split"), "{err}");
 }
+
+/// Peak resident memory and weight bytes per token, from `--stats-json`.
+fn stats_of(out: &Output) -> serde_json::Value {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    serde_json::from_str(err.lines().last().unwrap()).unwrap()
+}
+
+/// Under expert parallelism each rank holds only its experts: on a model whose experts are most
+/// of its bytes, each of two ranks peaks at well under two thirds of one process's memory. And
+/// decode reads only the chosen experts: the bytes per token the engine counts match the
+/// planner's figure (the router's top-k of each layer plus the rest).
+#[test]
+fn expert_parallel_ranks_hold_only_their_experts_and_decode_reads_only_chosen_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moe.gguf");
+    let p = path.to_str().unwrap();
+    // 16 layers of 32 experts: 850 MB of experts against under 100 MB of everything else.
+    let mut args = vec!["synth", "-o", p, "--arch", "qwen3moe", "--layers", "16"];
+    args.extend([
+        "--embd",
+        "512",
+        "--ff",
+        "1024",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "2",
+    ]);
+    args.extend(["--head-dim", "64", "--experts", "32", "--experts-used", "4"]);
+    args.extend(["--type", "q8_0", "--seed", "3"]);
+    text(&strata(&args), "synth");
+    let base = [
+        "run",
+        "-m",
+        p,
+        "-n",
+        "16",
+        "--ignore-eos",
+        "--raw",
+        "--stats-json",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        a.extend(["--ctx-size", "512", PROMPT]);
+        stats_of(&strata(&a))
+    };
+    let single = with(&["--threads", "1"]);
+    let one = single["peak_rss_mb"].as_f64().unwrap();
+    let split = with(&["--ranks", "2", "--strategy", "expert"]);
+    let ranks: Vec<f64> = split["rank_peak_rss_mb"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(ranks.len(), 2, "{split}");
+    for (r, mb) in ranks.iter().enumerate() {
+        assert!(
+            *mb <= 0.6 * one,
+            "rank {r} peaked at {mb:.0} MB, one process at {one:.0} MB"
+        );
+    }
+    let plan = strata(&["plan", "-m", p, "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let planned = plan["model"]["token_bytes"].as_f64().unwrap();
+    let read = single["weight_bytes_per_token"].as_f64().unwrap();
+    assert!(
+        (read - planned).abs() <= 0.1 * planned,
+        "decode read {read} bytes per token, the planner expects {planned}"
+    );
+    // Far fewer than every expert's bytes: only the chosen ones were read.
+    let held = plan["model"]["weight_bytes"].as_f64().unwrap();
+    assert!(read < 0.4 * held, "read {read} of {held}");
+}

@@ -896,6 +896,10 @@ impl Blocks<'_, '_> {
                 continue;
             }
             let c = b - a;
+            s.expert_bytes += [&f.gate, &f.up, &f.down]
+                .iter()
+                .map(|q| (q.rows() * q.row_bytes()) as u64)
+                .sum::<u64>();
             grow(&mut m.input, c * e);
             for (j, &i) in m.grouped[a..b].iter().enumerate() {
                 let r = i as usize / k;

@@ -57,6 +57,10 @@ pub struct GenerationStats {
     pub decode_tok_s: f64,
     /// Why generation ended.
     pub stop_reason: StopReason,
+    /// Bytes of weights each decode step read on average, measured (a mixture of experts
+    /// reads only the experts its tokens chose); absent where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bytes_per_token: Option<f64>,
 }
 
 impl GenerationStats {
@@ -82,6 +86,7 @@ impl GenerationStats {
                 0.0
             },
             stop_reason,
+            weight_bytes_per_token: None,
         }
     }
 }
@@ -293,6 +298,8 @@ impl Generator {
         let mut generated = 0usize;
         let mut ttft = None;
         let mut decode_start = Instant::now();
+        let mut steps = 0u64;
+        self.scratch.take_expert_bytes();
         let stop = loop {
             if generated >= req.max_tokens {
                 break StopReason::MaxTokens;
@@ -323,15 +330,22 @@ impl Generator {
                 StageInput::Tokens(&[tok]),
                 &mut NoComm,
             )?;
+            steps += 1;
         };
         let decode_s = decode_start.elapsed().as_secs_f64();
-        Ok(GenerationStats::from_timing(
+        let mut stats = GenerationStats::from_timing(
             req.prompt.len(),
             generated,
             ttft.unwrap_or(prefill_s),
             prefill_s,
             decode_s,
             stop,
-        ))
+        );
+        if steps > 0 {
+            let fixed = self.model.fixed_bytes_per_step() as f64;
+            let experts = self.scratch.take_expert_bytes() as f64 / steps as f64;
+            stats.weight_bytes_per_token = Some(fixed + experts);
+        }
+        Ok(stats)
     }
 }

@@ -114,6 +114,9 @@ pub struct Model {
 /// Reusable buffers of the forward pass, sized for the largest batch seen so far.
 #[derive(Debug, Default)]
 pub struct Scratch {
+    /// Bytes of expert weights the steps since the last [`Scratch::take_expert_bytes`] ran
+    /// (each expert that received rows counts once per step).
+    pub(crate) expert_bytes: u64,
     pub(crate) x: Vec<f32>,
     pub(crate) xn: Vec<f32>,
     pub(crate) q: Vec<f32>,
@@ -190,6 +193,13 @@ impl Rows {
 }
 
 impl Scratch {
+    /// Bytes of expert weights run since the last call (see the field), and a fresh count.
+    pub fn take_expert_bytes(&mut self) -> u64 {
+        std::mem::take(&mut self.expert_bytes)
+    }
+}
+
+impl Scratch {
     /// Logits of the last token over the shard's vocabulary rows (after a last-stage step); after
     /// [`Model::forward_batch`], one such row per sequence, back to back.
     pub fn logits(&self) -> &[f32] {
@@ -258,6 +268,11 @@ impl Model {
     /// Bytes of weights one decode step streams from memory (the roofline's denominator).
     pub fn streamed_bytes_per_token(&self) -> usize {
         self.weights.streamed_bytes()
+    }
+
+    /// Bytes of the weights every step reads whatever the routing: all but the experts.
+    pub fn fixed_bytes_per_step(&self) -> usize {
+        self.weights.fixed_bytes()
     }
 
     /// The shard this model holds.

@@ -350,20 +350,8 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         return bad("the head width must be even (RoPE rotates pairs)");
     }
     let mla = (s.arch == Arch::Deepseek2).then(|| SynthMla::of(hd));
-    if let Some(m) = &mla {
-        if nkv != 1 {
-            return bad("latent attention has one KV head (--kv-heads 1)");
-        }
-        let block = s.ty.block_size();
-        if [m.nope, m.kv_lora, m.q_lora]
-            .iter()
-            .any(|d| !d.is_multiple_of(block))
-        {
-            return bad(&format!(
-                "the head width must be a multiple of {block} ({} blocks)",
-                s.ty
-            ));
-        }
+    if mla.is_some() && nkv != 1 {
+        return bad("latent attention has one KV head (--kv-heads 1)");
     }
     // Per-head widths: RoPE's, the attention output's.
     let rope_dims = mla.as_ref().map_or(hd, |m| m.rope);
@@ -546,6 +534,8 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     let n_expert = moe.map_or(1, |(nx, _)| nx);
     // A matrix of `rows` rows of `cols`; an expert tensor holds `rows` rows per expert, and a
     // router (`rows` 0) one row per expert, in f32.
+    // The first matrix whose rows its type cannot quantise (refused once all are written).
+    let mut misfit: Option<String> = None;
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize| {
         let router = name.ends_with("ffn_gate_inp.weight");
         let ty = s
@@ -565,6 +555,11 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         };
         let count = dims.iter().product::<u64>() as usize;
         let x = noise.fill(count, 1.0 / (cols as f32).sqrt());
+        if !cols.is_multiple_of(ty.block_size()) {
+            misfit.get_or_insert_with(|| {
+                format!("{name}'s rows of {cols} are not whole {ty} blocks")
+            });
+        }
         w.tensor(name, &dims, ty, quantize_weights(ty, &x));
     };
     let mut vec_noise = Noise(s.seed.max(1) ^ 0x9E37_79B9_7F4A_7C15);
@@ -698,6 +693,9 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             matrix(&mut w, &n("ffn_up.weight"), e, ff);
         }
         matrix(&mut w, &n("ffn_down.weight"), ff, e);
+    }
+    if let Some(why) = misfit {
+        return bad(&why);
     }
     Ok(w.to_bytes())
 }

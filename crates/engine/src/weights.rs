@@ -771,6 +771,32 @@ impl Weights {
 }
 
 impl Weights {
+    /// Bytes of the matrices every step reads: all but the experts (the shared expert and the
+    /// router included), and the LM head.
+    pub(crate) fn fixed_bytes(&self) -> usize {
+        let m = |q: &QMatrix| q.rows() * q.row_bytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let ffn = match &l.ffn {
+                    FfnWeights::Dense(f) => m(&f.gate) + m(&f.up) + m(&f.down),
+                    FfnWeights::Moe { router, shared, .. } => {
+                        m(router)
+                            + shared.as_ref().map_or(0, |x| {
+                                m(&x.ffn.gate)
+                                    + m(&x.ffn.up)
+                                    + m(&x.ffn.down)
+                                    + x.gate.as_ref().map_or(0, m)
+                            })
+                    }
+                };
+                l.attn.matrices().into_iter().map(m).sum::<usize>() + m(&l.wo) + ffn
+            })
+            .sum();
+        layers + self.head.as_ref().map_or(0, |(_, h)| m(h))
+    }
+
     /// Bytes of weight matrices one decode step reads (every layer matrix and the LM head; the
     /// embedding only contributes one row).
     pub(crate) fn streamed_bytes(&self) -> usize {

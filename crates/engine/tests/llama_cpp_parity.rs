@@ -397,3 +397,8 @@ fn synthetic_qwen2moe_q4_k_m_matches_llama_cpp() {
 fn synthetic_deepseek2_q8_0_matches_llama_cpp() {
     check_synthetic("synth-deepseek2-q8_0");
 }
+
+#[test]
+fn synthetic_deepseek2_q4_k_m_matches_llama_cpp() {
+    check_synthetic("synth-deepseek2-q4_k_m");
+}
