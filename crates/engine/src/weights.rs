@@ -801,36 +801,18 @@ impl Weights {
     /// embedding only contributes one row).
     pub(crate) fn streamed_bytes(&self) -> usize {
         let m = |q: &QMatrix| q.rows() * q.row_bytes();
-        let layers: usize = self
+        let experts: usize = self
             .layers
             .iter()
-            .map(|l| {
-                let ffn = match &l.ffn {
-                    FfnWeights::Dense(f) => m(&f.gate) + m(&f.up) + m(&f.down),
-                    // A token reads the router and its experts: the used share of them.
-                    FfnWeights::Moe {
-                        router,
-                        experts,
-                        shared,
-                        ..
-                    } => {
-                        let all: usize = experts
-                            .iter()
-                            .map(|f| m(&f.gate) + m(&f.up) + m(&f.down))
-                            .sum();
-                        let shared = shared.as_ref().map_or(0, |x| {
-                            m(&x.ffn.gate)
-                                + m(&x.ffn.up)
-                                + m(&x.ffn.down)
-                                + x.gate.as_ref().map_or(0, m)
-                        });
-                        // Each expert is chosen by `used / total` of the tokens, on average.
-                        m(router) + all * self.moe_used / self.moe_total.max(1) + shared
-                    }
-                };
-                l.attn.matrices().into_iter().map(m).sum::<usize>() + m(&l.wo) + ffn
+            .map(|l| match &l.ffn {
+                FfnWeights::Dense(_) => 0,
+                FfnWeights::Moe { experts, .. } => experts
+                    .iter()
+                    .map(|f| m(&f.gate) + m(&f.up) + m(&f.down))
+                    .sum(),
             })
             .sum();
-        layers + self.head.as_ref().map_or(0, |(_, h)| m(h))
+        // Each expert is chosen by `used / total` of the tokens, on average.
+        self.fixed_bytes() + experts * self.moe_used / self.moe_total.max(1)
     }
 }
