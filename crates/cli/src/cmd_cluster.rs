@@ -424,6 +424,8 @@ pub(crate) enum StrategyPick {
     Pipeline,
     /// Pipeline stages of `--tp-size` tensor-parallel nodes.
     Hybrid,
+    /// A mixture of experts split by expert (attention and dense parts tensor-parallel).
+    Expert,
 }
 
 pub(crate) fn load(a: LoadArgs) -> Result<()> {
@@ -435,6 +437,7 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
             StrategyPick::Tensor => Some(StrategyChoice::Tensor),
             StrategyPick::Pipeline => Some(StrategyChoice::Pipeline),
             StrategyPick::Hybrid => Some(StrategyChoice::Hybrid { tp: a.tp_size }),
+            StrategyPick::Expert => Some(StrategyChoice::Expert),
         },
         nodes: a.nodes.clone(),
         context: a.ctx_size,

@@ -380,7 +380,12 @@ impl Net {
     }
 
     fn load(&self, host: usize, args: &[&str]) -> Value {
-        let mut all = vec!["load", "smollm2-135m-instruct", "--json"];
+        self.load_model(host, "smollm2-135m-instruct", args)
+    }
+
+    /// `strata load MODEL --json ARGS` on `host`.
+    fn load_model(&self, host: usize, model: &str, args: &[&str]) -> Value {
+        let mut all = vec!["load", model, "--json"];
         all.extend_from_slice(args);
         let out = self.cli(host, &all).unwrap_or_else(|e| {
             self.dump_logs();
@@ -391,10 +396,124 @@ impl Net {
 }
 
 fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
+    complete_model(net, host, "smollm2-135m-instruct", max_tokens)
+}
+
+fn complete_model(net: &Net, host: usize, model: &str, max_tokens: usize) -> (u16, String) {
     let body = format!(
-        r#"{{"model":"smollm2-135m-instruct","prompt":"The three most important inventions of the last century are","max_tokens":{max_tokens},"temperature":0}}"#
+        r#"{{"model":"{model}","prompt":"The three most important inventions of the last century are","max_tokens":{max_tokens},"temperature":0}}"#
     );
     net.http(host, "/v1/completions", &body)
+}
+
+/// The text of a whole completion answer.
+fn answer_text(code: u16, body: &str) -> String {
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(body).expect("json");
+    v["choices"][0]["text"].as_str().expect("text").to_string()
+}
+
+/// A mixture of experts imported on one node is copied by the other and split by expert across
+/// the two (each its own network namespace): the API answers with the single-node greedy text,
+/// and the dry run weighs splitting by expert against splitting by layers.
+#[test]
+fn a_mixture_of_experts_splits_by_expert_across_two_nodes() {
+    let Some(mut net) = Net::new(2) else { return };
+    let key = net.key("cluster.key");
+    let dir = net.dir.path().to_path_buf();
+    let file = dir.join("moe.gguf");
+    let out = Command::new(STRATA)
+        .arg("synth")
+        .arg("-o")
+        .arg(&file)
+        .args([
+            "--arch", "qwen3moe", "--layers", "4", "--embd", "256", "--ff", "256",
+        ])
+        .args([
+            "--heads",
+            "8",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "64",
+            "--experts",
+            "8",
+        ])
+        .args(["--experts-used", "3", "--type", "q8_0", "--seed", "7"])
+        .output()
+        .expect("synth");
+    assert!(out.status.success(), "{out:?}");
+    let (store1, store2) = (dir.join("store1"), dir.join("store2"));
+    let out = Command::new(STRATA)
+        .env("STRATA_HOME", &store1)
+        .args(["models", "import"])
+        .arg(&file)
+        .args(["--id", "moe-test"])
+        .output()
+        .expect("import");
+    assert!(out.status.success(), "{out:?}");
+    let no_pip = dir.join("no-python-here");
+    net.start_env(1, &key, &[("STRATA_HOME", &store1)]);
+    net.start_env(
+        2,
+        &key,
+        &[("STRATA_HOME", &store2), ("STRATA_PYTHON", &no_pip)],
+    );
+    net.wait_for(
+        "both nodes see two nodes and their link",
+        Duration::from_secs(30),
+        || {
+            (1..=2).all(|h| {
+                net.status(h).is_some_and(|s| {
+                    s["topology"]["nodes"].as_array().map_or(0, Vec::len) == 2
+                        && s["topology"]["links"].as_array().map_or(0, Vec::len) == 1
+                })
+            })
+        },
+    );
+    let plan = net.load_model(
+        1,
+        "moe-test",
+        &[
+            "--dry-run",
+            "--nodes",
+            "host1,host2",
+            "--strategy",
+            "expert",
+        ],
+    );
+    assert_eq!(plan["placement"]["strategy"], "expert", "{plan}");
+    let considered = plan["placement"]["considered"].to_string();
+    assert!(
+        considered.contains("expert") && considered.contains("pipeline"),
+        "{plan}"
+    );
+
+    let single = net.load_model(1, "moe-test", &["--nodes", "host1"]);
+    let (code, body) = complete_model(&net, 1, "moe-test", 24);
+    let reference = answer_text(code, &body);
+    assert!(!reference.is_empty());
+    let id = single["id"].as_str().expect("id");
+    net.cli(1, &["unload", id, "--json"]).expect("unload");
+    net.wait_for("the instance is gone", Duration::from_secs(10), || {
+        complete_model(&net, 1, "moe-test", 1).0 == 503
+    });
+
+    let ep = net.load_model(
+        1,
+        "moe-test",
+        &["--nodes", "host1,host2", "--strategy", "expert"],
+    );
+    assert_eq!(ep["placement"]["strategy"], "expert", "{ep}");
+    for host in 1..=2 {
+        let (code, body) = complete_model(&net, host, "moe-test", 24);
+        assert_eq!(answer_text(code, &body), reference, "through host {host}");
+    }
+    // Host 2 copied the model from host 1 (it has no other source).
+    assert!(
+        std::fs::read_dir(store2.join("models/moe-test")).is_ok_and(|mut d| d.next().is_some()),
+        "host 2 holds no copy"
+    );
 }
 
 #[test]
