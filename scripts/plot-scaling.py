@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Draws the plots of BENCHMARKS.md from `strata bench scaling --json` output.
 
-Usage: python3 scripts/plot-scaling.py RESULT.json [MORE.json ...] OUT_DIR
+Usage: python3 scripts/plot-scaling.py [--prefix NAME] [--relative] RESULT.json [MORE.json ...] OUT_DIR
 Each JSON file is one run (e.g. SmolLM2 and a synthetic 1B model); needs matplotlib.
+`--prefix` names the PNGs (default `scaling`); `--relative` plots decode speed relative to one
+process with one thread (to compare models of different speeds, e.g. a mixture of experts and a
+dense model of the same active size). Expert-parallel rows are drawn like tensor-parallel ones.
 Prints a markdown table per run and writes OUT_DIR/scaling-configs.png (decode and prefill tok/s per configuration, relative to one
 process with one thread) and OUT_DIR/scaling-latency.png (tensor vs pipeline decode speed as the
 emulated link latency grows).
@@ -42,10 +45,19 @@ def table(run):
 
 
 def main():
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    prefix, relative = "scaling", False
+    while args and args[0].startswith("--"):
+        if args[0] == "--prefix" and len(args) > 1:
+            prefix, args = args[1], args[2:]
+        elif args[0] == "--relative":
+            relative, args = True, args[1:]
+        else:
+            sys.exit(__doc__)
+    if len(args) < 2:
         sys.exit(__doc__)
-    runs = [(p, json.load(open(p))) for p in sys.argv[1:-1]]
-    out = sys.argv[-1]
+    runs = [(p, json.load(open(p))) for p in args[:-1]]
+    out = args[-1]
     os.makedirs(out, exist_ok=True)
     for _, run in runs:
         table(run)
@@ -70,25 +82,33 @@ def main():
         ax.set_title(label(p, run), fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "scaling-configs.png"), dpi=110)
+    fig.savefig(os.path.join(out, f"{prefix}-configs.png"), dpi=110)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p, run in runs:
-        for strategy, style in (("tensor", "-o"), ("tensor-reduce", "-^"), ("pipeline", "--s")):
+        base = run["rows"][0]["decode_tok_s"] if relative else 1.0
+        styles = (("tensor", "-o"), ("tensor-reduce", "-^"), ("expert", "-D"), ("pipeline", "--s"))
+        for strategy, style in styles:
             pts = sorted(
-                (r["latency_us"], r["decode_tok_s"])
+                (r["latency_us"], r["decode_tok_s"] / base)
                 for r in run["rows"]
                 if r["strategy"] == strategy and r["transport"] == "shm"
             )
+            if not pts:
+                continue
             xs = [max(x, 1.0) for x, _ in pts]
             ax.plot(xs, [v for _, v in pts], style, label=f"{label(p, run)}, {strategy}")
     ax.set_xscale("log")
     ax.set_xlabel("emulated one-way link latency, us (0 drawn at 1)")
-    ax.set_ylabel("decode tok/s, 2 ranks x 1 thread")
-    ax.set_title("Tensor vs pipeline parallelism as links slow down")
+    if relative:
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("decode, 2 ranks x 1 thread, relative to 1 process x 1 thread")
+    else:
+        ax.set_ylabel("decode tok/s, 2 ranks x 1 thread")
+    ax.set_title("Splitting a model as links slow down")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "scaling-latency.png"), dpi=110)
+    fig.savefig(os.path.join(out, f"{prefix}-latency.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -201,8 +201,9 @@ impl Ctx<'_> {
 }
 
 /// Peak resident memory of every rank, from short `strata run --stats-json` processes: one
-/// process, then 2-way tensor and pipeline splits, with each rank's share of the single figure.
-fn peak_rss(model: &Path) -> Result<serde_json::Value> {
+/// process, then a 2-way split by each of `strategies`, with each rank's share of the single
+/// figure.
+fn peak_rss(model: &Path, strategies: &[&str]) -> Result<serde_json::Value> {
     let exe = std::env::current_exe().context("finding the strata binary")?;
     let run = |extra: &[&str]| -> Result<Vec<f64>> {
         let out = Command::new(&exe)
@@ -241,7 +242,7 @@ fn peak_rss(model: &Path) -> Result<serde_json::Value> {
     let single = run(&["--threads", "1"])?;
     let one = single.first().copied().unwrap_or(0.0);
     let mut out = json!({"one_process_mb": one});
-    for strategy in ["tensor", "pipeline"] {
+    for &strategy in strategies {
         let ranks = run(&["--ranks", "2", "--strategy", strategy])?;
         let share: Vec<f64> = ranks.iter().map(|r| r / one.max(1e-9)).collect();
         out[strategy] = json!({"ranks_mb": ranks, "share_of_one_process": share});
@@ -299,9 +300,10 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         .map(|s| strata_net::parse_latency(s).map_err(anyhow::Error::from))
         .collect::<Result<Vec<_>>>()?;
     let path = crate::cmd_run::resolve_model(&a.model)?;
-    let vocab = {
+    let (vocab, moe) = {
         let f = strata_gguf::GgufFile::open(&path)?;
-        strata_engine::ModelConfig::from_gguf(&f)?.n_vocab
+        let cfg = strata_engine::ModelConfig::from_gguf(&f)?;
+        (cfg.n_vocab, cfg.moe.is_some())
     };
     let ctx = Ctx {
         a: &a,
@@ -319,12 +321,20 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     rows.push(ctx.local(1)?);
     rows.push(ctx.local(2)?);
     let mut throughput = None;
-    let strategies = [
-        (StrategyArg::Tensor, CombineArg::Gather),
-        (StrategyArg::Tensor, CombineArg::Reduce),
-        (StrategyArg::Pipeline, CombineArg::Gather),
-    ];
-    for (strategy, combine) in strategies {
+    // A mixture of experts splits by experts or by layers; a dense model by columns or layers.
+    let strategies: &[(StrategyArg, CombineArg)] = if moe {
+        &[
+            (StrategyArg::Expert, CombineArg::Gather),
+            (StrategyArg::Pipeline, CombineArg::Gather),
+        ]
+    } else {
+        &[
+            (StrategyArg::Tensor, CombineArg::Gather),
+            (StrategyArg::Tensor, CombineArg::Reduce),
+            (StrategyArg::Pipeline, CombineArg::Gather),
+        ]
+    };
+    for &(strategy, combine) in strategies {
         for transport in [TransportArg::Shm, TransportArg::Tcp] {
             progress(&format!("{strategy:?} ({combine:?}) over {transport:?}"));
             let seqs = if matches!(strategy, StrategyArg::Pipeline)
@@ -343,7 +353,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     }
     let mut sweep = Vec::new();
     for &l in latencies.iter().filter(|l| !l.is_zero()) {
-        for (strategy, combine) in strategies {
+        for &(strategy, combine) in strategies {
             progress(&format!("{strategy:?} ({combine:?}) over shm +{l:?}"));
             sweep.push(ctx.sharded(strategy, combine, TransportArg::Shm, l, 1)?.0);
         }
@@ -389,10 +399,11 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
                 })
                 .map(|r| r.decode_tok_s)
         };
-        // The better of the two tensor-parallel styles.
+        // The better of the two tensor-parallel styles (or expert parallelism, which takes
+        // their place for a mixture of experts).
         let tensor = match (find("tensor"), find("tensor-reduce")) {
             (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
+            (a, b) => a.or(b).or(find("expert")),
         };
         if let (Some(t), Some(p)) = (tensor, find("pipeline")) {
             by_latency.push((l, t, p));
@@ -408,7 +419,14 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     let reduce_shm = find("tensor-reduce", "shm");
     let reduce_tcp = find("tensor-reduce", "tcp");
     progress("peak memory per rank");
-    let rss = peak_rss(&path)?;
+    let split_names: Vec<&str> = if moe {
+        vec!["expert", "pipeline"]
+    } else {
+        vec!["tensor", "pipeline"]
+    };
+    let rss = peak_rss(&path, &split_names)?;
+    let expert_shm = find("expert", "shm");
+    let expert_tcp = find("expert", "tcp");
     let summary = json!({
         "peak_rss_mb": rss,
         "tensor_shm_decode_speedup_vs_1x1": tensor_shm.map(|r| r.decode_tok_s / base1),
@@ -422,7 +440,13 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         "reduce_shm_efficiency_vs_1x2": reduce_shm.map(|r| r.decode_tok_s / base2),
         "reduce_shm_comm_share": reduce_shm.and_then(|r| r.comm_share),
         "reduce_tcp_vs_llama_rpc": reduce_tcp.zip(rpc_tg).map(|(r, l)| r.decode_tok_s / l),
+        "expert_shm_decode_speedup_vs_1x1": expert_shm.map(|r| r.decode_tok_s / base1),
+        "expert_tcp_decode_speedup_vs_1x1": expert_tcp.map(|r| r.decode_tok_s / base1),
+        "expert_shm_prefill_speedup_vs_1x1": expert_shm.map(|r| r.prefill_tok_s / pp1),
+        "expert_shm_efficiency_vs_1x2": expert_shm.map(|r| r.decode_tok_s / base2),
+        "expert_shm_comm_share": expert_shm.and_then(|r| r.comm_share),
         "pipeline_throughput": throughput.map(|(s, b, single)| json!({"sequences": s, "tok_s": b, "single_stream_tok_s": single})),
+        // For a mixture of experts, "tensor" here is expert parallelism.
         "tensor_beats_pipeline_until_us": by_latency.iter().take_while(|x| x.1 >= x.2).last().map(|x| x.0),
         "pipeline_wins_from_us": crossover,
     });

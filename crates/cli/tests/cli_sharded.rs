@@ -575,6 +575,15 @@ const EXPERT_SHM: &[&str] = &["--ranks", "2", "--strategy", "expert", "--transpo
 fn mixtures_of_experts_split_by_experts_and_layers_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let three: &[&str] = &["--ranks", "3", "--strategy", "expert", "--transport", "tcp"];
+    let tensor3: &[&str] = &["--ranks", "3", "--strategy", "tensor", "--transport", "tcp"];
+    let tensor_uneven: &[&str] = &[
+        "--ranks",
+        "2",
+        "--strategy",
+        "tensor",
+        "--rank-weights",
+        "1,3",
+    ];
     let uneven: &[&str] = &[
         "--ranks",
         "2",
@@ -608,14 +617,19 @@ fn mixtures_of_experts_split_by_experts_and_layers_like_one_process() {
         args.extend(["--seed", "7", "--experts", experts, "--experts-used", "3"]);
         args.extend_from_slice(extra);
         text(&strata(&args), "synth");
-        check_shards(
-            &path,
-            arch,
-            "24",
-            &[PIPELINE_TCP, EXPERT_SHM, three, uneven],
-        );
+        let configs = [
+            PIPELINE_TCP,
+            EXPERT_SHM,
+            three,
+            uneven,
+            TENSOR_SHM,
+            tensor3,
+            tensor_uneven,
+        ];
+        check_shards(&path, arch, "24", &configs);
     }
-    // Splitting each expert's columns is not offered: one line naming what is.
+    // Splitting the experts' columns keeps one process's sums only: the all-reduce style is
+    // refused in one line.
     let p = dir.path().join("qwen3moe.gguf");
     let out = strata(&[
         "run",
@@ -628,12 +642,14 @@ fn mixtures_of_experts_split_by_experts_and_layers_like_one_process() {
         "2",
         "--strategy",
         "tensor",
+        "--tp-combine",
+        "reduce",
         PROMPT,
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("mixture of experts") && err.contains("--strategy expert or pipeline"),
+        err.contains("mixture of experts") && err.contains("--tp-combine gather"),
         "{err}"
     );
     // A dense model has no experts to split.

@@ -431,12 +431,16 @@ fn candidates<'a>(
     }
     let mut out = Vec::new();
     if m.moe {
-        // A mixture splits by layers or by experts (each rank needs a query head too).
+        // A mixture splits by layers, by experts, or by every expert's columns (each rank
+        // needs a query head too).
         if nodes.len() <= m.n_layer {
             out.push((StrategyChoice::Pipeline, nodes.to_vec()));
         }
         if nodes.len() <= m.n_head.min(m.n_expert) {
             out.push((StrategyChoice::Expert, nodes.to_vec()));
+        }
+        if nodes.len() <= m.n_head {
+            out.push((StrategyChoice::Tensor, nodes.to_vec()));
         }
         return out;
     }

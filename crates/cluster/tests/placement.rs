@@ -283,7 +283,8 @@ fn moe_model() -> ModelFacts {
 
 /// A mixture of experts that needs two nodes splits by expert over a fast link (each node
 /// reads half of every token's experts) and by layers over a slow one, where three exchanges
-/// per layer would cost more than the halved reading saves; never by tensor columns.
+/// per layer would cost more than the halved reading saves (splitting every expert's columns
+/// costs four).
 #[test]
 fn a_mixture_of_experts_splits_by_expert_on_fast_links_and_by_layers_on_slow_ones() {
     let nodes = [node("a", 12.0, 20.0), node("b", 12.0, 20.0)];

@@ -197,6 +197,46 @@ fn rotate(cfg: &ModelConfig, x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// The experts (from expert `first` on) that choices were routed to, with the span of their
+/// choices in the grouped order (`starts[x]..starts[x + 1]`).
+fn routed<'e>(
+    experts: &'e [GatedFfn],
+    first: usize,
+    starts: &[usize],
+) -> impl Iterator<Item = (&'e GatedFfn, usize, usize)> {
+    experts
+        .iter()
+        .enumerate()
+        .map(move |(i, f)| (f, starts[first + i], starts[first + i + 1]))
+        .filter(|&(_, a, b)| a < b)
+}
+
+/// Bytes of an expert's three matrices (what running it reads).
+fn expert_bytes(f: &GatedFfn) -> u64 {
+    [&f.gate, &f.up, &f.down]
+        .iter()
+        .map(|q| (q.rows() * q.row_bytes()) as u64)
+        .sum()
+}
+
+/// Copies the rows of `xn` (`e` wide) that the choices `entries` (`row * k + slot`) route to an
+/// expert into `input`, in order.
+fn gather_rows(input: &mut Vec<f32>, xn: &[f32], entries: &[u32], k: usize, e: usize) {
+    grow(input, entries.len() * e);
+    for (j, &i) in entries.iter().enumerate() {
+        let r = i as usize / k;
+        input[j * e..(j + 1) * e].copy_from_slice(&xn[r * e..(r + 1) * e]);
+    }
+}
+
+/// Places an expert's output rows (`w` wide, one per choice in `entries`) at their choices.
+fn scatter_rows(outputs: &mut [f32], rows: &[f32], entries: &[u32], w: usize) {
+    for (j, &i) in entries.iter().enumerate() {
+        let i = i as usize;
+        outputs[i * w..(i + 1) * w].copy_from_slice(&rows[j * w..(j + 1) * w]);
+    }
+}
+
 fn grow_u32(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);
@@ -887,39 +927,61 @@ impl Blocks<'_, '_> {
             m.grouped[m.fill[x as usize]] = i as u32;
             m.fill[x as usize] += 1;
         }
-        grow(&mut m.outputs, rows * k * e);
+        // Under tensor parallelism each rank computes its columns of every expert's gate and up,
+        // the group all-gathers the activations, and each rank projects them onto its rows of
+        // the model width; otherwise every output is whole.
+        let cfg = self.cfg;
+        let tp = self.spec.ffn_exp.is_some();
+        let ew = if tp {
+            self.spec.embd_rows(cfg).len()
+        } else {
+            e
+        };
+        grow(&mut m.outputs, rows * k * ew);
         s.acts.set_mul_mat_id(true);
-        for (i, f) in experts.iter().enumerate() {
-            let x = first + i;
-            let (a, b) = (m.starts[x], m.starts[x + 1]);
-            if a == b {
-                continue;
-            }
+        // Each routed expert's activations (its gate and up over its rows), in grouped order;
+        // then, all-gathered under tensor parallelism, its down projection.
+        let n_ent = rows * k;
+        let lf = experts.first().map_or(0, |f| f.gate.rows());
+        grow(&mut m.act, n_ent * lf);
+        for (f, a, b) in routed(experts, first, &m.starts) {
             let c = b - a;
-            s.expert_bytes += [&f.gate, &f.up, &f.down]
-                .iter()
-                .map(|q| (q.rows() * q.row_bytes()) as u64)
-                .sum::<u64>();
-            grow(&mut m.input, c * e);
-            for (j, &i) in m.grouped[a..b].iter().enumerate() {
-                let r = i as usize / k;
-                m.input[j * e..(j + 1) * e].copy_from_slice(&s.xn[r * e..(r + 1) * e]);
-            }
-            gated_down(
+            s.expert_bytes += expert_bytes(f);
+            gather_rows(&mut m.input, &s.xn, &m.grouped[a..b], k, e);
+            gated(
                 self.pool,
                 &mut s.acts,
                 &m.input[..c * e],
                 c,
                 f,
                 (&mut s.gate, &mut s.up),
-                self.cfg.ffn_act,
+                cfg.ffn_act,
                 self.flavour,
-                &mut m.down,
             );
-            for (j, &i) in m.grouped[a..b].iter().enumerate() {
-                let i = i as usize;
-                m.outputs[i * e..(i + 1) * e].copy_from_slice(&m.down[j * e..(j + 1) * e]);
-            }
+            m.act[a * lf..b * lf].copy_from_slice(&s.gate[..c * lf]);
+        }
+        let (act, ff): (&[f32], usize) = if tp {
+            let ff = moe.n_ff_exp;
+            grow(&mut m.act_full, n_ent * ff);
+            self.comm
+                .all_gather(
+                    Axis::ExpertFfn,
+                    n_ent,
+                    &m.act[..n_ent * lf],
+                    &mut m.act_full[..n_ent * ff],
+                )
+                .map_err(Error::Collective)?;
+            (&m.act_full, ff)
+        } else {
+            (&m.act, lf)
+        };
+        for (f, a, b) in routed(experts, first, &m.starts) {
+            let c = b - a;
+            s.acts
+                .quantize(f.down.ggml_type(), &act[a * ff..b * ff], c, ff);
+            mm(self.pool, &f.down, &s.acts, &mut m.down);
+            add_bias(&mut m.down, f.down_b.as_deref(), c);
+            scatter_rows(&mut m.outputs, &m.down, &m.grouped[a..b], ew);
         }
         s.acts.set_mul_mat_id(false);
         let has_shared = moe.n_ff_shexp.is_some();
@@ -931,13 +993,13 @@ impl Blocks<'_, '_> {
         }
         let s = &mut *self.s;
         let m = &mut s.moe;
-        grow(&mut s.proj, rows * e);
+        grow(&mut s.proj, rows * ew);
         for r in 0..rows {
-            let out = &mut s.proj[r * e..(r + 1) * e];
+            let out = &mut s.proj[r * ew..(r + 1) * ew];
             for slot in 0..k {
                 let i = r * k + slot;
                 let w = m.weight[i];
-                let y = &m.outputs[i * e..(i + 1) * e];
+                let y = &m.outputs[i * ew..(i + 1) * ew];
                 if slot == 0 {
                     for (o, &v) in out.iter_mut().zip(y) {
                         *o = v * w;
@@ -950,8 +1012,15 @@ impl Blocks<'_, '_> {
             }
             // The shared expert's contribution joins after the routed ones (ggml_add).
             if has_shared {
-                ops::add_assign(out, &m.shared[r * e..(r + 1) * e]);
+                ops::add_assign(out, &m.shared[r * ew..(r + 1) * ew]);
             }
+        }
+        self.out_first = 0;
+        self.out_rows = rows;
+        if tp {
+            // This rank's rows of the model width, all-gathered into whole rows.
+            let mode = CombineMode::of(cfg, self.spec);
+            return self.combine_output(&mode, rows, ew);
         }
         self.out_gathered = false;
         self.out_first = 0;
@@ -1037,10 +1106,12 @@ impl Blocks<'_, '_> {
             self.flavour,
             &mut m.down,
         );
-        grow(&mut m.shared, rows * e);
+        // The model width, or this rank's rows of it under tensor parallelism.
+        let w = x.ffn.down.rows();
+        grow(&mut m.shared, rows * w);
         for r in 0..rows {
-            let y = &m.down[r * e..(r + 1) * e];
-            let out = &mut m.shared[r * e..(r + 1) * e];
+            let y = &m.down[r * w..(r + 1) * w];
+            let out = &mut m.shared[r * w..(r + 1) * w];
             match x.gate {
                 Some(_) => {
                     let g = m.probs[r];

@@ -32,6 +32,8 @@ pub enum Axis {
     Ffn,
     /// Model-width vectors, one block of rows per rank ([`crate::Combine::Gather`]).
     Embd,
+    /// Expert FFN activations, one block of every expert's columns per rank.
+    ExpertFfn,
 }
 
 /// How the tensor-parallel ranks of a stage combine their work. The single-process engine uses
@@ -168,6 +170,10 @@ pub(crate) struct MoeScratch {
     pub(crate) outputs: Vec<f32>,
     /// The shared expert's contribution to each row.
     pub(crate) shared: Vec<f32>,
+    /// Tensor parallelism: every choice's activations over this rank's expert columns, and
+    /// over all of them (all-gathered), in grouped order.
+    pub(crate) act: Vec<f32>,
+    pub(crate) act_full: Vec<f32>,
     /// Expert parallelism: each member's share of the exchange, this rank's, and all of it.
     pub(crate) counts: Vec<usize>,
     pub(crate) send: Vec<f32>,

@@ -37,6 +37,10 @@ pub struct ShardSpec {
     /// none: this rank runs every expert. Absent from plans made before it existed.
     #[serde(default)]
     pub experts: Option<ExpertSplit>,
+    /// Under tensor parallelism of a mixture of experts: the columns of every expert's FFN this
+    /// rank owns (multiples of 32 at both ends); none: all of them.
+    #[serde(default)]
+    pub ffn_exp: Option<Range<usize>>,
 }
 
 /// Expert parallelism within a tensor-parallel group: each member owns a contiguous range of
@@ -90,6 +94,7 @@ impl ShardSpec {
                 embd: 0..cfg.n_embd,
             },
             experts: None,
+            ffn_exp: None,
         }
     }
 
@@ -123,15 +128,31 @@ impl ShardSpec {
                 self.ffn
             )));
         }
+        if let (Some(cols), Some(moe)) = (&self.ffn_exp, cfg.moe) {
+            if !ok(cols, moe.n_ff_exp) || !aligned(cols, moe.n_ff_exp) {
+                return Err(Error::InvalidShard(format!(
+                    "expert FFN range {cols:?} must be inside 0..{} on multiples of 32",
+                    moe.n_ff_exp
+                )));
+            }
+            if self.experts.is_some() || self.combine == Combine::Reduce {
+                return Err(Error::InvalidShard(
+                    "a mixture of experts splits its experts' columns only with \
+                     --tp-combine gather, and not together with an expert split"
+                        .into(),
+                ));
+            }
+        }
         if cfg.moe.is_some()
             && self.experts.is_none()
+            && self.ffn_exp.is_none()
             && (self.q_heads != (0..cfg.n_head)
                 || self.ffn != (0..cfg.n_ff)
                 || self.vocab != (0..cfg.n_vocab))
         {
             return Err(Error::InvalidShard(format!(
-                "{} is a mixture of experts, which strata splits by experts or by layers: use \
-                 --strategy expert or pipeline",
+                "{} is a mixture of experts: its shards need an expert split or a split of \
+                 its experts' columns",
                 cfg.arch
             )));
         }

@@ -451,20 +451,35 @@ fn dense_ffn(
     }))
 }
 
-/// Matrix `x` of a 3-D tensor `[cols, rows, n]` (an expert, a head): a view of its `rows`
-/// rows. llama.cpp picks the kernel by the matrix's own row count, so that is the matrix's.
-fn slab(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
+/// Rows `keep` of matrix `x` (of `rows` rows) of a 3-D tensor `[cols, rows, n]` (an expert, a
+/// head), as a view of the map. llama.cpp picks the kernel by the matrix's own row count, so a
+/// slice keeps the whole matrix's order.
+fn slab(
+    file: &GgufFile,
+    t: &TensorInfo,
+    x: usize,
+    (rows, keep): (usize, Range<usize>),
+    cols: usize,
+) -> Result<QMatrix> {
     let rb = t.row_bytes();
     let data = WeightBytes::Mapped {
         file: file.clone(),
-        start: t.offset as usize + x * rows * rb,
-        len: rows * rb,
+        start: t.offset as usize + (x * rows + keep.start) * rb,
+        len: keep.len() * rb,
     };
-    QMatrix::new(t.ggml_type, rows, cols, data).map_err(kernel_err(t))
+    let m = QMatrix::new(t.ggml_type, keep.len(), cols, data).map_err(kernel_err(t))?;
+    Ok(m.cut_from(rows))
 }
 
-/// Expert `x` of a 3-D expert tensor (`mul_mat_id` repacks them as it repacks 2-D weights).
-fn expert(file: &GgufFile, t: &TensorInfo, x: usize, rows: usize, cols: usize) -> Result<QMatrix> {
+/// Rows `keep` of expert `x` of a 3-D expert tensor (`mul_mat_id` repacks experts as it
+/// repacks 2-D weights).
+fn expert(
+    file: &GgufFile,
+    t: &TensorInfo,
+    x: usize,
+    rows: (usize, Range<usize>),
+    cols: usize,
+) -> Result<QMatrix> {
     Ok(slab(file, t, x, rows, cols)?.prepared())
 }
 
@@ -519,7 +534,11 @@ fn mla_weights(
         let t = three_d(file, &n(s), [cols, rows, nh], "one matrix per query head")?;
         heads
             .clone()
-            .map(|h| Ok(slab(file, t, h, rows, cols)?.never_repacked().prepared()))
+            .map(|h| {
+                Ok(slab(file, t, h, (rows, 0..rows), cols)?
+                    .never_repacked()
+                    .prepared())
+            })
             .collect()
     };
     Ok(MlaWeights {
@@ -583,16 +602,24 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig, spec: &ShardSpec) -> Re
         three("ffn_down_exps", fx, e)?,
     );
     let mine = spec.experts.as_ref().map_or(0..nx, |x| x.mine());
+    // Under tensor parallelism: the rank's columns of each expert's gate and up, and its
+    // model-width rows of each expert's down projection.
+    let cols = spec.ffn_exp.clone().unwrap_or(0..fx);
+    let embd = match spec.ffn_exp {
+        Some(_) => spec.embd_rows(cfg),
+        None => 0..e,
+    };
+    let slice = |b: Option<Vec<f32>>, keep: &Range<usize>| b.map(|b| b[keep.clone()].to_vec());
     let experts = mine
         .clone()
         .map(|x| {
             Ok(GatedFfn {
-                gate: expert(file, g, x, fx, e)?,
-                up: expert(file, u, x, fx, e)?,
-                down: expert(file, d, x, e, fx)?,
-                gate_b: row_of(&gb, x, fx),
-                up_b: row_of(&ub, x, fx),
-                down_b: row_of(&db, x, e),
+                gate: expert(file, g, x, (fx, cols.clone()), e)?,
+                up: expert(file, u, x, (fx, cols.clone()), e)?,
+                down: expert(file, d, x, (e, embd.clone()), fx)?,
+                gate_b: slice(row_of(&gb, x, fx), &cols),
+                up_b: slice(row_of(&ub, x, fx), &cols),
+                down_b: slice(row_of(&db, x, e), &embd),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -608,7 +635,7 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig, spec: &ShardSpec) -> Re
                 ffn: GatedFfn {
                     gate: compute_rows(file, &n("ffn_gate_shexp"), e, fs, 0..fs)?,
                     up: compute_rows(file, &n("ffn_up_shexp"), e, fs, 0..fs)?,
-                    down: compute_rows(file, &n("ffn_down_shexp"), fs, e, 0..e)?,
+                    down: compute_rows(file, &n("ffn_down_shexp"), fs, e, embd.clone())?,
                     gate_b: None,
                     up_b: None,
                     down_b: None,

@@ -59,6 +59,9 @@ pub struct GroupParts {
     /// whole K rows (OLMo 2). Absent from plans made before it existed.
     #[serde(default)]
     pub kv: Vec<Range<usize>>,
+    /// Columns of every expert's FFN of each member (tensor parallelism of a mixture).
+    #[serde(default)]
+    pub ffn_exp: Vec<Range<usize>>,
 }
 
 /// One rank's part of the plan.
@@ -194,10 +197,10 @@ pub fn make_plan(
             "{world} ranks cannot form stages of {tp} tensor-parallel ranks"
         )));
     }
-    if tp > 1 && cfg.moe.is_some() && !by_expert {
+    if tp > 1 && cfg.moe.is_some() && style == CombineStyle::Reduce {
         return Err(Error::Plan(format!(
-            "{} is a mixture of experts, which strata splits by experts or by layers: use \
-             --strategy expert or pipeline",
+            "{} is a mixture of experts, whose tensor-parallel split keeps one process's sums \
+             only: use --tp-combine gather (the default)",
             cfg.arch
         )));
     }
@@ -239,9 +242,14 @@ pub fn make_plan(
         // finishes early only waits at the next exchange, so evening out totals across
         // stretches (more FFN columns for the rank with fewer heads) would not help.
         let ffn = split(cfg.n_ff, &gw, 32)?;
-        // Experts by weight; the shared expert (always active) on the last member.
+        // Experts by weight, the shared expert (always active) on the last member; or, under
+        // tensor parallelism, every expert's columns by weight.
         let experts = match (by_expert, cfg.moe) {
             (true, Some(m)) => Some(split(m.n_expert, &gw, 1)?),
+            _ => None,
+        };
+        let ffn_exp = match (by_expert, cfg.moe) {
+            (false, Some(m)) if group.len() > 1 => Some(split(m.n_ff_exp, &gw, 32)?),
             _ => None,
         };
         for i in 0..group.len() {
@@ -267,6 +275,7 @@ pub fn make_plan(
                         me: i,
                         shared_owner: group.len() - 1,
                     }),
+                    ffn_exp: ffn_exp.as_ref().map(|cols| cols[i].clone()),
                 },
             });
         }
@@ -282,6 +291,7 @@ pub fn make_plan(
                 .collect(),
             ffn,
             embd,
+            ffn_exp: ffn_exp.unwrap_or_default(),
         });
     }
     for rp in &ranks {

@@ -85,6 +85,7 @@ impl Collective for GroupComm<'_> {
             Axis::KvHeads => &self.parts.kv,
             Axis::Ffn => &self.parts.ffn,
             Axis::Embd => &self.parts.embd,
+            Axis::ExpertFfn => &self.parts.ffn_exp,
         };
         Ok(self
             .comm
