@@ -2,8 +2,8 @@
 //! ranks, over shared memory and TCP, and as the link gets slower.
 //!
 //! Every configuration runs in one go, side by side: one process with 1 and with 2 threads (the
-//! baselines), 2 ranks x 1 thread for tensor and pipeline parallelism over each transport, a
-//! sweep of emulated link latencies, pipeline throughput with several sequences in flight, and
+//! baselines), 2 ranks x 1 thread for tensor and pipeline parallelism (and, for a mixture of
+//! experts, expert parallelism) over each transport, a sweep of emulated link latencies, pipeline throughput with several sequences in flight, and
 //! (where llama.cpp's tools are installed) llama.cpp alone and llama.cpp's RPC backend with two
 //! single-threaded servers. Figures are medians of several repetitions; read the ratios, which
 //! are measured under the same machine state, rather than the absolute numbers.
@@ -321,10 +321,12 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     rows.push(ctx.local(1)?);
     rows.push(ctx.local(2)?);
     let mut throughput = None;
-    // A mixture of experts splits by experts or by layers; a dense model by columns or layers.
+    // A mixture of experts splits by experts, by every expert's columns (one process's sums
+    // only) or by layers; a dense model by columns or layers.
     let strategies: &[(StrategyArg, CombineArg)] = if moe {
         &[
             (StrategyArg::Expert, CombineArg::Gather),
+            (StrategyArg::Tensor, CombineArg::Gather),
             (StrategyArg::Pipeline, CombineArg::Gather),
         ]
     } else {
@@ -399,12 +401,12 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
                 })
                 .map(|r| r.decode_tok_s)
         };
-        // The better of the two tensor-parallel styles (or expert parallelism, which takes
-        // their place for a mixture of experts).
-        let tensor = match (find("tensor"), find("tensor-reduce")) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b).or(find("expert")),
-        };
+        // The best split of every layer: the two tensor-parallel styles, and for a mixture
+        // of experts expert parallelism.
+        let tensor = [find("tensor"), find("tensor-reduce"), find("expert")]
+            .into_iter()
+            .flatten()
+            .reduce(f64::max);
         if let (Some(t), Some(p)) = (tensor, find("pipeline")) {
             by_latency.push((l, t, p));
             if crossover.is_none() && t < p {
@@ -420,7 +422,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     let reduce_tcp = find("tensor-reduce", "tcp");
     progress("peak memory per rank");
     let split_names: Vec<&str> = if moe {
-        vec!["expert", "pipeline"]
+        vec!["expert", "tensor", "pipeline"]
     } else {
         vec!["tensor", "pipeline"]
     };
@@ -446,7 +448,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         "expert_shm_efficiency_vs_1x2": expert_shm.map(|r| r.decode_tok_s / base2),
         "expert_shm_comm_share": expert_shm.and_then(|r| r.comm_share),
         "pipeline_throughput": throughput.map(|(s, b, single)| json!({"sequences": s, "tok_s": b, "single_stream_tok_s": single})),
-        // For a mixture of experts, "tensor" here is expert parallelism.
+        // Tensor here is the best split of every layer (expert parallelism included).
         "tensor_beats_pipeline_until_us": by_latency.iter().take_while(|x| x.1 >= x.2).last().map(|x| x.0),
         "pipeline_wins_from_us": crossover,
     });
