@@ -623,6 +623,14 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig, spec: &ShardSpec) -> Re
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    if spec.ffn_exp.is_some() {
+        // Reading a slice of every expert faults in the neighbouring pages of the other ranks'
+        // rows too (the kernel maps pages around a fault): let the whole tensors' pages go. A
+        // matrix read from the map faults its own pages back in when it is used.
+        for t in [g, u, d] {
+            file.release(t.offset as usize, file.tensor_data(t).len());
+        }
+    }
     // A family with a shared expert (its width set) requires its tensors, as llama.cpp does.
     let owns_shared = spec.experts.as_ref().is_none_or(|x| x.owns_shared());
     let shared = match moe.n_ff_shexp {
