@@ -600,6 +600,15 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
         gb(m.kv_bytes_per_token * req.context as u64),
         req.context
     );
+    if m.moe && m.n_expert > 0 {
+        // A mixture holds every expert but reads only the chosen ones per token.
+        s.push_str(&format!(
+            "a token reads {:.2} GB of them ({} of {} experts per layer, plus the shared parts); ",
+            m.read_per_token() / 1e9,
+            m.n_used,
+            m.n_expert
+        ));
+    }
     if nodes.len() == 1 {
         s.push_str(&format!("it fits on {} alone", nodes[0].id));
     } else {
@@ -620,6 +629,13 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
         .collect();
     if !others.is_empty() {
         s.push_str(&format!(" (vs {})", others.join(", ")));
+    }
+    if p.strategy == StrategyChoice::Expert {
+        s.push_str(
+            "; expert parallelism: each node reads its share of every layer's experts, and the \
+             chosen experts' outputs are all-gathered once per layer (three exchanges a layer, \
+             against four when every expert's columns are split)",
+        );
     }
     if nodes.len() > 1 {
         let w: Vec<String> = p
