@@ -481,7 +481,8 @@ fn rope_scaling(hp: &Hparams<'_>) -> Result<(f32, Option<Yarn>)> {
     let yarn = match hp.opt_str("rope.scaling.type")? {
         // llama.cpp never scales when the type says so, whatever the factor.
         Some("none") => return Ok((1.0, None)),
-        None | Some("linear") => None,
+        // llama.cpp runs LongRoPE (Phi-3) as linear scaling: its factors are tensors.
+        None | Some("linear") | Some("longrope") => None,
         Some("yarn") => Some(Yarn {
             ext_factor: 1.0,
             beta: (32.0, 1.0),
@@ -490,7 +491,7 @@ fn rope_scaling(hp: &Hparams<'_>) -> Result<(f32, Option<Yarn>)> {
         }),
         Some(other) => {
             return Err(Error::InvalidModel(format!(
-                "{} = {other:?} is not supported yet (supported: none, linear, yarn)",
+                "{} = {other:?} is not supported (supported: none, linear, yarn, longrope)",
                 hp.key("rope.scaling.type")
             )));
         }

@@ -237,10 +237,10 @@ fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
         (
             vec![(
                 "qwen3.rope.scaling.type",
-                Some(Value::String("longrope".into())),
+                Some(Value::String("dynamic".into())),
             )],
             vec![],
-            "qwen3.rope.scaling.type = \"longrope\" is not supported",
+            "qwen3.rope.scaling.type = \"dynamic\" is not supported",
         ),
         (
             vec![("qwen3.rope.dimension_count", Some(Value::U32(96)))],
@@ -267,6 +267,12 @@ fn contradictory_metadata_and_unknown_tensors_are_refused_naming_them() {
         let got = load_edited(&edits, &extra);
         assert!(got.contains(needle), "{edits:?} {extra:?}: {got}");
     }
+    // LongRoPE as a type is linear scaling to llama.cpp (its factors are tensors): it loads.
+    let longrope = [(
+        "qwen3.rope.scaling.type",
+        Some(Value::String("longrope".into())),
+    )];
+    assert_eq!(load_edited(&longrope, &[]), "ran");
 }
 
 /// The keys and tensors Mistral 3 and OLMo 2 read beyond the common ones are checked too.
