@@ -11,12 +11,18 @@ cd "$(dirname "$0")"
 STRATA="${1:-../target/release/strata}"
 python3 make-seed.py >/dev/null
 tiny=seeds/tiny-llama.gguf
+# synth NAME KV_HEADS FLAGS...
+synth_kv() {
+    local name=$1 kv=$2
+    shift 2
+    "$STRATA" synth --tokenizer-from "$tiny" --layers 2 --embd 256 --ff 256 --heads 4 \
+        --kv-heads "$kv" --seed 3 -o "seeds/$name.gguf" "$@" >/dev/null
+    echo "seeds/$name.gguf"
+}
 synth() {
     local name=$1
     shift
-    "$STRATA" synth --tokenizer-from "$tiny" --layers 2 --embd 256 --ff 256 --heads 4 \
-        --kv-heads 2 --seed 3 -o "seeds/$name.gguf" "$@" >/dev/null
-    echo "seeds/$name.gguf"
+    synth_kv "$name" 2 "$@"
 }
 for arch in llama qwen2 qwen3 phi3 gemma2 gemma3 smollm3 granite mistral3 olmo2 qwen3moe; do
     for ty in q4_0 q8_0 q4_k; do
@@ -32,3 +38,13 @@ for ty in q8_0 q5_k bf16 q4_k; do
 done
 synth llama-mix --arch llama --type q4_k --tensor-type blk.0.ffn_down.weight=q6_k \
     --tensor-type token_embd.weight=q8_0
+# The other mixtures of experts: biased experts with sinks (MXFP4 experts on one layer),
+# whole-row norms, a gated shared expert, and DeepSeek's latent attention with expert groups.
+moe=(--experts 4 --experts-used 2)
+synth gpt-oss-q8_0 --arch gpt-oss --type q8_0 "${moe[@]}"
+synth gpt-oss-mxfp4 --arch gpt-oss --type q8_0 "${moe[@]}" \
+    --tensor-type blk.0.ffn_gate_exps.weight=mxfp4 --tensor-type blk.0.ffn_up_exps.weight=mxfp4 \
+    --tensor-type blk.0.ffn_down_exps.weight=mxfp4
+synth_kv olmoe-q8_0 4 --arch olmoe --type q8_0 "${moe[@]}"
+synth qwen2moe-q4_k --arch qwen2moe --type q4_k "${moe[@]}"
+synth_kv deepseek2-q8_0 1 --arch deepseek2 --type q8_0 --head-dim 64 --experts 8 --experts-used 2
