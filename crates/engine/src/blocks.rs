@@ -237,6 +237,22 @@ fn scatter_rows(outputs: &mut [f32], rows: &[f32], entries: &[u32], w: usize) {
     }
 }
 
+/// All-gathers `rows` rows of this rank's block `src` of `axis` into `dst` (grown to whole
+/// rows of `full`), and returns the whole rows.
+fn gather<'d>(
+    comm: &mut dyn Collective,
+    axis: Axis,
+    rows: usize,
+    src: &[f32],
+    dst: &'d mut Vec<f32>,
+    full: usize,
+) -> Result<&'d [f32]> {
+    grow(dst, rows * full);
+    comm.all_gather(axis, rows, src, &mut dst[..rows * full])
+        .map_err(Error::Collective)?;
+    Ok(&dst[..rows * full])
+}
+
 fn grow_u32(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);
@@ -495,16 +511,15 @@ impl Blocks<'_, '_> {
         let combine = CombineMode::of(cfg, self.spec);
         let att_in: &[f32] = if combine.gather_heads {
             let full = cfg.attn_out_width();
-            grow(&mut s.gathered, n_out * full);
-            self.comm
-                .all_gather(
-                    Axis::QHeads,
-                    n_out,
-                    &s.att[..n_out * width],
-                    &mut s.gathered[..n_out * full],
-                )
-                .map_err(Error::Collective)?;
-            &s.gathered[..n_out * full]
+            let src = &s.att[..n_out * width];
+            gather(
+                &mut *self.comm,
+                Axis::QHeads,
+                n_out,
+                src,
+                &mut s.gathered,
+                full,
+            )?
         } else {
             &s.att[..n_out * width]
         };
@@ -816,16 +831,8 @@ impl Blocks<'_, '_> {
         let combine = CombineMode::of(self.cfg, self.spec);
         let act: &[f32] = if combine.gather_ffn {
             let full = self.cfg.n_ff;
-            grow(&mut s.gathered, rows * full);
-            self.comm
-                .all_gather(
-                    Axis::Ffn,
-                    rows,
-                    &s.gate[..rows * ff],
-                    &mut s.gathered[..rows * full],
-                )
-                .map_err(Error::Collective)?;
-            &s.gathered[..rows * full]
+            let src = &s.gate[..rows * ff];
+            gather(&mut *self.comm, Axis::Ffn, rows, src, &mut s.gathered, full)?
         } else {
             &s.gate[..rows * ff]
         };
@@ -962,16 +969,16 @@ impl Blocks<'_, '_> {
         }
         let (act, ff): (&[f32], usize) = if tp {
             let ff = moe.n_ff_exp;
-            grow(&mut m.act_full, n_ent * ff);
-            self.comm
-                .all_gather(
-                    Axis::ExpertFfn,
-                    n_ent,
-                    &m.act[..n_ent * lf],
-                    &mut m.act_full[..n_ent * ff],
-                )
-                .map_err(Error::Collective)?;
-            (&m.act_full, ff)
+            let src = &m.act[..n_ent * lf];
+            let all = gather(
+                &mut *self.comm,
+                Axis::ExpertFfn,
+                n_ent,
+                src,
+                &mut m.act_full,
+                ff,
+            )?;
+            (all, ff)
         } else {
             (&m.act, lf)
         };
@@ -1132,15 +1139,8 @@ impl Blocks<'_, '_> {
         let s = &mut *self.s;
         self.out_gathered = mode.gather_embd;
         if mode.gather_embd {
-            grow(&mut s.gathered, rows * e);
-            self.comm
-                .all_gather(
-                    Axis::Embd,
-                    rows,
-                    &s.proj[..rows * part],
-                    &mut s.gathered[..rows * e],
-                )
-                .map_err(Error::Collective)?;
+            let src = &s.proj[..rows * part];
+            gather(&mut *self.comm, Axis::Embd, rows, src, &mut s.gathered, e)?;
             return Ok(());
         }
         if mode.reduce {
