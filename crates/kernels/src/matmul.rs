@@ -214,6 +214,9 @@ pub struct QuantActs {
     independent: bool,
     /// Products for llama.cpp's `mul_mat_id` (see [`QuantActs::set_mul_mat_id`]).
     mul_mat_id: bool,
+    /// BF16 / F16 rows widened to f32 for the half-precision tile path (batches of
+    /// `HALF_TILE.1` or more on AVX2), else empty.
+    wide: Vec<f32>,
 }
 
 impl QuantActs {
@@ -274,6 +277,25 @@ impl QuantActs {
                 cols / crate::kquants::QK_K,
                 &mut self.tiles,
             );
+        }
+        self.wide.clear();
+        #[cfg(target_arch = "x86_64")]
+        if matches!(act, GgmlType::BF16 | GgmlType::F16) && n >= HALF_TILE.1 && crate::isa().avx2 {
+            self.wide.resize(n * cols, 0.0);
+            for (src, dst) in self
+                .buf
+                .chunks_exact(row_bytes)
+                .zip(self.wide.chunks_exact_mut(cols))
+            {
+                // SAFETY: `isa().avx2` implies AVX2 and F16C.
+                unsafe {
+                    if act == GgmlType::BF16 {
+                        crate::x86_rowdot::widen_half::<true>(src, dst)
+                    } else {
+                        crate::x86_rowdot::widen_half::<false>(src, dst)
+                    }
+                }
+            }
         }
         self.ty = Some(act);
         self.weight_ty = Some(weight_ty);
@@ -453,15 +475,22 @@ fn half_tiled(w: &QMatrix, acts: &QuantActs) -> bool {
     let (order_n, _) = acts.order_batch();
     matches!(w.ty, GgmlType::BF16 | GgmlType::F16)
         && acts.n >= HALF_TILE.1
+        && acts.wide.len() >= acts.n * w.cols
         && tinyblas_order(w, order_n)
         && !acts.mul_mat_id
         && crate::isa().avx2
 }
 
+/// Bytes of weight rows a thread claims at a time in the half-precision tile path (they stay in
+/// a 512 KiB L2 while every token passes them, with room for the tokens).
+#[cfg(target_arch = "x86_64")]
+const HALF_BLOCK_BYTES: usize = 128 * 1024;
+
 /// BF16 / F16 weights times a batch, [`HALF_TILE`] rows times tokens at a time (see
-/// [`crate::x86_rowdot::half_tile_tinyblas`]); rows and tokens left over go one dot at a time,
-/// in the same order. Threads claim chunks of [`ROW_CHUNK`] rows; within one, the tokens pass
-/// the chunk's rows while they stay in cache.
+/// [`crate::x86_rowdot::half_tile_tinyblas`], which reads the tokens [`QuantActs::quantize`]
+/// widened to f32); rows and tokens left over go one dot at a time, in the same order. Threads
+/// claim blocks of rows of about [`HALF_BLOCK_BYTES`]; within one, the tokens pass the block's
+/// rows three at a time while the rows stay in cache.
 #[cfg(target_arch = "x86_64")]
 fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
     const RM: usize = HALF_TILE.0;
@@ -471,30 +500,48 @@ fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantA
     let (n, cols) = (acts.n, w.cols);
     let row = |r: usize| &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
     let tok = |t: usize| &acts.buf[t * acts.row_bytes..(t + 1) * acts.row_bytes];
-    pool.run_units(w.rows.div_ceil(ROW_CHUNK), &|_tid, chunk| {
-        let r0 = chunk * ROW_CHUNK;
-        let r1 = (r0 + ROW_CHUNK).min(w.rows);
+    // Rows per block: what fits the budget, but enough blocks to keep every thread busy.
+    let fit = (HALF_BLOCK_BYTES / w.row_bytes.max(1)).clamp(RM, 64) / RM * RM;
+    let spread = w
+        .rows
+        .div_ceil(CHUNKS_PER_THREAD * pool.n_threads())
+        .next_multiple_of(RM);
+    let block = fit.min(spread).max(RM);
+    pool.run_units(w.rows.div_ceil(block), &|_tid, u| {
+        let r0 = u * block;
+        let r1 = (r0 + block).min(w.rows);
         let full = r0 + (r1 - r0) / RM * RM;
         let put = |t: usize, r: usize, v: f32| {
-            // SAFETY: in bounds (checked by `matmul`) and owned by this thread's chunk.
+            // SAFETY: in bounds (checked by `matmul`) and owned by this thread's block.
             unsafe { *out.ptr().add(t * w.rows + r) = v };
         };
         let mut t = 0;
         while t + RN <= n {
-            let toks: [&[u8]; RN] = std::array::from_fn(|j| tok(t + j));
+            let toks = acts.wide[t * cols..(t + RN) * cols].as_ptr();
             for rg in (r0..full).step_by(RM) {
-                let rows: [&[u8]; RM] = std::array::from_fn(|i| row(rg + i));
+                let rows = bytes[rg * w.row_bytes..(rg + RM) * w.row_bytes].as_ptr();
                 let mut o = [[0f32; RM]; RN];
-                // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); rows and tokens
-                // hold `cols` values, a multiple of 8 (`tinyblas_order`).
+                // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); the `RM` rows and `RN`
+                // widened tokens are in bounds (sliced above) and hold `cols` values, a multiple
+                // of 8 (`tinyblas_order`).
                 unsafe {
                     if bf {
                         crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>(
-                            rows, toks, cols, &mut o,
+                            rows,
+                            w.row_bytes,
+                            toks,
+                            cols,
+                            cols,
+                            &mut o,
                         )
                     } else {
                         crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>(
-                            rows, toks, cols, &mut o,
+                            rows,
+                            w.row_bytes,
+                            toks,
+                            cols,
+                            cols,
+                            &mut o,
                         )
                     }
                 }

@@ -184,39 +184,57 @@ pub(crate) unsafe fn dot_half<const BF: bool>(w: &[u8], a: &[u8], n: usize) -> f
     sum as f32
 }
 
-/// [`dot_half_tinyblas`] for `RM` rows times `RN` tokens at once, as tinyBLAS tiles them: each
-/// step loads and widens `RM` row vectors and `RN` token vectors once for `RM * RN` products,
-/// where one dot at a time widens two vectors per product. Every output gets the same float
-/// operations as [`dot_half_tinyblas`] (its own accumulator, the same steps, the same sum), so
-/// the bits are its. `out[j][i]` is row `i` times token `j`.
+/// Widens the BF16 (`BF`) or F16 values of `src` into `dst` (exactly: every half value is an
+/// f32 value).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; every row and token must hold `n` values (`n` a
-/// multiple of 8).
+/// AVX2 and F16C must be available.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn widen_half<const BF: bool>(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(
+            dst.as_mut_ptr().add(i),
+            load_half::<BF>(src.as_ptr().add(2 * i)),
+        );
+        i += 8;
+    }
+    for (j, d) in dst.iter_mut().enumerate().take(n).skip(i) {
+        *d = half_at::<BF>(src, j);
+    }
+}
+
+/// [`dot_half_tinyblas`] for `RM` rows of BF16 (`BF`) or F16 times `RN` tokens at once, as
+/// tinyBLAS tiles them, the tokens already widened to f32: each step loads the `RN` token
+/// vectors once and widens each row vector once for `RM * RN` products. Every output gets the
+/// same float operations as [`dot_half_tinyblas`] (its own accumulator, the same steps, the
+/// same sum; widening is exact), so the bits are its. `out[j][i]` is row `i` times token `j`;
+/// rows are `rs` bytes apart from `rows`, tokens `ts` floats apart from `toks`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `RM` rows from `rows` and `RN` tokens from `toks` must
+/// each hold `n` values (`n` a multiple of 8).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn half_tile_tinyblas<const BF: bool, const RM: usize, const RN: usize>(
-    rows: [&[u8]; RM],
-    toks: [&[u8]; RN],
+    rows: *const u8,
+    rs: usize,
+    toks: *const f32,
+    ts: usize,
     n: usize,
     out: &mut [[f32; RM]; RN],
 ) {
-    for r in &rows {
-        assert!(r.len() >= 2 * n);
-    }
-    for t in &toks {
-        assert!(t.len() >= 2 * n);
-    }
     let mut acc = [[_mm256_setzero_ps(); RM]; RN];
     let mut i = 0;
     while i + 8 <= n {
-        let mut wv = [_mm256_setzero_ps(); RM];
-        for (v, r) in wv.iter_mut().zip(&rows) {
-            *v = load_half::<BF>(r.as_ptr().add(2 * i));
-        }
-        for (accs, t) in acc.iter_mut().zip(&toks) {
-            let a = load_half::<BF>(t.as_ptr().add(2 * i));
-            for (c, w) in accs.iter_mut().zip(&wv) {
-                *c = _mm256_fmadd_ps(*w, a, *c);
+        // The tokens stay in registers and one row vector at a time joins them: with the
+        // twelve accumulators of a 4 x 3 tile that is all sixteen registers, where holding every
+        // row vector would spill an accumulator and chain each step through memory.
+        let a: [__m256; RN] = std::array::from_fn(|j| _mm256_loadu_ps(toks.add(j * ts + i)));
+        for r in 0..RM {
+            let w = load_half::<BF>(rows.add(r * rs + 2 * i));
+            for (accs, a) in acc.iter_mut().zip(&a) {
+                accs[r] = _mm256_fmadd_ps(w, *a, accs[r]);
             }
         }
         i += 8;
