@@ -495,7 +495,12 @@ const HALF_BLOCK_BYTES: usize = 128 * 1024;
 fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
     const RM: usize = HALF_TILE.0;
     const RN: usize = HALF_TILE.1;
-    let bf = w.ty == GgmlType::BF16;
+    type Tile = unsafe fn(*const u8, usize, *const f32, usize, usize, &mut [[f32; RM]; RN]);
+    let tile: Tile = if w.ty == GgmlType::BF16 {
+        crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>
+    } else {
+        crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>
+    };
     let dot = tinyblas_dot(w.ty);
     let (n, cols) = (acts.n, w.cols);
     let row = |r: usize| &bytes[r * w.row_bytes..(r + 1) * w.row_bytes];
@@ -524,27 +529,7 @@ fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantA
                 // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); the `RM` rows and `RN`
                 // widened tokens are in bounds (sliced above) and hold `cols` values, a multiple
                 // of 8 (`tinyblas_order`).
-                unsafe {
-                    if bf {
-                        crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>(
-                            rows,
-                            w.row_bytes,
-                            toks,
-                            cols,
-                            cols,
-                            &mut o,
-                        )
-                    } else {
-                        crate::x86_rowdot::half_tile_tinyblas::<false, RM, RN>(
-                            rows,
-                            w.row_bytes,
-                            toks,
-                            cols,
-                            cols,
-                            &mut o,
-                        )
-                    }
-                }
+                unsafe { tile(rows, w.row_bytes, toks, cols, cols, &mut o) };
                 for (j, oj) in o.iter().enumerate() {
                     for (i, &v) in oj.iter().enumerate() {
                         put(t + j, rg + i, v);
