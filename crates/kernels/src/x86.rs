@@ -313,29 +313,12 @@ pub(crate) unsafe fn b32_repacked_tile<const C: usize, const MX: bool>(
     a: &[ActRow; C],
     out: &mut [[f32; 4]; C],
 ) {
-    let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm_setzero_ps(); C];
     for b in 0..nb {
         let blk = g.add(b * 72);
         prefetch(blk);
-        let d4 = if MX {
-            cvt4_e8m0_half(blk)
-        } else {
-            cvt4_f16(blk)
-        };
-        // Codes of rows 0/1 (`x[0]`: elements 0..16 of both, `x[1]`: 16..32) and of rows 2/3.
-        let mut x = [_mm256_setzero_si256(); 4];
-        let mut ax = [_mm256_setzero_si256(); 4];
-        for p in 0..2 {
-            let v = _mm256_loadu_si256(blk.add(8 + 32 * p) as *const __m256i);
-            x[2 * p] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
-            x[2 * p + 1] =
-                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
-        }
-        for i in 0..4 {
-            ax[i] = _mm256_sign_epi8(x[i], x[i]);
-        }
+        let (d4, x, ax) = b32_block::<MX, false>(lut, blk);
         for c in 0..C {
             let yq = a[c].q.add(b * a[c].stride);
             let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
@@ -357,6 +340,144 @@ pub(crate) unsafe fn b32_repacked_tile<const C: usize, const MX: bool>(
     for c in 0..C {
         _mm_storeu_ps(out[c].as_mut_ptr(), acc[c]);
     }
+}
+
+/// The four row scales of a Q4_0-layout block at `blk` and its codes: rows 0/1 (`x[0]`:
+/// elements 0..16 of both, `x[1]`: 16..32) and rows 2/3, as signed values from `lut` with their
+/// magnitudes in `ax`, or (`NIB`) the raw unsigned nibbles (`ax` unset).
+#[inline(always)]
+unsafe fn b32_block<const MX: bool, const NIB: bool>(
+    lut: __m256i,
+    blk: *const u8,
+) -> (__m128, [__m256i; 4], [__m256i; 4]) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let d4 = if MX {
+        cvt4_e8m0_half(blk)
+    } else {
+        cvt4_f16(blk)
+    };
+    let mut x = [_mm256_setzero_si256(); 4];
+    let mut ax = [_mm256_setzero_si256(); 4];
+    for p in 0..2 {
+        let v = _mm256_loadu_si256(blk.add(8 + 32 * p) as *const __m256i);
+        x[2 * p] = _mm256_and_si256(v, mask);
+        x[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    }
+    if !NIB {
+        for i in 0..4 {
+            x[i] = _mm256_shuffle_epi8(lut, x[i]);
+            ax[i] = _mm256_sign_epi8(x[i], x[i]);
+        }
+    }
+    (d4, x, ax)
+}
+
+/// [`b32_repacked_tile`] for four activation rows at once, with the same bits: per block the
+/// 32 integer partial sums of each row pair are reduced for all four tokens together by a
+/// transposing add (two rows times four tokens in one register) instead of two horizontal adds
+/// and a lane shuffle per token, and the block's scales go in with two 8-lane fused
+/// multiply-adds instead of four 4-lane ones. Integer sums are exact in any order, and each
+/// (row, token) still gets `acc + sum * (d_w * d_a)` fused once per block.
+///
+/// `NIB` (Q4_0 only) multiplies the raw nibbles (`q + 8`, unsigned) with the activations
+/// directly and subtracts eight times each token's block sum (the activations' `ys`) from the
+/// integer sums: no code table and no sign juggling, with the same whole sums.
+///
+/// # Safety
+/// As for [`b32_repacked_tile`]; with `NIB`, the activation rows must carry `ys` (Q4_0 weights).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn b32_repacked_tile4<const MX: bool, const NIB: bool>(
+    lut: __m256i,
+    g: *const u8,
+    nb: usize,
+    a: &[ActRow; 4],
+    out: &mut [[f32; 4]; 4],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let lo_rows = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    let hi_rows = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    // Lanes: row 0 (or 2) times tokens 0..4, then row 1 (or 3) times tokens 0..4.
+    let mut acc01 = _mm256_setzero_ps();
+    let mut acc23 = _mm256_setzero_ps();
+    for b in 0..nb {
+        let blk = g.add(b * 72);
+        prefetch(blk);
+        let (d4, x, ax) = b32_block::<MX, NIB>(lut, blk);
+        let mut p01 = [_mm256_setzero_si256(); 4];
+        let mut p23 = [_mm256_setzero_si256(); 4];
+        for c in 0..4 {
+            let yq = a[c].q.add(b * a[c].stride);
+            let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq as *const __m128i));
+            let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(yq.add(16) as *const __m128i));
+            // [row 0 partials | row 1 partials] (and rows 2 / 3).
+            if NIB {
+                // Nibble pairs times quants stay within 2 * 2 * 15 * 127 in 16 bits.
+                let pair = |i: usize, j: usize| {
+                    _mm256_madd_epi16(
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(x[i], ylo),
+                            _mm256_maddubs_epi16(x[j], yhi),
+                        ),
+                        ones,
+                    )
+                };
+                p01[c] = pair(0, 1);
+                p23[c] = pair(2, 3);
+            } else {
+                let part = |i: usize, y: __m256i| {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ax[i], _mm256_sign_epi8(y, x[i])), ones)
+                };
+                p01[c] = _mm256_add_epi32(part(0, ylo), part(1, yhi));
+                p23[c] = _mm256_add_epi32(part(2, ylo), part(3, yhi));
+            }
+        }
+        let mut s01 = transpose_sum4(&p01);
+        let mut s23 = transpose_sum4(&p23);
+        if NIB {
+            // Eight times each token's block sum, in both halves: the nibbles' offset.
+            let ys: [__m256i; 4] =
+                std::array::from_fn(|c| _mm256_loadu_si256(a[c].ys.add(8 * b) as *const __m256i));
+            let halves = transpose_sum4(&ys);
+            let off = _mm256_add_epi32(halves, _mm256_permute2x128_si256(halves, halves, 1));
+            s01 = _mm256_sub_epi32(s01, off);
+            s23 = _mm256_sub_epi32(s23, off);
+        }
+        let d_a = _mm_setr_ps(
+            *a[0].d.add(b),
+            *a[1].d.add(b),
+            *a[2].d.add(b),
+            *a[3].d.add(b),
+        );
+        let d_a = _mm256_set_m128(d_a, d_a);
+        let dw = _mm256_castps128_ps256(d4);
+        let d01 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, lo_rows), d_a);
+        let d23 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dw, hi_rows), d_a);
+        acc01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s01), d01, acc01);
+        acc23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s23), d23, acc23);
+    }
+    let mut lanes = [[0f32; 8]; 2];
+    _mm256_storeu_ps(lanes[0].as_mut_ptr(), acc01);
+    _mm256_storeu_ps(lanes[1].as_mut_ptr(), acc23);
+    for (c, o) in out.iter_mut().enumerate() {
+        for (r, v) in o.iter_mut().enumerate() {
+            *v = lanes[r / 2][(r % 2) * 4 + c];
+        }
+    }
+}
+
+/// Each 128-bit half of `p[c]` holds four partial sums of one row for token `c`; returns, in
+/// each half, the four tokens' whole sums (a 4 x 4 transpose folded into the adds).
+#[inline(always)]
+unsafe fn transpose_sum4(p: &[__m256i; 4]) -> __m256i {
+    let s1 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[0], p[1]),
+        _mm256_unpackhi_epi32(p[0], p[1]),
+    );
+    let s2 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[2], p[3]),
+        _mm256_unpackhi_epi32(p[2], p[3]),
+    );
+    _mm256_add_epi32(_mm256_unpacklo_epi64(s1, s2), _mm256_unpackhi_epi64(s1, s2))
 }
 
 /// The code table of [`b32_repacked_tile`] for `ty` (Q4_0, IQ4_NL or MXFP4), in both halves.
@@ -460,9 +581,11 @@ pub(crate) unsafe fn matmul_groups(
             let mut o = [[0.0f32; 4]; 4];
             if let Some(lut) = lut {
                 if mx {
-                    b32_repacked_tile::<4, true>(lut, gp, nb, &a, &mut o);
+                    b32_repacked_tile4::<true, false>(lut, gp, nb, &a, &mut o);
+                } else if ty == strata_gguf::GgmlType::Q4_0 {
+                    b32_repacked_tile4::<false, true>(lut, gp, nb, &a, &mut o);
                 } else {
-                    b32_repacked_tile::<4, false>(lut, gp, nb, &a, &mut o);
+                    b32_repacked_tile4::<false, false>(lut, gp, nb, &a, &mut o);
                 }
             } else if ty == strata_gguf::GgmlType::Q8_0 {
                 // Four rows x four tokens of Q8_0 would not fit in registers: two by two.
