@@ -343,8 +343,27 @@ pub(crate) unsafe fn tile<const CV: usize>(
     y: &[*const u8; CV],
     out: &mut [[f32; 8]; CV],
 ) {
+    // The formats with minimums have codes that are never negative.
+    if matches!(ty, GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K) {
+        tile_of::<CV, true>(ty, w, nb, y, out)
+    } else {
+        tile_of::<CV, false>(ty, w, nb, y, out)
+    }
+}
+
+/// [`tile`] for formats with minimums (`WITH_MIN`: unsigned codes, which meet the activations
+/// in `maddubs` directly, without the sign transfer signed codes need; the same exact integers)
+/// or without.
+#[inline(always)]
+unsafe fn tile_of<const CV: usize, const WITH_MIN: bool>(
+    ty: GgmlType,
+    w: *const u8,
+    nb: usize,
+    y: &[*const u8; CV],
+    out: &mut [[f32; 8]; CV],
+) {
     let bb = ty.block_bytes();
-    let with_min = matches!(ty, GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K);
+    let with_min = WITH_MIN;
     let mut acc = [_mm256_setzero_ps(); CV];
     let mut code_buf = [0i8; QK_K];
     for b in 0..nb {
@@ -360,11 +379,19 @@ pub(crate) unsafe fn tile<const CV: usize>(
         let mut tot = [_mm256_setzero_si256(); CV];
         for i in 0..QK_K / 4 {
             let w4 = bcast4(code_buf.as_ptr().add(4 * i) as *const u8);
-            let aw = _mm256_sign_epi8(w4, w4);
+            let aw = if WITH_MIN {
+                w4
+            } else {
+                _mm256_sign_epi8(w4, w4)
+            };
             let sc = _mm256_set1_epi16(s.sc[i / 4]);
             for v in 0..CV {
                 let q = load(yb[v].add(TILE_QUANTS + 32 * i));
-                let p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w4));
+                let p16 = if WITH_MIN {
+                    _mm256_maddubs_epi16(w4, q)
+                } else {
+                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w4))
+                };
                 tot[v] = _mm256_add_epi32(tot[v], _mm256_madd_epi16(p16, sc));
             }
         }
