@@ -3,7 +3,7 @@ r"""Regenerate fixtures/tokenizer/<model>.json: llama.cpp's own token ids for a 
 
 strata-tokenizer must tokenize exactly like llama.cpp. This script asks llama.cpp itself (through
 llama-cpp-python, which vendors it) for the reference answers, so the Rust golden tests
-(crates/tokenizer/tests/golden_vectors.rs) compare against the real implementation rather than
+(crates/tokenizer/tests/it/golden_vectors.rs) compare against the real implementation rather than
 against our reading of it. Fixtures in the tree: smollm2.json (SmolLM2-135M-Instruct, byte-level
 BPE, the default model) and gemma3.json (Gemma 3 270M, SentencePiece).
 

@@ -2,7 +2,7 @@
 //! rendering of the same conversations (stored in the fixture by make-tokenizer-vectors.py).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use strata_tokenizer::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 

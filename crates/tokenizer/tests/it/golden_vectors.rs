@@ -3,7 +3,7 @@
 //! Gemma 3 when it is in the model store.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use sha2::{Digest, Sha256};
 use strata_tokenizer::Tokenizer;
