@@ -2,7 +2,8 @@
 //! K-quant attn_output 640x1024 and ffn_down 640x2048), and a 1B model's FFN matrix in each
 //! further type: `cargo run --release -p strata-kernels --example matmul_speed
 //! [threads] [tokens] [filter]`, `filter` keeping the shapes whose name contains it (e.g. `_K`).
-//! Prints the median of several calls and GB/s of weights streamed per call. Set
+//! Prints the median of several calls and GB/s of weights streamed per call (the shapes named
+//! "in L2" fit the L2 cache, so their GB/s is the kernel's compute limit, not memory's). Set
 //! `STRATA_NO_KTILES=1` to time K-quant batches row by row instead of with the tile kernels.
 #![allow(clippy::unwrap_used)]
 use std::time::Instant;
@@ -38,6 +39,15 @@ fn main() {
         ("IQ4_NL 8192x2048", GgmlType::IQ4NL, 8192, 2048),
         ("Q4_0 8192x2048", GgmlType::Q4_0, 8192, 2048),
         ("BF16 8192x2048", GgmlType::BF16, 8192, 2048),
+        // The same formats on a matrix that stays in L2 (about 110-200 KB): the speed of the
+        // kernel's instructions alone, with no memory traffic, which bounds decode speed when
+        // it is below the memory bandwidth.
+        ("Q2_K 256x2048 in L2", GgmlType::Q2K, 256, 2048),
+        ("Q3_K 256x2048 in L2", GgmlType::Q3K, 256, 2048),
+        ("Q4_K 256x2048 in L2", GgmlType::Q4K, 256, 2048),
+        ("Q5_K 256x2048 in L2", GgmlType::Q5K, 256, 2048),
+        ("Q6_K 256x2048 in L2", GgmlType::Q6K, 256, 2048),
+        ("IQ4_XS 256x2048 in L2", GgmlType::IQ4XS, 256, 2048),
     ] {
         if !name.contains(filter) {
             continue;
