@@ -231,7 +231,9 @@ impl<'a> Cluster<'a> {
 /// Bytes a node needs for `share` of the model with `context` positions of cache.
 fn need(m: &ModelFacts, share: f64, context: usize) -> u64 {
     let total = m.weight_bytes as f64 + (m.kv_bytes_per_token as f64) * context as f64;
-    (share * total).ceil() as u64 + NODE_OVERHEAD
+    // A float beyond u64 saturates in the cast; the sum saturates too, so an absurd context
+    // reads as "needs more than there is", never wraps to a small number.
+    ((share * total).ceil() as u64).saturating_add(NODE_OVERHEAD)
 }
 
 /// Shares proportional to bandwidth, each capped by what the node's memory can hold
@@ -508,10 +510,13 @@ pub fn place(
         }
         None => all,
     };
-    let available: u64 = pool.iter().map(|n| n.memory_available).sum();
+    let available = pool
+        .iter()
+        .fold(0u64, |a, n| a.saturating_add(n.memory_available));
     let needed_all = need(model, 1.0, req.context);
     if shares(model, &pool, req.context).is_none() {
-        let needed = needed_all + NODE_OVERHEAD * (pool.len() as u64 - 1);
+        let extra = NODE_OVERHEAD.saturating_mul(pool.len().saturating_sub(1) as u64);
+        let needed = needed_all.saturating_add(extra);
         return Err(PlacementError::DoesNotFit {
             model: model.name.clone(),
             needed,
@@ -597,7 +602,7 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
         "{} needs {:.2} GB of weights plus {:.2} GB of KV cache for {} positions; ",
         m.name,
         gb(m.weight_bytes),
-        gb(m.kv_bytes_per_token * req.context as u64),
+        gb(m.kv_bytes_per_token.saturating_mul(req.context as u64)),
         req.context
     );
     if m.moe && m.n_expert > 0 {

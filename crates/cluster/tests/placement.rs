@@ -110,6 +110,21 @@ fn too_little_memory_is_refused_with_the_shortfall() {
 }
 
 #[test]
+fn an_absurd_context_is_refused_as_too_big_not_wrapped_to_fitting() {
+    // 2^64 / 16384 bytes per position: the cache alone overflows 64 bits of bytes.
+    let nodes = [node("a", 64.0, 30.0), node("b", 64.0, 30.0)];
+    let r = Request {
+        context: usize::MAX / 2,
+        ..req()
+    };
+    let err = place(&model(), &nodes, &[link("a", "b", 5.0)], &r).unwrap_err();
+    let PlacementError::DoesNotFit { missing, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(*missing > 1_000_000 * GB, "{err}");
+}
+
+#[test]
 fn the_fewest_nodes_that_fit_are_used() {
     // No node alone holds 0.6 GB of weights plus 0.27 GB of cache; two do.
     let (nodes, links) = triangle(0.6, 30.0, 5.0);
