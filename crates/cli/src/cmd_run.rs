@@ -98,8 +98,35 @@ pub(crate) struct RunArgs {
     /// Print one JSON object of timings on the last line of stderr.
     #[arg(long)]
     stats_json: bool,
-    /// The prompt.
-    prompt: String,
+    /// Read the prompt from this file instead.
+    #[arg(long, short = 'f', conflicts_with = "prompt")]
+    file: Option<PathBuf>,
+    /// The prompt (`-` reads it from standard input).
+    prompt: Option<String>,
+}
+
+impl RunArgs {
+    /// The prompt text from the argument, `-f FILE` or standard input; never empty.
+    fn prompt_text(&self) -> Result<String> {
+        let text = match (&self.prompt, &self.file) {
+            (_, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the prompt from {}", path.display()))?,
+            (Some(p), None) if p == "-" => {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                    .context("reading the prompt from standard input")?;
+                s
+            }
+            (Some(p), None) => p.clone(),
+            (None, None) => {
+                bail!("no prompt: give it as an argument, with -f FILE, or as - for standard input")
+            }
+        };
+        if text.trim().is_empty() {
+            bail!("the prompt is empty");
+        }
+        Ok(text)
+    }
 }
 
 /// `strata chat`.
@@ -110,6 +137,22 @@ pub(crate) struct ChatArgs {
 }
 
 impl ModelOpts {
+    /// Checks every option that needs no model, so a mistake is reported in one line naming
+    /// the flag before anything is fetched or loaded.
+    fn check(&self) -> Result<()> {
+        self.sampling()?;
+        if self.max_tokens == 0 {
+            bail!("--max-tokens must be at least 1");
+        }
+        if self.threads == Some(0) {
+            bail!("--threads must be at least 1");
+        }
+        if self.ctx_size == Some(0) {
+            bail!("--ctx-size must be at least 1");
+        }
+        Ok(())
+    }
+
     fn sampling(&self) -> Result<SamplingParams> {
         let p = SamplingParams {
             temperature: self.temperature,
@@ -122,7 +165,11 @@ impl ModelOpts {
             seed: self.seed,
             ..SamplingParams::default()
         };
-        p.validate().map_err(anyhow::Error::msg)?;
+        // The engine names the API's fields (`top_p`); the command line names its flags.
+        p.validate().map_err(|e| match e.split_once(' ') {
+            Some((field, rest)) => anyhow::anyhow!("--{} {rest}", field.replace('_', "-")),
+            None => anyhow::Error::msg(e),
+        })?;
         Ok(p)
     }
 
@@ -223,11 +270,12 @@ impl Backend {
     }
 }
 
-/// Generates from `prompt` tokens, streaming text to stdout.
+/// Generates from `prompt` tokens, streaming text to stdout (`printed` says whether any was).
 fn stream(
     g: &mut Backend,
     prompt: Vec<u32>,
     opts: &ModelOpts,
+    printed: &mut bool,
 ) -> Result<(String, GenerationStats)> {
     let req = GenerateRequest {
         prompt,
@@ -246,6 +294,7 @@ fn stream(
             ids.push(id);
             if let Some(piece) = dec.push(id) {
                 text.push_str(&piece);
+                *printed = true;
                 if let Err(e) = out.write_all(piece.as_bytes()).and_then(|()| out.flush()) {
                     io_err = Some(e);
                     return false;
@@ -266,14 +315,16 @@ fn stream(
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<()> {
+    args.opts.check()?;
+    let prompt = args.prompt_text()?;
     let mut g = args.opts.load_backend()?;
-    let result = run_on(&mut g, &args);
+    let result = run_on(&mut g, &args, &prompt);
     g.finish(result.err())
 }
 
-fn run_on(g: &mut Backend, args: &RunArgs) -> Result<()> {
+fn run_on(g: &mut Backend, args: &RunArgs, prompt_text: &str) -> Result<()> {
     let prompt = if args.raw {
-        g.tokenizer().encode_prompt(&args.prompt, false)?
+        g.tokenizer().encode_prompt(prompt_text, false)?
     } else {
         let Some(tpl) = g.template() else {
             bail!("the model has no chat template; use --raw to send the prompt as is");
@@ -282,17 +333,19 @@ fn run_on(g: &mut Backend, args: &RunArgs) -> Result<()> {
         if let Some(s) = &args.opts.system {
             msgs.push(ChatMessage::new("system", s.clone()));
         }
-        msgs.push(ChatMessage::new("user", args.prompt.clone()));
+        msgs.push(ChatMessage::new("user", prompt_text.to_string()));
         let text = tpl.render(&msgs, true)?;
         g.tokenizer().encode_prompt(&text, true)?
     };
-    let stats = match stream(g, prompt, &args.opts) {
+    let mut printed = false;
+    let stats = match stream(g, prompt, &args.opts, &mut printed) {
         Ok((_, stats)) => stats,
-        Err(e) => {
+        Err(e) if printed => {
             // Whatever was streamed is not a complete answer: end the line and say so.
             println!();
             return Err(e.context("generation failed; the output above is incomplete"));
         }
+        Err(e) => return Err(e.context("generation failed")),
     };
     println!();
     if args.stats_json {
@@ -325,6 +378,7 @@ fn run_on(g: &mut Backend, args: &RunArgs) -> Result<()> {
 }
 
 pub(crate) fn chat(args: ChatArgs) -> Result<()> {
+    args.opts.check()?;
     let mut g = args.opts.load_backend()?;
     let result = chat_on(&mut g, &args);
     g.finish(result.err())
@@ -367,7 +421,7 @@ fn chat_on(g: &mut Backend, args: &ChatArgs) -> Result<()> {
             .transpose()?
             .unwrap_or_default();
         let prompt = g.tokenizer().encode_prompt(&text, true)?;
-        match stream(g, prompt, &args.opts) {
+        match stream(g, prompt, &args.opts, &mut false) {
             Ok((reply, _)) => {
                 println!();
                 msgs.push(ChatMessage::new("assistant", reply));

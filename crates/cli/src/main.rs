@@ -28,8 +28,10 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Generate a reply to one prompt, streamed to stdout.
+    #[command(allow_negative_numbers = true)]
     Run(cmd_run::RunArgs),
     /// Chat interactively with a model.
+    #[command(allow_negative_numbers = true)]
     Chat(cmd_run::ChatArgs),
     /// Serve the OpenAI-compatible HTTP API with the model loaded on this node.
     Serve(cmd_serve::ServeArgs),

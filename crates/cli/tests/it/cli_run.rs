@@ -126,7 +126,7 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         &["run", "--raw", "--ctx-size", "512", &long],
         "context overflow",
     );
-    fails_with(&["run", "--top-p", "2", "hi"], "top_p");
+    fails_with(&["run", "--top-p", "2", "hi"], "--top-p");
     // A context no machine can hold is refused, not an allocation abort.
     fails_with(
         &["run", "--ctx-size", "100000000000", "hi"],
@@ -138,4 +138,71 @@ fn tempdir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("strata-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+#[test]
+fn bad_options_are_refused_in_one_line_before_any_model_loads() {
+    // A model path that does not exist: an error about it would mean the options were checked
+    // after the load began.
+    let missing = "/nonexistent/strata-test-model.gguf";
+    let cases: [(&[&str], &str); 8] = [
+        (&["--temperature", "-1", "hi"], "--temperature must be >= 0"),
+        (&["--temperature=-1", "hi"], "--temperature must be >= 0"),
+        (&["--top-p", "2", "hi"], "--top-p must be in (0, 1]"),
+        (
+            &["--max-tokens", "0", "hi"],
+            "--max-tokens must be at least 1",
+        ),
+        (&["--threads", "0", "hi"], "--threads must be at least 1"),
+        (&["--ctx-size", "0", "hi"], "--ctx-size must be at least 1"),
+        (&["  "], "the prompt is empty"),
+        (&[], "no prompt"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["run", "-m", missing])
+            .args(args)
+            .output()
+            .expect("running strata");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("nonexistent"),
+            "{args:?} loaded first: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_prompt_can_come_from_a_file_or_standard_input() {
+    use std::io::Write;
+    let prompt = "The capital of France is";
+    let base = ["run", "--raw", "--max-tokens", "8", "--threads", "2"];
+    let direct = strata(&[&base[..], &[prompt]].concat());
+    assert!(direct.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, prompt).unwrap();
+    let from_file = strata(&[&base[..], &["-f", file.to_str().unwrap()]].concat());
+    assert!(from_file.status.success());
+    assert_eq!(from_file.stdout, direct.stdout);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(base)
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running strata");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(prompt.as_bytes())
+        .unwrap();
+    let from_stdin = child.wait_with_output().unwrap();
+    assert!(from_stdin.status.success());
+    assert_eq!(from_stdin.stdout, direct.stdout);
+    assert!(!direct.stdout.is_empty());
 }
