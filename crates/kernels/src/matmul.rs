@@ -279,8 +279,15 @@ impl QuantActs {
             );
         }
         self.wide.clear();
+        // Only the tile path reads them: not `mul_mat_id` products, nor rows in one-token order
+        // (batched decoding), which go one dot at a time.
         #[cfg(target_arch = "x86_64")]
-        if matches!(act, GgmlType::BF16 | GgmlType::F16) && n >= HALF_TILE.1 && crate::isa().avx2 {
+        if matches!(act, GgmlType::BF16 | GgmlType::F16)
+            && n >= HALF_TILE.1
+            && !self.mul_mat_id
+            && !self.independent
+            && crate::isa().avx2
+        {
             self.wide.resize(n * cols, 0.0);
             for (src, dst) in self
                 .buf
@@ -473,12 +480,11 @@ const HALF_TILE: (usize, usize) = (4, 3);
 #[cfg(target_arch = "x86_64")]
 fn half_tiled(w: &QMatrix, acts: &QuantActs) -> bool {
     let (order_n, _) = acts.order_batch();
+    // Widened tokens exist only for batches of `HALF_TILE.1` or more on AVX2.
     matches!(w.ty, GgmlType::BF16 | GgmlType::F16)
-        && acts.n >= HALF_TILE.1
         && acts.wide.len() >= acts.n * w.cols
         && tinyblas_order(w, order_n)
         && !acts.mul_mat_id
-        && crate::isa().avx2
 }
 
 /// Bytes of weight rows a thread claims at a time in the half-precision tile path (they stay in
@@ -495,7 +501,7 @@ const HALF_BLOCK_BYTES: usize = 128 * 1024;
 fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantActs, out: OutPtr) {
     const RM: usize = HALF_TILE.0;
     const RN: usize = HALF_TILE.1;
-    type Tile = unsafe fn(*const u8, usize, *const f32, usize, usize, &mut [[f32; RM]; RN]);
+    type Tile = unsafe fn(*const u8, *const f32, usize, &mut [[f32; RM]; RN]);
     let tile: Tile = if w.ty == GgmlType::BF16 {
         crate::x86_rowdot::half_tile_tinyblas::<true, RM, RN>
     } else {
@@ -529,7 +535,7 @@ fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantA
                 // SAFETY: `half_tiled` checked AVX2 (with FMA and F16C); the `RM` rows and `RN`
                 // widened tokens are in bounds (sliced above) and hold `cols` values, a multiple
                 // of 8 (`tinyblas_order`).
-                unsafe { tile(rows, w.row_bytes, toks, cols, cols, &mut o) };
+                unsafe { tile(rows, toks, cols, &mut o) };
                 for (j, oj) in o.iter().enumerate() {
                     for (i, &v) in oj.iter().enumerate() {
                         put(t + j, rg + i, v);

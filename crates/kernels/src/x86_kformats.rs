@@ -363,7 +363,6 @@ unsafe fn tile_of<const CV: usize, const WITH_MIN: bool>(
     out: &mut [[f32; 8]; CV],
 ) {
     let bb = ty.block_bytes();
-    let with_min = WITH_MIN;
     let mut acc = [_mm256_setzero_ps(); CV];
     let mut code_buf = [0i8; QK_K];
     for b in 0..nb {
@@ -379,6 +378,7 @@ unsafe fn tile_of<const CV: usize, const WITH_MIN: bool>(
         let mut tot = [_mm256_setzero_si256(); CV];
         for i in 0..QK_K / 4 {
             let w4 = bcast4(code_buf.as_ptr().add(4 * i) as *const u8);
+            // Unsigned codes meet the quants as they are; signed ones lend them their signs.
             let aw = if WITH_MIN {
                 w4
             } else {
@@ -387,11 +387,8 @@ unsafe fn tile_of<const CV: usize, const WITH_MIN: bool>(
             let sc = _mm256_set1_epi16(s.sc[i / 4]);
             for v in 0..CV {
                 let q = load(yb[v].add(TILE_QUANTS + 32 * i));
-                let p16 = if WITH_MIN {
-                    _mm256_maddubs_epi16(w4, q)
-                } else {
-                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w4))
-                };
+                let q = if WITH_MIN { q } else { _mm256_sign_epi8(q, w4) };
+                let p16 = _mm256_maddubs_epi16(aw, q);
                 tot[v] = _mm256_add_epi32(tot[v], _mm256_madd_epi16(p16, sc));
             }
         }
@@ -399,7 +396,7 @@ unsafe fn tile_of<const CV: usize, const WITH_MIN: bool>(
         let dmin = _mm256_set1_ps(s.dmin);
         for v in 0..CV {
             let mut r = _mm256_mul_ps(d, _mm256_cvtepi32_ps(tot[v]));
-            if with_min {
+            if WITH_MIN {
                 let mut m = _mm256_setzero_si256();
                 for k in 0..8 {
                     let pair =

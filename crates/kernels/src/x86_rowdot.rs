@@ -210,17 +210,15 @@ pub(crate) unsafe fn widen_half<const BF: bool>(src: &[u8], dst: &mut [f32]) {
 /// vectors once and widens each row vector once for `RM * RN` products. Every output gets the
 /// same float operations as [`dot_half_tinyblas`] (its own accumulator, the same steps, the
 /// same sum; widening is exact), so the bits are its. `out[j][i]` is row `i` times token `j`;
-/// rows are `rs` bytes apart from `rows`, tokens `ts` floats apart from `toks`.
+/// rows and tokens are `n` values each, one after the other from `rows` and `toks`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `RM` rows from `rows` and `RN` tokens from `toks` must
-/// each hold `n` values (`n` a multiple of 8).
+/// AVX2, FMA and F16C must be available; `rows` must hold `RM * n` half values and `toks`
+/// `RN * n` floats (`n` a multiple of 8).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn half_tile_tinyblas<const BF: bool, const RM: usize, const RN: usize>(
     rows: *const u8,
-    rs: usize,
     toks: *const f32,
-    ts: usize,
     n: usize,
     out: &mut [[f32; RM]; RN],
 ) {
@@ -230,9 +228,9 @@ pub(crate) unsafe fn half_tile_tinyblas<const BF: bool, const RM: usize, const R
         // The tokens stay in registers and one row vector at a time joins them: with the
         // twelve accumulators of a 4 x 3 tile that is all sixteen registers, where holding every
         // row vector would spill an accumulator and chain each step through memory.
-        let a: [__m256; RN] = std::array::from_fn(|j| _mm256_loadu_ps(toks.add(j * ts + i)));
+        let a: [__m256; RN] = std::array::from_fn(|j| _mm256_loadu_ps(toks.add(j * n + i)));
         for r in 0..RM {
-            let w = load_half::<BF>(rows.add(r * rs + 2 * i));
+            let w = load_half::<BF>(rows.add(2 * (r * n + i)));
             for (accs, a) in acc.iter_mut().zip(&a) {
                 accs[r] = _mm256_fmadd_ps(w, *a, accs[r]);
             }
