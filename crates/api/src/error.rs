@@ -66,6 +66,20 @@ impl ApiError {
         e
     }
 
+    /// 403: the request is not allowed from where it comes (a browser page, a client key).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "permission_error", message)
+    }
+
+    /// 415: the body is not JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            message,
+        )
+    }
+
     /// 404: the model is not served here.
     pub fn model_not_found(model: &str, served: &str) -> ApiError {
         let mut e = ApiError::new(

@@ -7,14 +7,18 @@
 //!   JSON output, constrained by llguidance.
 //! - [`auth`]: API keys (constant-time check) and per-key token buckets.
 //! - [`metrics`]: Prometheus counters, gauges and histograms.
+//! - [`listen`] and [`browser`]: the connection server (deadlines, a connection cap, graceful
+//!   shutdown) and the browser checks (Host, Origin, JSON bodies, CORS) of every HTTP surface.
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod browser;
 pub mod call_format;
 pub mod engine;
 mod error;
 pub mod grammar;
 mod harmony;
+pub mod listen;
 pub mod metrics;
 pub mod output;
 pub mod scheduler;
@@ -172,9 +176,8 @@ pub fn start_engine(
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<server::AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    http: &listen::HttpOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    axum::serve(listener, server::router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    listen::serve(listener, server::router(state), http, shutdown).await
 }

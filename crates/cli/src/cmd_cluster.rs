@@ -88,6 +88,12 @@ pub(crate) struct NodeArgs {
     /// IPv4 address).
     #[arg(long)]
     advertise_addr: Option<std::net::IpAddr>,
+    /// A directory whose GGUF files `strata load` may name by path (repeatable); without one,
+    /// cluster requests name models by id only, and no path on this node is opened for them.
+    #[arg(long = "allow-model-dir", value_name = "DIR")]
+    allow_model_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    http: crate::cmd_serve::HttpArgs,
 }
 
 pub(crate) fn node(a: NodeArgs) -> Result<()> {
@@ -111,6 +117,8 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         memory_limit: a.memory_limit,
         threads: a.threads,
         advertise: a.advertise_addr,
+        model_dirs: a.allow_model_dirs,
+        http: a.http.options()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

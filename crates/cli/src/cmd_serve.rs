@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use strata_api::browser::BrowserPolicy;
+use strata_api::listen::{HttpOptions, Limits, default_max_connections};
 use strata_api::{ServeOptions, auth::Keys};
 
 use crate::cmd_run::resolve_model;
@@ -42,6 +44,66 @@ pub(crate) struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
+    #[command(flatten)]
+    http: HttpArgs,
+}
+
+/// What every HTTP surface (`serve`, `node`) takes: who may reach it from a browser, and how
+/// long and how many clients may hold it.
+#[derive(Debug, Args)]
+pub(crate) struct HttpArgs {
+    /// A host name this server is reached by, besides IP addresses, localhost and this machine's
+    /// name (requests naming other hosts are refused: a guard against DNS rebinding); repeatable,
+    /// `*` allows any.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+    /// An origin (scheme://host[:port]) whose web pages may call this API (CORS); repeatable.
+    /// Without it, cross-origin requests that change anything are refused.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
+    /// Most HTTP connections open at once (default: half the descriptor limit); more get 503.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Seconds a client may take to send a request's headers (and an idle connection stays open).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a client may take to send a request's body.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    body_timeout: f64,
+    /// Seconds requests in flight may take to finish after Ctrl-C or SIGTERM.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    shutdown_grace: f64,
+}
+
+impl HttpArgs {
+    /// The options, checked.
+    pub(crate) fn options(&self) -> Result<HttpOptions> {
+        let secs = |flag: &str, v: f64, min: f64| -> Result<std::time::Duration> {
+            if !v.is_finite() || v < min || v > 86_400.0 {
+                bail!("--{flag} must be between {min} and 86400 seconds (got {v})");
+            }
+            Ok(std::time::Duration::from_secs_f64(v))
+        };
+        let browser = BrowserPolicy {
+            allow_hosts: self.allow_hosts.clone(),
+            cors_origins: self.cors_origins.clone(),
+        };
+        browser.check().map_err(anyhow::Error::msg)?;
+        let max_connections = match self.max_connections {
+            Some(0) => bail!("--max-connections must be at least 1"),
+            Some(n) => n,
+            None => default_max_connections(),
+        };
+        Ok(HttpOptions {
+            browser,
+            limits: Limits {
+                header_timeout: secs("header-timeout", self.header_timeout, 0.1)?,
+                body_timeout: secs("body-timeout", self.body_timeout, 0.1)?,
+                max_connections,
+                shutdown_grace: secs("shutdown-grace", self.shutdown_grace, 0.0)?,
+            },
+        })
+    }
 }
 
 /// The id clients name: the catalog id, or the file name without `.gguf`.
@@ -64,6 +126,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         None => None,
     };
     strata_api::check_bind(args.api_addr, keys.is_some(), args.insecure_no_auth)?;
+    let http = args.http.options()?;
     let path = resolve_model(&args.model)?;
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
@@ -102,7 +165,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
                 "no API keys"
             }
         );
-        strata_api::serve(listener, state, shutdown_signal()).await?;
+        strata_api::serve(listener, state, &http, shutdown_signal()).await?;
         eprintln!("strata: stopped");
         Ok(())
     })

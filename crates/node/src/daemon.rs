@@ -58,6 +58,10 @@ pub struct NodeOptions {
     /// The address peers use for this node's data plane (default: its first non-loopback
     /// IPv4 address).
     pub advertise: Option<std::net::IpAddr>,
+    /// Directories whose files cluster requests may name by path (`--allow-model-dir`).
+    pub model_dirs: Vec<PathBuf>,
+    /// Browser checks, deadlines and the connection cap of the HTTP API.
+    pub http: strata_api::listen::HttpOptions,
 }
 
 /// What the node's lifecycle commands changed.
@@ -74,6 +78,8 @@ struct Shared {
     flags: Flags,
     keys: Option<Keys>,
     memory_limit: Option<u64>,
+    /// `--allow-model-dir`, canonical.
+    model_dirs: Arc<[PathBuf]>,
     stop: tokio::sync::Notify,
     key: ClusterKey,
     /// The address peers reach this node's data plane at.
@@ -192,6 +198,22 @@ pub async fn run(
              will be refused over HTTP"
         );
     }
+    let model_dirs = opts
+        .model_dirs
+        .iter()
+        .map(|d| match std::fs::canonicalize(d) {
+            Ok(c) if c.is_dir() => Ok(c),
+            Ok(_) => Err(Error::Control(format!(
+                "--allow-model-dir {}: not a directory",
+                d.display()
+            ))),
+            Err(e) => Err(Error::Control(format!(
+                "--allow-model-dir {}: {e}",
+                d.display()
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into();
     let key_file = opts
         .key_file
         .clone()
@@ -269,6 +291,7 @@ pub async fn run(
         flags: Flags::default(),
         keys: opts.keys,
         memory_limit: opts.memory_limit,
+        model_dirs,
         stop: tokio::sync::Notify::new(),
         key,
         data_host,
@@ -305,9 +328,8 @@ pub async fn run(
             }
         }
     };
-    let served = axum::serve(listener, router(Arc::clone(&shared)))
-        .with_graceful_shutdown(stop)
-        .await;
+    let served =
+        strata_api::listen::serve(listener, router(Arc::clone(&shared)), &opts.http, stop).await;
     publisher.abort();
     prober.abort();
     watcher.abort();
@@ -635,7 +657,7 @@ async fn leader_load(
     let r = req.clone();
     let peers = peers_of(shared);
     let (placement, _) =
-        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, Some(&peers)))
+        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, &peers))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
@@ -734,6 +756,7 @@ fn peers_of(shared: &Shared) -> transfer::Peers {
         session: shared.control.session().clone(),
         prefix: shared.control.prefix().to_string(),
         ids: shared.control.peers(),
+        model_dirs: std::sync::Arc::clone(&shared.model_dirs),
     }
 }
 
@@ -757,8 +780,7 @@ async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
         req.strategy = None;
         let (topo, names, peers) = (topo.clone(), names(snap), peers_of(shared));
         let planned =
-            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, Some(&peers)))
-                .await;
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, &peers)).await;
         let mut t = locked(&shared.table);
         let Some(s) = t
             .iter_mut()
@@ -822,7 +844,7 @@ fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
             );
             let peers = peers_of(&shared);
             std::thread::spawn(move || {
-                let started = transfer::resolve(&model, Some(&peers)).and_then(|path| {
+                let started = transfer::resolve(&model, &peers).and_then(|path| {
                     instances::start_worker(&path, rank, world, coordinator, &token)
                 });
                 let started = started.map(|c| Arc::new(Mutex::new(c)));
@@ -944,8 +966,7 @@ async fn load(State(shared): State<Arc<Shared>>, Json(req): Json<LoadRequest>) -
         let (topo, names) = (topology(&snap), names(&snap));
         let peers = peers_of(&shared);
         let planned =
-            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, Some(&peers)))
-                .await;
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, &peers)).await;
         return match planned {
             Ok(Ok((p, facts))) => {
                 Json(serde_json::json!({ "placement": p, "model": facts })).into_response()

@@ -83,7 +83,7 @@ pub fn plan(
     req: &LoadRequest,
     topo: &crate::daemon::Topology,
     names: &BTreeMap<String, String>,
-    peers: Option<&Peers>,
+    peers: &Peers,
 ) -> Result<(Placement, ModelFacts)> {
     let path = resolve(&req.model, peers)?;
     let file = GgufFile::open(&path).map_err(|e| Error::Instance(e.to_string()))?;
@@ -196,7 +196,7 @@ pub struct Rank0Start<'a> {
 /// Starts rank 0 (blocking: waits for every worker to join and load).
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
     let err = |e: &dyn std::fmt::Display| Error::Instance(e.to_string());
-    let path = resolve(&s.spec.request.model, Some(&s.peers))?;
+    let path = resolve(&s.spec.request.model, &s.peers)?;
     let context = s.spec.request.context.unwrap_or(DEFAULT_CONTEXT);
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),

@@ -35,23 +35,31 @@ pub struct Peers {
     pub prefix: String,
     /// Live members to ask, in order.
     pub ids: Vec<String>,
+    /// Directories whose files cluster requests may name by path (`--allow-model-dir`,
+    /// canonical): no other path is opened for a cluster request.
+    pub model_dirs: std::sync::Arc<[PathBuf]>,
 }
 
 impl std::fmt::Debug for Peers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Peers").field("ids", &self.ids).finish()
+        f.debug_struct("Peers")
+            .field("ids", &self.ids)
+            .field("model_dirs", &self.model_dirs)
+            .finish()
     }
 }
 
 /// The model file for `spec` on this node: from its store if installed; for a catalog model
 /// it lacks, or an id it does not know (a peer's import), a verified copy from the first peer
 /// that has one; else whatever the store does (download, or say the model is unknown). A path is
-/// used as it is.
-pub fn resolve(spec: &str, peers: Option<&Peers>) -> Result<PathBuf> {
+/// used only inside one of the `model_dirs` (see [`allowed_path`]).
+pub fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
+    if strata_store::is_path_spec(spec) {
+        return allowed_path(spec, &peers.model_dirs);
+    }
+    let peers = Some(peers);
     let mut store = Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
-    if let Some(peers) = peers
-        && !strata_store::is_path_spec(spec)
-    {
+    if let Some(peers) = peers {
         // What a peer's copy is checked against: this node's card when it has one, else the
         // peer's import card. Ids that could not name an import are not worth asking about.
         let local = store.catalog().get(spec).cloned();
@@ -75,6 +83,63 @@ pub fn resolve(spec: &str, peers: Option<&Peers>) -> Result<PathBuf> {
         .resolve_with(spec, &mut |_| {})
         .map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
     Ok(resolved.path)
+}
+
+/// `spec` as a file inside one of `dirs`, after symbolic links are followed.
+///
+/// A key holder could otherwise name any file on a node (`/etc/shadow`) and learn from the
+/// error whether it exists and how it starts. A path outside the directories is refused before
+/// anything is opened, with the same words whether the file exists or not; only a path inside
+/// them is looked at, and checked again once links are resolved.
+pub fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
+    let refused = || {
+        Error::Instance(if dirs.is_empty() {
+            format!(
+                "{spec:?}: cluster requests may not name files on a node; name a model id \
+                 (`strata models import FILE` on a node makes one), or start the nodes with \
+                 --allow-model-dir DIR"
+            )
+        } else {
+            format!(
+                "{spec:?} is outside the directories this node serves models from \
+                 (--allow-model-dir); name a file inside them, or a model id"
+            )
+        })
+    };
+    let lexical = normalize(Path::new(spec)).ok_or_else(refused)?;
+    if !dirs.iter().any(|d| lexical.starts_with(d)) {
+        return Err(refused());
+    }
+    let real =
+        std::fs::canonicalize(&lexical).map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
+    if !dirs.iter().any(|d| real.starts_with(d)) {
+        return Err(refused());
+    }
+    if !real.is_file() {
+        return Err(Error::Instance(format!("{spec}: not a regular file")));
+    }
+    Ok(real)
+}
+
+/// An absolute form of `p` with `.` and `..` resolved by name only (nothing is opened); `None`
+/// for a relative path, which means nothing on a node the request did not start on.
+fn normalize(p: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    if !p.is_absolute() {
+        return None;
+    }
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir => out.push(c.as_os_str()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+        }
+    }
+    Some(out)
 }
 
 /// Copies model `id` from `peer` into `store`, checked against `local` (this node's card) or,
@@ -214,5 +279,63 @@ pub fn serve(q: &zenoh::query::Query) {
         if q.reply(key.clone(), buf[..n].to_vec()).wait().is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cluster_requests_open_files_only_inside_the_allowed_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let models = root.join("models");
+        std::fs::create_dir(&models).unwrap();
+        std::fs::write(models.join("a.gguf"), b"GGUF").unwrap();
+        std::fs::write(root.join("secret"), b"root:x:0:0").unwrap();
+        std::os::unix::fs::symlink(root.join("secret"), models.join("link.gguf")).unwrap();
+        let dirs = vec![models.clone()];
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+
+        assert_eq!(
+            allowed_path(&s(&models.join("a.gguf")), &dirs).unwrap(),
+            models.join("a.gguf")
+        );
+        // Outside, by name, by `..`, by a link, or relative: refused, in the same words whether
+        // the file exists or not.
+        let outside = allowed_path(&s(&root.join("secret")), &dirs)
+            .unwrap_err()
+            .to_string();
+        let missing = allowed_path(&s(&root.join("nope")), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(outside.contains("outside the directories"), "{outside}");
+        assert_eq!(
+            outside.replace("secret", "X"),
+            missing.replace("nope", "X"),
+            "the refusal tells existing and missing files apart"
+        );
+        let up = format!("{}/../secret", models.display());
+        assert!(
+            allowed_path(&up, &dirs)
+                .unwrap_err()
+                .to_string()
+                .contains("outside")
+        );
+        let link = allowed_path(&s(&models.join("link.gguf")), &dirs).unwrap_err();
+        assert!(link.to_string().contains("outside"), "{link}");
+        assert!(allowed_path("models/a.gguf", &dirs).is_err());
+        // No directories: no path at all, with a hint at what to do instead.
+        let none = allowed_path("/etc/shadow", &[]).unwrap_err().to_string();
+        assert!(
+            none.contains("--allow-model-dir") && none.contains("models import"),
+            "{none}"
+        );
+        assert!(!none.contains("magic"));
+        // Inside, a directory is not a model.
+        std::fs::create_dir(models.join("sub.gguf")).unwrap();
+        assert!(allowed_path(&s(&models.join("sub.gguf")), &dirs).is_err());
     }
 }

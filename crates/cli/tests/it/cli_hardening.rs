@@ -1,0 +1,258 @@
+//! The attacks of issue 17 against real `strata node` and `strata serve` processes on loopback:
+//! a web page driving a node (cross-origin form posts, DNS rebinding), slow and silent clients
+//! holding connections, a half-sent request keeping the process from stopping. Every loop here
+//! is bounded and every connection goes to 127.0.0.1.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+    lines: mpsc::Receiver<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Starts `strata ARGS` and waits for the line that names its API address.
+    fn start(args: &[&str]) -> Proc {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("XDG_STATE_HOME", dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting strata");
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[strata] {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let addr = loop {
+            let line = lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("strata exited or said nothing before serving");
+            if let Some(at) = line.find("http://") {
+                let url = line[at + 7..].split_whitespace().next().unwrap();
+                break url.trim_end_matches(['/', ')', ',']).parse().unwrap();
+            }
+        };
+        Proc {
+            child,
+            addr,
+            lines,
+            _dir: dir,
+        }
+    }
+
+    /// Sends a raw request and reads the answer until the server closes (5 s at most).
+    fn raw(&self, req: &str) -> String {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn get(&self, path: &str, host: &str) -> String {
+        self.raw(&format!(
+            "GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+        ))
+    }
+
+    fn post(&self, path: &str, headers: &[&str], body: &str) -> String {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        for h in headers {
+            req.push_str(h);
+            req.push_str("\r\n");
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        self.raw(&req)
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the process to exit; how long it took.
+    fn terminate(&mut self, within: Duration) -> Duration {
+        let t = Instant::now();
+        // SAFETY: kill sends a signal to our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        while t.elapsed() < within {
+            if self.child.try_wait().unwrap().is_some() {
+                return t.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("strata did not stop within {within:?} of SIGTERM");
+    }
+}
+
+fn status(answer: &str) -> u16 {
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn start_node(extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "node",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--control-addr",
+        "127.0.0.1:0",
+        "--no-multicast",
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args)
+}
+
+#[test]
+fn a_web_page_cannot_stop_a_node_or_read_it_through_a_rebound_name() {
+    let node = start_node(&[]);
+    // The form a page at evil.example posts to the node (a "simple" request: no preflight).
+    let form = node.post(
+        "/v1/cluster/stop",
+        &[
+            "origin: http://evil.example",
+            "content-type: application/x-www-form-urlencoded",
+        ],
+        "a=b",
+    );
+    assert_eq!(status(&form), 403, "{form}");
+    assert!(form.contains("--cors-origin"), "{form}");
+    // A fetch with a text/plain body and no Origin (older browsers).
+    let plain = node.post("/v1/cluster/drain", &["content-type: text/plain"], "{}");
+    assert_eq!(status(&plain), 415, "{plain}");
+    // DNS rebinding: the page's own name, now pointing at 127.0.0.1.
+    let rebound = node.get("/v1/cluster/status", "evil.example:8000");
+    assert_eq!(status(&rebound), 403, "{rebound}");
+    // The node is still up and answers its own names.
+    let ok = node.get("/v1/cluster/status", "localhost");
+    assert_eq!(status(&ok), 200, "{ok}");
+    // Probing files through a load: refused before anything is opened, and the answers for a
+    // file that exists and one that does not are the same.
+    let json = ["content-type: application/json"];
+    let shadow = node.post(
+        "/v1/cluster/load",
+        &json,
+        r#"{"model": "/etc/passwd", "dry_run": true}"#,
+    );
+    let missing = node.post(
+        "/v1/cluster/load",
+        &json,
+        r#"{"model": "/etc/no-such-file", "dry_run": true}"#,
+    );
+    assert_eq!(status(&shadow), 400, "{shadow}");
+    assert!(shadow.contains("--allow-model-dir"), "{shadow}");
+    assert!(!shadow.contains("magic"), "{shadow}");
+    let body = |a: &str| {
+        a.split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or("")
+            .replace("no-such-file", "passwd")
+    };
+    assert_eq!(body(&shadow), body(&missing));
+    // `strata stop`'s own request (no body, no type) still works.
+    let stop = node.post("/v1/cluster/stop", &[], "");
+    assert_eq!(status(&stop), 200, "{stop}");
+}
+
+#[test]
+fn silent_clients_cannot_fill_a_node_and_a_half_sent_request_does_not_hold_its_stop() {
+    let node = start_node(&[
+        "--max-connections",
+        "4",
+        "--header-timeout",
+        "1",
+        "--shutdown-grace",
+        "1",
+    ]);
+    let silent: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(node.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let full = node.get("/health", "127.0.0.1");
+    assert_eq!(status(&full), 503, "{full}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let logged = (0..50).any(|_| {
+        node.lines
+            .recv_timeout(Duration::from_millis(100))
+            .is_ok_and(|l| l.contains("--max-connections"))
+    });
+    assert!(logged, "no log line about the connection cap");
+    // The header deadline frees the slots.
+    std::thread::sleep(Duration::from_millis(1500));
+    let ok = node.get("/health", "127.0.0.1");
+    assert_eq!(status(&ok), 200, "{ok}");
+    drop(silent);
+    // SIGTERM while a client has sent half a request, on a server whose header deadline is
+    // far away: the stop waits out the grace, not the client.
+    let mut node = start_node(&["--header-timeout", "600", "--shutdown-grace", "1"]);
+    let mut half = TcpStream::connect(node.addr).unwrap();
+    half.write_all(b"POST /v1/cluster/load HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-le")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let took = node.terminate(Duration::from_secs(15));
+    assert!(took < Duration::from_secs(8), "{took:?}");
+}
+
+#[test]
+fn serve_takes_json_from_its_own_hosts_only() {
+    let server = Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--allow-host",
+        "strata.lan",
+    ]);
+    let body = r#"{"model":"smollm2-135m-instruct","messages":[{"role":"user","content":"Hi"}],"max_tokens":2}"#;
+    let plain = server.post("/v1/chat/completions", &["content-type: text/plain"], body);
+    assert_eq!(status(&plain), 415, "{plain}");
+    assert!(plain.contains("application/json"), "{plain}");
+    let cross = server.post(
+        "/v1/chat/completions",
+        &[
+            "content-type: application/json",
+            "origin: http://evil.example",
+        ],
+        body,
+    );
+    assert_eq!(status(&cross), 403, "{cross}");
+    let rebound = server.get("/v1/models", "evil.example");
+    assert_eq!(status(&rebound), 403, "{rebound}");
+    let named = server.get("/v1/models", "strata.lan:8000");
+    assert_eq!(status(&named), 200, "{named}");
+    let ok = server.post(
+        "/v1/chat/completions",
+        &["content-type: application/json"],
+        body,
+    );
+    assert_eq!(status(&ok), 200, "{ok}");
+}
