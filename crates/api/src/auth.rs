@@ -39,6 +39,32 @@ pub enum KeyFileError {
     /// No key in the file.
     #[error("the API key file {0} holds no key")]
     Empty(String),
+    /// Other users may read or change the file.
+    #[error("{0}")]
+    Exposed(String),
+}
+
+/// Refuses a secrets file that other users may read or change (as ssh does with private keys):
+/// anyone on the machine could take the keys, or add their own. The error says how to fix it.
+pub fn check_private(path: &Path, what: &str) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "{what} {} is open to other users (mode {mode:04o}): anyone on this machine \
+                     could read it. Run `chmod 600 {}`",
+                    path.display(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, what);
+    Ok(())
 }
 
 /// What a key may do.
@@ -101,6 +127,7 @@ fn digest(key: &str) -> [u8; 32] {
 impl Keys {
     /// Reads a key file; `default_rpm` applies to keys without their own `rpm=`.
     pub fn from_file(path: &Path, default_rpm: Option<f64>) -> Result<Keys, KeyFileError> {
+        check_private(path, "the API key file").map_err(KeyFileError::Exposed)?;
         let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
             path: path.display().to_string(),
             source,

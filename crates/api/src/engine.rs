@@ -24,6 +24,12 @@ pub trait Engine: Send + 'static {
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String>;
     /// Frees a slot.
     fn release(&mut self, slot: SlotId);
+    /// Whether the engine may go on after a panic once every slot is freed. True where all
+    /// state is per slot; false where a panic can leave other parties mid-protocol (ranks on
+    /// other nodes waiting inside a collective), which only a restart can bring back in step.
+    fn survives_panic(&self) -> bool {
+        true
+    }
 }
 
 impl Engine for Batch {
@@ -137,6 +143,10 @@ impl Sharded {
 impl Engine for Sharded {
     fn n_ctx(&self) -> usize {
         self.rank.n_ctx()
+    }
+
+    fn survives_panic(&self) -> bool {
+        false
     }
 
     fn free_slots(&self) -> usize {

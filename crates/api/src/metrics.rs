@@ -34,6 +34,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Sequences being generated.
     pub active_sequences: Gauge,
+    /// Panics caught on the engine thread (each failed the requests in flight).
+    pub engine_panics: Counter,
 }
 
 impl Default for Metrics {
@@ -88,8 +90,15 @@ impl Metrics {
             "Sequences being generated",
             active_sequences.clone(),
         );
+        let engine_panics = Counter::default();
+        registry.register(
+            "engine_panics",
+            "Panics caught on the engine thread; each failed the requests in flight",
+            engine_panics.clone(),
+        );
         Metrics {
             registry,
+            engine_panics,
             requests,
             prompt_tokens,
             completion_tokens,

@@ -109,7 +109,13 @@ pub struct Scheduler {
     tx: mpsc::Sender<Job>,
     metrics: Arc<Metrics>,
     queue: usize,
+    alive: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// Panics within this window that make the supervisor give up on the engine.
+const PANIC_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+/// How many panics in [`PANIC_WINDOW`] the engine may have before it is given up.
+const PANICS_ALLOWED: usize = 3;
 
 /// Why a job was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,14 +136,25 @@ impl Scheduler {
     ) -> std::io::Result<Scheduler> {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let m = Arc::clone(&metrics);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = Arc::clone(&alive);
         std::thread::Builder::new()
             .name("strata-engine".into())
-            .spawn(move || run(batch, &tokenizer, rx, &m))?;
+            .spawn(move || {
+                supervise(batch, &tokenizer, rx, &m);
+                flag.store(false, std::sync::atomic::Ordering::Release);
+            })?;
         Ok(Scheduler {
             tx,
             metrics,
             queue: queue.max(1),
+            alive,
         })
+    }
+
+    /// Whether the engine thread still runs (false once it gave up after repeated panics).
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(std::sync::atomic::Ordering::Acquire) && !self.tx.is_closed()
     }
 
     /// Queues a job without waiting.
@@ -355,9 +372,73 @@ fn run_forced(
     });
 }
 
-fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>, m: &Metrics) {
-    let n_ctx = batch.n_ctx();
+/// Runs the engine loop and keeps it running through panics.
+///
+/// A panic (a bug, never client input, but a server must outlive bugs) fails every request in
+/// flight with an error naming it, frees their slots, and the loop goes on with the same engine:
+/// its state is per slot, and every slot is free again. Panics that keep coming
+/// ([`PANICS_ALLOWED`] within [`PANIC_WINDOW`]) mean the engine itself is broken: the thread then
+/// fails everything queued and stops, so `/health` says so and requests get 503. An engine that
+/// cannot go on after a panic (a sharded one) stops at the first.
+fn supervise(
+    mut batch: Box<dyn Engine>,
+    tok: &Tokenizer,
+    mut rx: mpsc::Receiver<Job>,
+    m: &Metrics,
+) {
+    let mut recent: Vec<Instant> = Vec::new();
     let mut active: Vec<Seq> = Vec::new();
+    loop {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(batch.as_mut(), tok, &mut rx, m, &mut active)
+        }));
+        let Err(panic) = ran else { return };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        m.engine_panics.inc();
+        for s in active.drain(..) {
+            let _ = s.job.events.send(Event::Failed(format!(
+                "internal error in the engine ({what}); this request was stopped"
+            )));
+            // A second panic in the engine's own clean-up must not escape the supervisor.
+            let slot = s.slot;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.release(slot)));
+        }
+        m.active_sequences.set(0);
+        let now = Instant::now();
+        recent.retain(|t| now.duration_since(*t) < PANIC_WINDOW);
+        recent.push(now);
+        if recent.len() >= PANICS_ALLOWED || !batch.survives_panic() {
+            eprintln!(
+                "strata: the engine panicked ({what}; {} time(s) within {} s); it is stopped \
+                 and the server answers 503 until it is restarted",
+                recent.len(),
+                PANIC_WINDOW.as_secs()
+            );
+            rx.close();
+            while let Ok(job) = rx.try_recv() {
+                m.queue_depth.dec();
+                let _ = job.events.send(Event::Failed(
+                    "the engine stopped after repeated internal errors".into(),
+                ));
+            }
+            return;
+        }
+        eprintln!("strata: the engine panicked ({what}); requests in flight failed, serving on");
+    }
+}
+
+fn run(
+    batch: &mut dyn Engine,
+    tok: &Tokenizer,
+    rx: &mut mpsc::Receiver<Job>,
+    m: &Metrics,
+    active: &mut Vec<Seq>,
+) {
+    let n_ctx = batch.n_ctx();
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
     loop {
         // Admit waiting requests into free slots; sleep only when nothing is running.
@@ -380,7 +461,7 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
             m.prompt_tokens.inc_by(job.prompt.len() as u64);
             match batch.start(&job.prompt) {
                 Ok((slot, logits)) => {
-                    let mut seq = Seq {
+                    let seq = Seq {
                         sampler: Sampler::new(job.sampling.clone()),
                         history: job.prompt.clone(),
                         job,
@@ -390,9 +471,13 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
                         last_at: Instant::now(),
                         forced: Vec::new(),
                     };
-                    if seq.advance(logits, tok, n_ctx, m) {
-                        active.push(seq);
-                    } else {
+                    // In `active` before it runs, so a panic in it is cleaned up with the rest.
+                    active.push(seq);
+                    let keep = active
+                        .last_mut()
+                        .is_some_and(|seq| seq.advance(logits, tok, n_ctx, m));
+                    if !keep {
+                        active.pop();
                         batch.release(slot);
                     }
                 }
@@ -401,7 +486,7 @@ fn run(mut batch: Box<dyn Engine>, tok: &Tokenizer, mut rx: mpsc::Receiver<Job>,
                 }
             }
         }
-        run_forced(batch.as_mut(), &mut active, tok, n_ctx, m);
+        run_forced(batch, active, tok, n_ctx, m);
         active.retain(|s| {
             let gone = s.job.events.is_closed();
             if gone {
@@ -610,6 +695,106 @@ mod tests {
         assert_eq!(tokens, vec![3, 3, 3, 3, 3, 3]);
         assert_eq!(calls.steps, 5);
         assert!(calls.extends.is_empty());
+    }
+
+    /// [`Scripted`], but its steps panic while `panics` is above zero (counting down).
+    struct Panicky {
+        inner: Scripted,
+        panics: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Engine for Panicky {
+        fn n_ctx(&self) -> usize {
+            self.inner.n_ctx()
+        }
+        fn free_slots(&self) -> usize {
+            self.inner.free_slots()
+        }
+        fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+            self.inner.start(prompt)
+        }
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.panics.load(SeqCst) > 0 {
+                self.panics.fetch_sub(1, SeqCst);
+                panic!("index out of bounds in a test engine");
+            }
+            self.inner.step(steps)
+        }
+        fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+            self.inner.extend(slot, tokens)
+        }
+        fn release(&mut self, slot: SlotId) {
+            self.inner.release(slot);
+        }
+    }
+
+    /// Submits a 4-token job and waits for its end: `Ok(tokens)` or `Err(failure)`.
+    fn one_job(sched: &Scheduler) -> Result<usize, String> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        sched
+            .submit(Job {
+                prompt: vec![1, 4],
+                max_tokens: 4,
+                sampling: SamplingParams::default(),
+                logprobs: None,
+                constraint: None,
+                events: tx,
+                arrived: Instant::now(),
+            })
+            .map_err(|e| format!("{e:?}"))?;
+        loop {
+            match rx.blocking_recv() {
+                Some(Event::Token { .. }) => {}
+                Some(Event::Done {
+                    completion_tokens, ..
+                }) => return Ok(completion_tokens),
+                Some(Event::Failed(e)) => return Err(e),
+                None => return Err("closed".into()),
+            }
+        }
+    }
+
+    #[test]
+    fn an_engine_panic_fails_the_requests_in_flight_and_serving_goes_on_until_it_repeats() {
+        let panics = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let engine = Panicky {
+            inner: Scripted {
+                calls: Arc::default(),
+                busy: false,
+                logits: Vec::new(),
+            },
+            panics: Arc::clone(&panics),
+        };
+        let metrics = Arc::new(Metrics::new());
+        let sched = Scheduler::start(
+            Box::new(engine),
+            Arc::new(tokenizer()),
+            4,
+            Arc::clone(&metrics),
+        )
+        .unwrap();
+        let failed = one_job(&sched).unwrap_err();
+        assert!(failed.contains("internal error in the engine"), "{failed}");
+        assert!(failed.contains("index out of bounds"), "{failed}");
+        assert_eq!(metrics.engine_panics.get(), 1);
+        // The slot was freed and the engine goes on.
+        assert_eq!(one_job(&sched), Ok(4));
+        assert!(sched.is_alive());
+        // Panics that keep coming stop it: health turns, and new requests are refused.
+        panics.store(usize::MAX / 2, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..PANICS_ALLOWED - 1 {
+            assert!(one_job(&sched).is_err());
+        }
+        let last = one_job(&sched);
+        assert!(last.is_err());
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while sched.is_alive() && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!sched.is_alive());
+        assert!(one_job(&sched).is_err());
+        assert_eq!(metrics.engine_panics.get(), PANICS_ALLOWED as u64);
     }
 
     #[test]

@@ -141,8 +141,19 @@ async fn not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::method_not_allowed(method.as_str(), uri.path())
 }
 
-async fn health(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"status": "ok", "model": st.model_id, "n_ctx": st.n_ctx}))
+/// 200 while the engine runs; 503 once it has stopped (after repeated internal errors), so a
+/// load balancer or supervisor sees what clients see.
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.scheduler.is_alive() {
+        Json(json!({"status": "ok", "model": st.model_id, "n_ctx": st.n_ctx})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "failed", "model": st.model_id,
+                "error": "the engine stopped after repeated internal errors"})),
+        )
+            .into_response()
+    }
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {

@@ -69,6 +69,7 @@ impl ClusterKey {
 
     /// Reads a key file.
     pub fn load(path: &Path) -> Result<ClusterKey> {
+        strata_api::auth::check_private(path, "the cluster key file").map_err(Error::BadKey)?;
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         ClusterKey::parse(&text).map_err(|e| match e {
             Error::BadKey(why) => Error::BadKey(format!("{}: {why}", path.display())),
@@ -252,6 +253,19 @@ mod tests {
         let (again, created) = ClusterKey::load_or_create(&path).expect("load_or_create");
         assert!(!created);
         assert_eq!(again.fingerprint(), key.fingerprint());
+        // Opened to the group or the world, it is refused with the fix.
+        #[cfg(unix)]
+        for mode in [0o644, 0o640, 0o602] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = ClusterKey::load(&path)
+                .expect_err("an exposed key")
+                .to_string();
+            assert!(
+                e.contains("chmod 600") && e.contains(&format!("{mode:04o}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

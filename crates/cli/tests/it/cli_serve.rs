@@ -137,6 +137,18 @@ fn the_openai_client_gets_what_it_expects() {
         "# test keys\nsk-test-key-1234 name=tester\nsk-slow-key-1234 name=slow rpm=2\n",
     )
     .unwrap();
+    // A key file others can read is refused; the owner's own is served.
+    let exposed = strata()
+        .args(["serve", "--api-key-file", keys.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!exposed.status.success());
+    let err = String::from_utf8_lossy(&exposed.stderr);
+    assert!(err.contains("chmod 600"), "{err}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let open = serve(&[]);
     let keyed = serve(&["--api-key-file", keys.to_str().unwrap(), "--parallel", "2"]);
     let tiny = serve(&["--parallel", "1", "--queue", "1", "--max-body", "200000"]);
