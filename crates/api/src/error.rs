@@ -59,6 +59,17 @@ impl ApiError {
         e
     }
 
+    /// 400: the prompt is longer than the context window by its size alone (it was not
+    /// tokenised: it has at least `at_least` tokens).
+    pub fn context_length_at_least(at_least: usize, limit: usize) -> ApiError {
+        let mut e = ApiError::context_length(at_least, limit);
+        e.message = format!(
+            "This model's maximum context length is {limit} tokens, but the prompt has at least \
+             {at_least} tokens."
+        );
+        e
+    }
+
     /// 401: no key, or a key that is not on the list.
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message);

@@ -33,6 +33,22 @@ fn compact(mut schema: Value) -> Value {
     schema
 }
 
+/// The largest grammar compiled for a request, in bytes of its text (the JSON schema, or the
+/// tool calls' grammar with every tool's parameters). Real tool sets are tens of KiB; compile
+/// time and memory grow with size, and a 3 MB `const` took seconds of engine time.
+pub const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+
+fn check_size(text: &str) -> Result<(), String> {
+    if text.len() > MAX_GRAMMAR_BYTES {
+        return Err(format!(
+            "it is {} KiB, more than the {} KiB this server compiles",
+            text.len().div_ceil(1024),
+            MAX_GRAMMAR_BYTES >> 10
+        ));
+    }
+    Ok(())
+}
+
 struct Env {
     trie: TokTrie,
     tok: Arc<Tokenizer>,
@@ -106,6 +122,8 @@ impl Grammars {
         });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.set_stderr_log_level(0);
+        // Errors go back to the client: the reason, not llguidance's parser state and grammar.
+        factory.limits_mut().verbose_errors = false;
         Ok(Grammars {
             factory: Arc::new(factory),
             tok,
@@ -114,21 +132,27 @@ impl Grammars {
         })
     }
 
+    /// Compiles `grammar` and computes its first mask, so a grammar that fails only when first
+    /// used (a schema that refers to itself without end) fails here, as the request's 400, and
+    /// not on the engine thread in the middle of a batch.
     fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher, String> {
         let parser = self
             .factory
             .create_parser(grammar)
             .map_err(|e| e.to_string())?;
-        let m = Matcher::new(Ok(parser));
-        match m.get_error() {
-            Some(e) => Err(e),
-            None => Ok(m),
+        let mut m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(e);
         }
+        m.compute_mask().map_err(|e| e.to_string())?;
+        Ok(m)
     }
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
     pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let m = self.matcher(TopLevelGrammar::from_json_schema(compact(schema)))?;
+        let schema = compact(schema);
+        check_size(&schema.to_string())?;
+        let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
         Ok(Box::new(Grammar { m }))
     }
 
@@ -145,6 +169,7 @@ impl Grammars {
         parallel: bool,
     ) -> Result<Box<dyn Constraint>, String> {
         let g = self.calls_grammar(tools, choice, parallel, true);
+        check_size(&g)?;
         let m = self.matcher(TopLevelGrammar::from_lark(g))?;
         Ok(Box::new(Grammar { m }))
     }
@@ -157,6 +182,7 @@ impl Grammars {
         parallel: bool,
     ) -> Result<Box<dyn Constraint>, String> {
         let rest = self.calls_grammar(tools, choice, parallel, false);
+        check_size(&rest)?;
         // Compile now, so a bad schema is the request's 400 rather than a failure mid-stream.
         let first = self.matcher(TopLevelGrammar::from_lark(rest.clone()))?;
         let at_start = self.format.shape().trigger.is_none();
@@ -436,5 +462,50 @@ impl Constraint for Lazy {
             Some(m) => follow_forced(m, max),
             None => Ok((Vec::new(), false)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use strata_gguf::{Array, GgufFile, GgufWriter, Value as Gv};
+
+    /// A byte-level vocabulary: every byte is a token, so any text can be written.
+    fn grammars() -> Grammars {
+        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        let mut types = vec![2, 3, 3];
+        types.extend(std::iter::repeat_n(6, 256));
+        let mut w = GgufWriter::new();
+        w.kv("tokenizer.ggml.model", Gv::String("llama".into()));
+        w.kv("tokenizer.ggml.tokens", Gv::Array(Array::String(tokens)));
+        w.kv("tokenizer.ggml.token_type", Gv::Array(Array::I32(types)));
+        w.kv("tokenizer.ggml.eos_token_id", Gv::U32(2));
+        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
+        Grammars::new(Arc::new(tok), CallFormat::detect(None)).unwrap()
+    }
+
+    #[test]
+    fn schemas_that_cannot_work_fail_at_compile_time_with_a_short_reason() {
+        let g = grammars();
+        assert!(
+            g.json(json!({"type": "object", "properties": {"a": {"type": "string"}}}))
+                .is_ok()
+        );
+        for bad in [
+            json!({"$ref": "#"}),
+            json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}),
+            json!({"const": "x".repeat(MAX_GRAMMAR_BYTES)}),
+        ] {
+            let e = match g.json(bad.clone()) {
+                Ok(_) => panic!("{bad:.80} compiled"),
+                Err(e) => e,
+            };
+            assert!(e.len() < 600, "a parser dump instead of a reason: {e}");
+        }
+        let big = g.json(json!({"const": "x".repeat(MAX_GRAMMAR_BYTES)}));
+        assert!(big.err().unwrap().contains("KiB"));
     }
 }

@@ -150,6 +150,11 @@ pub fn start_engine(
         .filter_map(|m| tokenizer.token_id(m))
         .filter(|&id| tokenizer.is_control(id))
         .collect();
+    let max_token_bytes = (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.token_piece(id, true).len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
     let metrics = Arc::new(metrics::Metrics::new());
     let scheduler = scheduler::Scheduler::start(
         engine,
@@ -169,6 +174,10 @@ pub fn start_engine(
         metrics,
         max_body: opts.max_body,
         created: server::unix_now(),
+        max_token_bytes,
+        prepare: Arc::new(tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )),
     }))
 }
 

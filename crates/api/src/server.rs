@@ -55,6 +55,13 @@ pub struct AppState {
     pub max_body: usize,
     /// When the server started (the model's `created`).
     pub created: u64,
+    /// The longest text one token stands for, in bytes: a prompt of `n` bytes has at least
+    /// `n / max_token_bytes` tokens, so a prompt that cannot fit is refused before tokenising.
+    pub max_token_bytes: usize,
+    /// Permits for preparing requests (parsing, templating, tokenising, compiling grammars)
+    /// off the async workers: one per core, so a burst of huge requests queues here instead
+    /// of stalling `/health` and every stream.
+    pub prepare: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -384,6 +391,10 @@ fn message_value(m: &Message, i: usize, native: Option<CallFormat>) -> Result<Va
 
 /// Tokenises a prompt and checks it against the context window.
 fn tokenize(st: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+    let at_least = text.len() / st.max_token_bytes.max(1);
+    if at_least >= st.n_ctx {
+        return Err(ApiError::context_length_at_least(at_least, st.n_ctx));
+    }
     let ids = st
         .tokenizer
         .encode_prompt(text, special)
@@ -416,13 +427,51 @@ struct Prepared {
     include_usage: bool,
 }
 
+/// How long preparing one request may take (a schema that takes longer to compile is the
+/// request's fault); the work is bounded by the grammar limits, this bounds the wait.
+const PREPARE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs `f` (CPU work on a request) on the blocking pool, one request per core at a time.
+async fn prepared(
+    st: &Arc<AppState>,
+    f: impl FnOnce(&AppState) -> Result<Prepared, ApiError> + Send + 'static,
+) -> Result<Prepared, ApiError> {
+    let permit = Arc::clone(&st.prepare)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("The server is stopping."))?;
+    let state = Arc::clone(st);
+    let work = tokio::task::spawn_blocking(move || {
+        let r = f(&state);
+        drop(permit);
+        r
+    });
+    match tokio::time::timeout(PREPARE_DEADLINE, work).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(ApiError::unavailable(format!(
+            "Preparing the request failed: {e}"
+        ))),
+        Err(_) => Err(ApiError::bad_body(format!(
+            "The request took more than {} s to prepare (a schema too complex to compile?).",
+            PREPARE_DEADLINE.as_secs()
+        ))),
+    }
+}
+
 async fn chat(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = body_bytes(body, st.max_body)?;
-    let req: ChatRequest = parse_body(&body)?;
+    let p = prepared(&st, move |st| prepare_chat(st, &body)).await?;
+    run(st, p, arrived).await
+}
+
+/// Everything a chat request needs before the scheduler: checked, rendered, tokenised, and its
+/// constraint compiled.
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: ChatRequest = parse_body(body)?;
     if req.model != st.model_id {
         return Err(ApiError::model_not_found(&req.model, &st.model_id));
     }
@@ -456,8 +505,8 @@ async fn chat(
     } else {
         &all_tools
     };
-    let text = chat_prompt(&st, &req, shown)?;
-    let prompt = tokenize(&st, &text, true)?;
+    let text = chat_prompt(st, &req, shown)?;
+    let prompt = tokenize(st, &text, true)?;
 
     let format = response_format(req.response_format.as_ref())?;
     if format.is_some() && matches!(choice, Choice::Required | Choice::Named(_)) {
@@ -489,7 +538,7 @@ async fn chat(
         ),
         (Choice::None, None) => None,
     };
-    let prepared = Prepared {
+    Ok(Prepared {
         kind: Kind::Chat,
         prompt,
         common,
@@ -502,8 +551,7 @@ async fn chat(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-    };
-    run(st, prepared, arrived).await
+    })
 }
 
 /// The JSON schema `response_format` asks for, if any.
@@ -538,7 +586,13 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = body_bytes(body, st.max_body)?;
-    let req: CompletionRequest = parse_body(&body)?;
+    let p = prepared(&st, move |st| prepare_completion(st, &body)).await?;
+    run(st, p, arrived).await
+}
+
+/// [`prepare_chat`] for a completion request.
+fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
     if req.model != st.model_id {
         return Err(ApiError::model_not_found(&req.model, &st.model_id));
     }
@@ -571,9 +625,9 @@ async fn completions(
         k => k.map(|k| k as usize),
     };
     let prompt = match &req.prompt {
-        Value::String(s) => tokenize(&st, s, false)?,
+        Value::String(s) => tokenize(st, s, false)?,
         Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            tokenize(&st, a[0].as_str().unwrap_or(""), false)?
+            tokenize(st, a[0].as_str().unwrap_or(""), false)?
         }
         Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
             let vocab = st.tokenizer.vocab_size() as u64;
@@ -600,7 +654,7 @@ async fn completions(
             ));
         }
     };
-    let prepared = Prepared {
+    Ok(Prepared {
         kind: Kind::Completion,
         prompt,
         common,
@@ -613,8 +667,7 @@ async fn completions(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-    };
-    run(st, prepared, arrived).await
+    })
 }
 
 /// Submits a prepared request and answers it, streamed or whole.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 struct Proc {
     child: Child,
     addr: SocketAddr,
-    lines: mpsc::Receiver<String>,
+    lines: std::sync::Mutex<mpsc::Receiver<String>>,
     _dir: tempfile::TempDir,
 }
 
@@ -58,7 +58,7 @@ impl Proc {
         Proc {
             child,
             addr,
-            lines,
+            lines: std::sync::Mutex::new(lines),
             _dir: dir,
         }
     }
@@ -201,6 +201,8 @@ fn silent_clients_cannot_fill_a_node_and_a_half_sent_request_does_not_hold_its_s
     assert!(t.elapsed() < Duration::from_secs(3));
     let logged = (0..50).any(|_| {
         node.lines
+            .lock()
+            .unwrap()
             .recv_timeout(Duration::from_millis(100))
             .is_ok_and(|l| l.contains("--max-connections"))
     });
@@ -255,4 +257,134 @@ fn serve_takes_json_from_its_own_hosts_only() {
         body,
     );
     assert_eq!(status(&ok), 200, "{ok}");
+}
+
+/// Milliseconds `/health` took to answer.
+fn health_ms(p: &Proc) -> u128 {
+    let t = Instant::now();
+    let a = p.get("/health", "127.0.0.1");
+    assert_eq!(status(&a), 200, "{a}");
+    t.elapsed().as_millis()
+}
+
+/// Peak resident memory of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+#[test]
+fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
+    let server = std::sync::Arc::new(Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--max-body",
+        "8000000",
+    ]));
+    let before = peak_rss_mib(server.child.id());
+    // Four 3.9 MB messages at once: refused by their size, before tokenising them.
+    let huge = format!(
+        r#"{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "word ".repeat(780_000)
+    );
+    let posts: Vec<_> = (0..4)
+        .map(|_| {
+            let (server, huge) = (std::sync::Arc::clone(&server), huge.clone());
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let a = server.post(
+                    "/v1/chat/completions",
+                    &["content-type: application/json"],
+                    &huge,
+                );
+                (a, t.elapsed())
+            })
+        })
+        .collect();
+    let worst = (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            health_ms(&server)
+        })
+        .max()
+        .unwrap();
+    for p in posts {
+        let (a, took) = p.join().unwrap();
+        assert_eq!(status(&a), 400, "{}", &a[..a.len().min(400)]);
+        assert!(a.contains("at least"), "{}", &a[..a.len().min(400)]);
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+    assert!(
+        worst < 1000,
+        "/health took {worst} ms while huge prompts were refused"
+    );
+    let grown = peak_rss_mib(server.child.id()).saturating_sub(before);
+    assert!(
+        grown < 300,
+        "peak memory grew by {grown} MiB for four refused prompts"
+    );
+
+    // Schemas that cannot be compiled, or only at great cost: 400 with the reason, fast.
+    let chat = |schema: &str| {
+        server.post(
+            "/v1/chat/completions",
+            &["content-type: application/json"],
+            &format!(
+                r#"{{"model":"smollm2-135m-instruct","max_tokens":4,
+                    "messages":[{{"role":"user","content":"Hi"}}],
+                    "response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{schema}}}}}}}"#
+            ),
+        )
+    };
+    let own = chat(r##"{"$ref": "#"}"##);
+    assert_eq!(status(&own), 400, "{own}");
+    assert!(own.contains("schema cannot be used"), "{own}");
+    let t = Instant::now();
+    let big = chat(&format!(r#"{{"const": "{}"}}"#, "x".repeat(3_000_000)));
+    assert_eq!(status(&big), 400, "{}", &big[..big.len().min(400)]);
+    assert!(big.contains("KiB"), "{}", &big[..big.len().min(400)]);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // A 2,000-branch anyOf compiles off the async workers: /health stays quick meanwhile.
+    let branches: Vec<String> = (0..2000)
+        .map(|i| format!(r#"{{"const": "v{i}"}}"#))
+        .collect();
+    let wide = format!(r#"{{"anyOf": [{}]}}"#, branches.join(","));
+    let server2 = std::sync::Arc::clone(&server);
+    let compiling = std::thread::spawn(move || {
+        server2.post(
+            "/v1/chat/completions",
+            &["content-type: application/json"],
+            &format!(
+                r#"{{"model":"smollm2-135m-instruct","max_tokens":4,
+                    "messages":[{{"role":"user","content":"Hi"}}],
+                    "response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{wide}}}}}}}"#
+            ),
+        )
+    });
+    let worst = (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            health_ms(&server)
+        })
+        .max()
+        .unwrap();
+    let a = compiling.join().unwrap();
+    assert!(
+        matches!(status(&a), 200 | 400),
+        "{}",
+        &a[..a.len().min(400)]
+    );
+    assert!(
+        worst < 1000,
+        "/health took {worst} ms while a schema compiled"
+    );
 }
