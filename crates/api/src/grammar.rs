@@ -61,7 +61,7 @@ impl TokenizerEnv for Env {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
         self.tok
-            .encode(&String::from_utf8_lossy(s), false)
+            .encode_continuation(&String::from_utf8_lossy(s))
             .unwrap_or_default()
     }
 }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod output;
 pub mod scheduler;
 pub mod server;
+pub mod testkit;
 pub mod tools;
 pub mod types;
 

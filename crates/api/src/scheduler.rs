@@ -182,9 +182,17 @@ struct Seq {
     /// Tokens the grammar forced after `last`, given out already and waiting to be run through
     /// the model in one pass.
     forced: Vec<u32>,
+    /// Prompt tokens in the engine so far; the rest are run in later rounds.
+    prefilled: usize,
 }
 
 impl Seq {
+    /// Whether the sequence takes part in the next decode step: its prompt is in and no
+    /// forced tokens wait for their own pass.
+    fn decoding(&self) -> bool {
+        self.forced.is_empty() && self.prefilled == self.job.prompt.len()
+    }
+
     /// Samples the next token from `logits`, reports it, and says whether the sequence goes on.
     fn advance(&mut self, logits: &mut [f32], tok: &Tokenizer, n_ctx: usize, m: &Metrics) -> bool {
         if let Some(c) = self.job.constraint.as_mut() {
@@ -441,8 +449,12 @@ fn run(
     let n_ctx = batch.n_ctx();
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
     loop {
+        // Prompt tokens this round may run: long prompts go in chunks between the decode steps
+        // of the sequences already generating, so their streams keep flowing.
+        let mut budget = PREFILL_CHUNK;
+        continue_prefills(batch, active, &mut budget, tok, n_ctx, m);
         // Admit waiting requests into free slots; sleep only when nothing is running.
-        while batch.free_slots() > 0 {
+        while budget > 0 && batch.free_slots() > 0 {
             let job = if active.is_empty() {
                 match rx.blocking_recv() {
                     Some(j) => j,
@@ -459,11 +471,14 @@ fn run(
                 continue;
             }
             m.prompt_tokens.inc_by(job.prompt.len() as u64);
-            match batch.start(&job.prompt) {
+            let first = job.prompt.len().min(budget);
+            budget -= first;
+            match batch.start(&job.prompt[..first]) {
                 Ok((slot, logits)) => {
                     let seq = Seq {
                         sampler: Sampler::new(job.sampling.clone()),
                         history: job.prompt.clone(),
+                        prefilled: first,
                         job,
                         slot,
                         generated: 0,
@@ -473,9 +488,9 @@ fn run(
                     };
                     // In `active` before it runs, so a panic in it is cleaned up with the rest.
                     active.push(seq);
-                    let keep = active
-                        .last_mut()
-                        .is_some_and(|seq| seq.advance(logits, tok, n_ctx, m));
+                    let keep = active.last_mut().is_some_and(|seq| {
+                        seq.prefilled < seq.job.prompt.len() || seq.advance(logits, tok, n_ctx, m)
+                    });
                     if !keep {
                         active.pop();
                         batch.release(slot);
@@ -495,15 +510,13 @@ fn run(
             !gone
         });
         m.active_sequences.set(active.len() as i64);
-        if active.is_empty() {
-            continue;
-        }
         steps.clear();
-        // Sequences with forced tokens waiting take their own pass instead (next round).
+        // Sequences with forced tokens waiting take their own pass instead (next round), and
+        // sequences still prefilling have nothing to decode yet.
         steps.extend(
             active
                 .iter()
-                .filter(|s| s.forced.is_empty())
+                .filter(|s| s.decoding())
                 .map(|s| (s.slot, s.last)),
         );
         if steps.is_empty() {
@@ -515,7 +528,7 @@ fn run(
                 let mut i = 0;
                 let mut ended = Vec::new();
                 active.retain_mut(|s| {
-                    if !s.forced.is_empty() {
+                    if !s.decoding() {
                         return true;
                     }
                     let row = &mut logits[i * vocab..(i + 1) * vocab];
@@ -539,6 +552,46 @@ fn run(
         }
         m.active_sequences.set(active.len() as i64);
     }
+}
+
+/// Prompt tokens run per round across all sequences being admitted (see [`run`]): small
+/// enough that a stream's gap while a long prompt is admitted stays near one chunk's time,
+/// large enough that the matrix kernels still work on full tiles.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Runs the next chunks of prompts already admitted, oldest first, within `budget` tokens; a
+/// sequence whose prompt is complete samples its first token.
+fn continue_prefills(
+    batch: &mut dyn Engine,
+    active: &mut Vec<Seq>,
+    budget: &mut usize,
+    tok: &Tokenizer,
+    n_ctx: usize,
+    m: &Metrics,
+) {
+    active.retain_mut(|s| {
+        let left = s.job.prompt.len() - s.prefilled;
+        if left == 0 || *budget == 0 {
+            return true;
+        }
+        let n = left.min(*budget);
+        *budget -= n;
+        let chunk = &s.job.prompt[s.prefilled..s.prefilled + n];
+        let keep = match batch.extend(s.slot, chunk) {
+            Ok(logits) => {
+                s.prefilled += n;
+                s.prefilled < s.job.prompt.len() || s.advance(logits, tok, n_ctx, m)
+            }
+            Err(e) => {
+                let _ = s.job.events.send(Event::Failed(e));
+                false
+            }
+        };
+        if !keep {
+            batch.release(s.slot);
+        }
+        keep
+    });
 }
 
 #[cfg(test)]
@@ -795,6 +848,124 @@ mod tests {
         assert!(!sched.is_alive());
         assert!(one_job(&sched).is_err());
         assert_eq!(metrics.engine_panics.get(), PANICS_ALLOWED as u64);
+    }
+
+    /// Two slots; logs every call ("start N", "extend N", "step K") and favours token 3.
+    struct Recorder {
+        log: Arc<Mutex<Vec<String>>>,
+        free: usize,
+        logits: Vec<f32>,
+    }
+
+    impl Recorder {
+        fn row(&mut self, rows: usize, what: String) -> &mut [f32] {
+            self.log.lock().unwrap().push(what);
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            self.logits = (0..rows)
+                .flat_map(|_| (0..8).map(|i| if i == 3 { 1.0 } else { 0.0 }))
+                .collect();
+            &mut self.logits
+        }
+    }
+
+    impl Engine for Recorder {
+        fn n_ctx(&self) -> usize {
+            1 << 20
+        }
+        fn free_slots(&self) -> usize {
+            self.free
+        }
+        fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+            self.free -= 1;
+            let slot = SlotId::from_index(self.free);
+            Ok((slot, self.row(1, format!("start {}", prompt.len()))))
+        }
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+            Ok(self.row(steps.len(), format!("step {}", steps.len())))
+        }
+        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+            Ok(self.row(1, format!("extend {}", tokens.len())))
+        }
+        fn release(&mut self, _slot: SlotId) {
+            self.free += 1;
+        }
+    }
+
+    #[test]
+    fn a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let engine = Recorder {
+            log: Arc::clone(&log),
+            free: 2,
+            logits: Vec::new(),
+        };
+        let sched = Scheduler::start(
+            Box::new(engine),
+            Arc::new(tokenizer()),
+            4,
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let job = |prompt: Vec<u32>, max_tokens: usize| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let j = Job {
+                prompt,
+                max_tokens,
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    ..SamplingParams::default()
+                },
+                logprobs: None,
+                constraint: None,
+                events: tx,
+                arrived: Instant::now(),
+            };
+            (j, rx)
+        };
+        // A stream is generating ...
+        let (a, mut a_rx) = job(vec![1, 4], 1 << 19);
+        sched.submit(a).unwrap();
+        assert!(matches!(a_rx.blocking_recv(), Some(Event::Token { .. })));
+        // ... when a 1,000-token prompt arrives.
+        let long: Vec<u32> = (0..1000).map(|i| 3 + i % 5).collect();
+        let (b, mut b_rx) = job(long, 2);
+        sched.submit(b).unwrap();
+        loop {
+            match b_rx.blocking_recv() {
+                Some(Event::Done { prompt_tokens, .. }) => {
+                    assert_eq!(prompt_tokens, 1000);
+                    break;
+                }
+                Some(Event::Token { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        drop(a_rx);
+        let log = log.lock().unwrap().clone();
+        let first = log
+            .iter()
+            .position(|l| l == "start 256")
+            .expect("a first chunk");
+        let chunks: Vec<usize> = log[first..]
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("start") || l.starts_with("extend"))
+            .map(|(i, _)| first + i)
+            .take(4)
+            .collect();
+        let sizes: Vec<&str> = chunks.iter().map(|&i| log[i].as_str()).collect();
+        assert_eq!(
+            sizes,
+            ["start 256", "extend 256", "extend 256", "extend 232"]
+        );
+        // The generating stream got a step between every two chunks.
+        for w in chunks.windows(2) {
+            assert!(
+                log[w[0]..w[1]].iter().any(|l| l.starts_with("step")),
+                "no decode step between chunks: {:?}",
+                &log[w[0]..=w[1]]
+            );
+        }
     }
 
     #[test]

@@ -140,7 +140,16 @@ impl Tokenizer {
     /// turn boundaries. User-defined tokens are matched either way, as in llama.cpp.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        self.encode_into(text, parse_special, &mut out)?;
+        self.encode_into(text, parse_special, true, &mut out)?;
+        Ok(out)
+    }
+
+    /// Encodes `text` as a piece of a longer text, after its start: no control tokens, and no
+    /// SentencePiece space prefix (which llama.cpp adds only where a text begins). A grammar
+    /// engine turning forced bytes into tokens needs exactly these bytes back, not ` ` + them.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_into(text, false, false, &mut out)?;
         Ok(out)
     }
 
@@ -157,7 +166,7 @@ impl Tokenizer {
                     .ok_or(Error::MissingSpecial { which: "bos" })?,
             );
         }
-        self.encode_into(text, parse_special, &mut out)?;
+        self.encode_into(text, parse_special, true, &mut out)?;
         if self.add_eos {
             out.push(
                 self.vocab
@@ -169,8 +178,14 @@ impl Tokenizer {
         Ok(out)
     }
 
-    fn encode_into(&self, text: &str, parse_special: bool, out: &mut Vec<u32>) -> Result<()> {
-        let mut prev_special = true;
+    fn encode_into(
+        &self,
+        text: &str,
+        parse_special: bool,
+        at_start: bool,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        let mut prev_special = at_start;
         for frag in special::partition(&self.vocab, text, parse_special) {
             match frag {
                 Fragment::Token(id) => {
@@ -380,6 +395,21 @@ mod tests {
             Value::Bool(false),
         )]);
         assert_eq!(tok.encode("ab", false).unwrap(), [7]);
+    }
+
+    #[test]
+    fn a_continuation_has_no_space_prefix_and_no_control_tokens() {
+        let tok = spm(vec![]);
+        assert_eq!(tok.encode("ab", false).unwrap(), [6, 5]);
+        assert_eq!(tok.encode_continuation("ab").unwrap(), [7]);
+        assert_eq!(
+            tok.decode(&tok.encode_continuation("c ab").unwrap(), false),
+            "c ab"
+        );
+        assert_eq!(
+            tok.encode_continuation("<s>").unwrap(),
+            tok.encode("<s>", false).unwrap()[1..]
+        );
     }
 
     #[test]

@@ -259,12 +259,18 @@ fn serve_takes_json_from_its_own_hosts_only() {
     assert_eq!(status(&ok), 200, "{ok}");
 }
 
-/// Milliseconds `/health` took to answer.
-fn health_ms(p: &Proc) -> u128 {
-    let t = Instant::now();
-    let a = p.get("/health", "127.0.0.1");
-    assert_eq!(status(&a), 200, "{a}");
-    t.elapsed().as_millis()
+/// The longest `/health` took to answer, in milliseconds, over ten tries 50 ms apart.
+fn worst_health_ms(p: &Proc) -> u128 {
+    (0..10)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            let t = Instant::now();
+            let a = p.get("/health", "127.0.0.1");
+            assert_eq!(status(&a), 200, "{a}");
+            t.elapsed().as_millis()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Peak resident memory of a process, in MiB.
@@ -310,13 +316,7 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
             })
         })
         .collect();
-    let worst = (0..10)
-        .map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            health_ms(&server)
-        })
-        .max()
-        .unwrap();
+    let worst = worst_health_ms(&server);
     for p in posts {
         let (a, took) = p.join().unwrap();
         assert_eq!(status(&a), 400, "{}", &a[..a.len().min(400)]);
@@ -370,13 +370,7 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
             ),
         )
     });
-    let worst = (0..10)
-        .map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            health_ms(&server)
-        })
-        .max()
-        .unwrap();
+    let worst = worst_health_ms(&server);
     let a = compiling.join().unwrap();
     assert!(
         matches!(status(&a), 200 | 400),
