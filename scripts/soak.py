@@ -282,8 +282,10 @@ def cluster_phase(strata, minutes):
         start(1)
         in_ns = ["ip", "netns", "exec", ns[0]]
         for _ in range(60):
-            out = subprocess.run(in_ns + [strata, "status", "--json"], capture_output=True, text=True)
-            if out.returncode == 0 and len(json.loads(out.stdout)["topology"]["nodes"]) == 2:
+            # Both nodes known by name, and a plan over both possible (links measured).
+            out = subprocess.run(in_ns + [strata, "load", MODEL, "--nodes", "host1,host2", "--strategy",
+                                          "tensor", "--dry-run", "--json"], capture_output=True, text=True)
+            if out.returncode == 0:
                 break
             time.sleep(1)
         load = subprocess.run(in_ns + [strata, "load", MODEL, "--nodes", "host1,host2", "--strategy",

@@ -150,7 +150,7 @@ impl Grammars {
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
     pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let schema = compact(schema);
+        let schema = compact(tools::closed(schema));
         check_size(&schema.to_string())?;
         let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
         Ok(Box::new(Grammar { m }))
@@ -244,7 +244,7 @@ impl Grammars {
                         "{} {} %json {}",
                         Value::String(t.function.name.clone()),
                         self.lit("[ARGS]"),
-                        compact(tools::parameters(t))
+                        compact(tools::closed(tools::parameters(t)))
                     )
                 })
                 .collect::<Vec<_>>()
@@ -290,7 +290,7 @@ impl Grammars {
                 format!(
                     "{} {body} %json {} {end}",
                     Value::String(t.function.name.clone()),
-                    compact(tools::parameters(t)),
+                    compact(tools::closed(tools::parameters(t))),
                 )
             })
             .collect::<Vec<_>>()
@@ -469,22 +469,73 @@ impl Constraint for Lazy {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use strata_gguf::{Array, GgufFile, GgufWriter, Value as Gv};
+    use crate::tools::Choice;
+    use strata_gguf::GgufFile;
 
-    /// A byte-level vocabulary: every byte is a token, so any text can be written.
+    /// A byte-level vocabulary (the test server's): any text can be written.
     fn grammars() -> Grammars {
-        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
-        let mut types = vec![2, 3, 3];
-        types.extend(std::iter::repeat_n(6, 256));
-        let mut w = GgufWriter::new();
-        w.kv("tokenizer.ggml.model", Gv::String("llama".into()));
-        w.kv("tokenizer.ggml.tokens", Gv::Array(Array::String(tokens)));
-        w.kv("tokenizer.ggml.token_type", Gv::Array(Array::I32(types)));
-        w.kv("tokenizer.ggml.eos_token_id", Gv::U32(2));
-        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let file = GgufFile::from_bytes(crate::testkit::vocabulary()).unwrap();
         let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
         Grammars::new(Arc::new(tok), CallFormat::detect(None)).unwrap()
+    }
+
+    /// Whether the constraint takes `text` token by token.
+    fn takes(g: &Grammars, c: &mut Box<dyn Constraint>, text: &str) -> bool {
+        let tokens = g.tok.encode_continuation(text).unwrap();
+        tokens.iter().all(|&t| c.commit(t).is_ok())
+    }
+
+    fn tool(name: &str, parameters: Option<Value>) -> Tool {
+        serde_json::from_value(json!({"type": "function",
+            "function": {"name": name, "parameters": parameters}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn tool_schemas_resolve_their_own_refs_and_take_no_keys_they_do_not_name() {
+        let g = grammars();
+        let address = json!({"type": "object", "properties": {"street": {"type": "string"}},
+            "required": ["street"]});
+        let tools = vec![
+            tool(
+                "ship",
+                Some(json!({"type": "object", "$defs": {"Address": address},
+                "properties": {"to": {"$ref": "#/$defs/Address"}}, "required": ["to"]})),
+            ),
+            tool(
+                "tree",
+                Some(json!({"type": "object", "properties": {
+                "kids": {"type": "array", "items": {"$ref": "#"}}}})),
+            ),
+            tool("ping", None),
+        ];
+        let envelope = tools::call_schema(&tools, &Choice::Required, CallFormat::detect(None));
+        let call = |text: &str| {
+            let mut c = g.json(envelope.clone()).unwrap();
+            takes(&g, &mut c, text)
+        };
+        assert!(call(
+            r#"{"name": "ship", "arguments": {"to": {"street": "Main"}}}"#
+        ));
+        assert!(!call(
+            r#"{"name": "ship", "arguments": {"to": {"city": "Paris"}}}"#
+        ));
+        // `#` is the tool's own schema, not the envelope.
+        assert!(call(
+            r#"{"name": "tree", "arguments": {"kids": [{"kids": []}]}}"#
+        ));
+        assert!(!call(
+            r#"{"name": "tree", "arguments": {"kids": [{"name": "ping"}]}}"#
+        ));
+        // Unnamed keys are refused, and a tool without parameters takes only `{}`.
+        assert!(!call(
+            r#"{"name": "ship", "arguments": {"to": {"street": "a"}, "x": 1}}"#
+        ));
+        assert!(call(r#"{"name": "ping", "arguments": {}}"#));
+        assert!(!call(r#"{"name": "ping", "arguments": {"a": 1}}"#));
+        // A free-form object stays free.
+        let mut free = g.json(json!({"type": "object"})).unwrap();
+        assert!(takes(&g, &mut free, r#"{"any": [1, 2]}"#));
     }
 
     #[test]

@@ -423,6 +423,8 @@ struct Prepared {
     logprobs: Option<usize>,
     constraint: Option<Box<dyn Constraint>>,
     tools: bool,
+    /// The answer is a tool call, whatever the model writes (`tool_choice` required or named).
+    forced_call: bool,
     stream: bool,
     include_usage: bool,
 }
@@ -545,6 +547,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         logprobs,
         constraint,
         tools: choice != Choice::None,
+        forced_call: matches!(choice, Choice::Required | Choice::Named(_)),
         stream: req.stream.unwrap_or(false),
         include_usage: req
             .stream_options
@@ -661,6 +664,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         logprobs,
         constraint: None,
         tools: false,
+        forced_call: false,
         stream: req.stream.unwrap_or(false),
         include_usage: req
             .stream_options
@@ -713,6 +717,7 @@ async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Respons
             }
         },
         logprobs: p.logprobs.is_some(),
+        forced_call: p.forced_call,
         prompt_tokens: prompt_len,
         generated: 0,
     };
@@ -732,6 +737,8 @@ struct Answer {
     decoder: StreamDecoder<Arc<Tokenizer>>,
     out: Output,
     logprobs: bool,
+    /// The answer is a tool call (its first chunk's `content` is null, as OpenAI's is).
+    forced_call: bool,
     prompt_tokens: usize,
     /// Tokens received so far.
     generated: usize,
@@ -941,7 +948,8 @@ fn stream(
         if a.kind == Kind::Chat
             && !send(chunk(
                 &a,
-                json!({"role": "assistant", "content": ""}),
+                json!({"role": "assistant",
+                    "content": if a.forced_call { Value::Null } else { json!("") }}),
                 None,
                 Value::Null,
             ))

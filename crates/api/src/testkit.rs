@@ -32,7 +32,7 @@ pub const ROUTES: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 
 /// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
 /// markers.
-fn vocabulary() -> Vec<u8> {
+pub(crate) fn vocabulary() -> Vec<u8> {
     let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
     tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
     tokens.extend([

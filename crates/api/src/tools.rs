@@ -139,12 +139,20 @@ pub fn parameters(t: &Tool) -> Value {
 /// The JSON schema of one call envelope of `format`, `{"name": …, "arguments": {…}}` (Llama 3
 /// names them `parameters`; Mistral's list adds the call's nine-character `id`), over the
 /// picked tools. `name` comes first, so a stream names the function before its arguments.
+///
+/// Each tool's parameters sit in the envelope's `$defs` under a name of their own, with their
+/// references rewritten to point into it: `#/$defs/Address` (pydantic's nested models) and `#`
+/// (a recursive schema) mean the tool's own schema, not the envelope around it.
 pub fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value {
     let shape = format.shape();
-    let one = |t: &Tool| {
+    let mut defs = serde_json::Map::new();
+    let mut one = |i: usize, t: &Tool| {
+        let key = format!("strata_tool_{i}");
+        let at = format!("#/$defs/{key}");
+        defs.insert(key, rebase_refs(closed(parameters(t)), &at));
         let mut props = serde_json::Map::new();
         props.insert("name".into(), json!({"const": t.function.name}));
-        props.insert(shape.args_key.into(), parameters(t));
+        props.insert(shape.args_key.into(), json!({ "$ref": at }));
         let mut required = vec![json!("name"), json!(shape.args_key)];
         if shape.id {
             props.insert(
@@ -160,12 +168,96 @@ pub fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value
             "additionalProperties": false,
         })
     };
-    let all: Vec<Value> = picked(tools, choice).map(one).collect();
-    if all.len() == 1 {
+    let all: Vec<Value> = picked(tools, choice)
+        .enumerate()
+        .map(|(i, t)| one(i, t))
+        .collect();
+    let mut root = if all.len() == 1 {
         all.into_iter().next().unwrap_or(Value::Null)
     } else {
         json!({ "anyOf": all })
+    };
+    if let Value::Object(m) = &mut root {
+        m.insert("$defs".into(), Value::Object(defs));
     }
+    root
+}
+
+/// Keywords whose value is a map of names to schemas.
+const SCHEMA_MAPS: [&str; 5] = [
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+];
+/// Keywords whose value is a schema (or, for `items`, a list of them in old drafts).
+const SCHEMA_ONE: [&str; 10] = [
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+];
+/// Keywords whose value is a list of schemas.
+const SCHEMA_LISTS: [&str; 4] = ["anyOf", "oneOf", "allOf", "prefixItems"];
+
+/// Applies `f` to `schema` and to every schema inside it (by keyword, so data such as a
+/// `const`, `enum` or `default`, and property names, are never taken for schemas).
+fn walk(schema: &mut Value, f: &mut dyn FnMut(&mut serde_json::Map<String, Value>)) {
+    let Value::Object(m) = schema else { return };
+    f(m);
+    for (k, v) in m.iter_mut() {
+        let k = k.as_str();
+        if SCHEMA_MAPS.contains(&k) {
+            if let Value::Object(children) = v {
+                for c in children.values_mut() {
+                    walk(c, f);
+                }
+            }
+        } else if SCHEMA_ONE.contains(&k) || SCHEMA_LISTS.contains(&k) {
+            match v {
+                Value::Array(list) => list.iter_mut().for_each(|c| walk(c, f)),
+                other => walk(other, f),
+            }
+        }
+    }
+}
+
+/// `schema` with every object that lists its properties but does not say whether it takes
+/// others closed to others (`additionalProperties: false`), as llama.cpp's JSON-schema grammar
+/// and OpenAI's strict mode read it: otherwise a weak model may add keys until its budget
+/// ends and never finish the call. An object without `properties` stays open: that is a
+/// free-form object by intent (`json_object`).
+pub fn closed(mut schema: Value) -> Value {
+    walk(&mut schema, &mut |m| {
+        if m.contains_key("properties")
+            && !m.contains_key("additionalProperties")
+            && !m.contains_key("patternProperties")
+            && !m.contains_key("unevaluatedProperties")
+        {
+            m.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    });
+    schema
+}
+
+/// `schema`, moved to `at` inside another document: every local reference (`#…`) is rewritten
+/// to point at the same place under `at`.
+fn rebase_refs(mut schema: Value, at: &str) -> Value {
+    walk(&mut schema, &mut |m| {
+        if let Some(Value::String(r)) = m.get_mut("$ref")
+            && let Some(rest) = r.strip_prefix('#')
+        {
+            *r = format!("{at}{rest}");
+        }
+    });
+    schema
 }
 
 /// The default tool instructions for templates without tool support.

@@ -219,9 +219,11 @@ def tool_calls_required_named_and_auto_are_schema_valid():
 def streamed_tool_calls_arrive_as_deltas():
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo in fahrenheit?"}], tools=TOOLS,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, temperature=0)
-    calls, finish, pieces = {}, None, 0
+    calls, finish, pieces, first = {}, None, 0, None
     for c in client.chat.completions.create(stream=True, **args):
         for ch in c.choices:
+            if first is None:
+                first = ch.delta
             for d in ch.delta.tool_calls or []:
                 if d.function and d.function.arguments:
                     pieces += 1
@@ -235,6 +237,8 @@ def streamed_tool_calls_arrive_as_deltas():
             if ch.finish_reason:
                 finish = ch.finish_reason
     assert finish == "tool_calls" and len(calls) == 1
+    # The answer is a call: its first chunk has no text, `content` null (as OpenAI sends it).
+    assert first.role == "assistant" and first.content is None, first
     call = calls[0]
     assert call["id"] and call["name"] == "get_weather"
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["get_weather"])
