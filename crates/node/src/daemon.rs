@@ -87,8 +87,10 @@ struct Shared {
     threads: usize,
     /// The instance table, while this node leads.
     table: Mutex<Vec<InstanceSpec>>,
-    /// The last table seen from any leader (a new leader starts from it).
-    last_table: Mutex<Vec<InstanceSpec>>,
+    /// How many changes `table` has seen in the cluster's history (see [`Followed`]).
+    table_version: std::sync::atomic::AtomicU64,
+    /// The table this node follows and its version: the leader's, as last seen.
+    last_table: Mutex<Followed>,
     was_leader: AtomicBool,
     /// Ranks this node runs, by (instance, epoch).
     hosted: Mutex<BTreeMap<(String, u64), Host>>,
@@ -297,7 +299,8 @@ pub async fn run(
         data_host,
         threads,
         table: Mutex::new(Vec::new()),
-        last_table: Mutex::new(Vec::new()),
+        table_version: std::sync::atomic::AtomicU64::new(0),
+        last_table: Mutex::new(Followed::default()),
         was_leader: AtomicBool::new(false),
         hosted: Mutex::new(BTreeMap::new()),
         served: Mutex::new(None),
@@ -379,6 +382,7 @@ async fn publish(shared: &Shared) -> Result<()> {
                     None
                 },
                 "hosted": locked(&shared.hosted).values().map(|h| h.info.clone()).collect::<Vec<_>>(),
+                "followed": followed(shared),
             }),
         }
     };
@@ -576,6 +580,51 @@ fn leader_table(s: &Snapshot) -> Option<Vec<InstanceSpec>> {
     serde_json::from_value(st.extra.get("table")?.clone()).ok()
 }
 
+/// The version of the leader's table, from its published state.
+fn leader_version(s: &Snapshot) -> Option<u64> {
+    let leader = s.leader.as_deref()?;
+    let m = s.members.iter().find(|m| m.id == leader)?;
+    let f = m.state.as_ref()?.extra.get("followed")?;
+    f.get("version")?.as_u64()
+}
+
+/// An instance table with its version: the number of changes leaders have made to it, carried
+/// from leader to leader. Every node publishes the table it follows, so a leader that has just
+/// started (a restarted node with the smallest id) takes up the newest table any member holds
+/// instead of imposing its own empty one, and members never drop their instances for a table
+/// older than the one they run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Followed {
+    version: u64,
+    table: Vec<InstanceSpec>,
+}
+
+/// What this node follows now: its own table when it leads.
+fn followed(shared: &Shared) -> Followed {
+    if shared.control.is_leader() {
+        Followed {
+            version: shared.table_version.load(Ordering::Relaxed),
+            table: locked(&shared.table).clone(),
+        }
+    } else {
+        locked(&shared.last_table).clone()
+    }
+}
+
+/// The newest table any member (this one included) publishes.
+fn newest_followed(s: &Snapshot) -> Option<Followed> {
+    s.members
+        .iter()
+        .filter_map(|m| m.state.as_ref()?.extra.get("followed"))
+        .filter_map(|v| serde_json::from_value::<Followed>(v.clone()).ok())
+        .max_by_key(|f| f.version)
+}
+
+/// Leader: counts one change to the table.
+fn table_changed(shared: &Shared) {
+    shared.table_version.fetch_add(1, Ordering::Relaxed);
+}
+
 /// What each member says it hosts, by node id.
 fn hosted_by(s: &Snapshot) -> BTreeMap<String, Vec<Hosted>> {
     s.members
@@ -669,6 +718,7 @@ async fn leader_load(
         problem: None,
     };
     locked(&shared.table).push(spec.clone());
+    table_changed(shared);
     let _ = publish(shared).await;
     Ok(spec)
 }
@@ -680,6 +730,7 @@ fn leader_unload(shared: &Shared, id: &str) -> std::result::Result<(), String> {
     if t.len() == before {
         return Err(format!("no instance {id:?}"));
     }
+    table_changed(shared);
     Ok(())
 }
 
@@ -724,28 +775,43 @@ async fn instances_loop(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let snap = shared.control.snapshot();
-        if let Some(t) = leader_table(&snap) {
-            *locked(&shared.last_table) = t;
+        // Follow the leader's table, unless it is older than the one followed already (a
+        // leader that has just started and not yet taken up the cluster's table).
+        if let (Some(t), Some(v)) = (leader_table(&snap), leader_version(&snap)) {
+            let mut last = locked(&shared.last_table);
+            if v >= last.version {
+                *last = Followed {
+                    version: v,
+                    table: t,
+                };
+            }
         }
         if shared.control.is_leader() {
             if !shared.was_leader.swap(true, Ordering::Relaxed) {
                 let inherited = locked(&shared.last_table).clone();
                 let mut t = locked(&shared.table);
-                for spec in inherited {
-                    if !t.iter().any(|s| s.id == spec.id) {
-                        t.push(spec);
-                    }
+                if inherited.version >= shared.table_version.load(Ordering::Relaxed) {
+                    *t = inherited.table;
+                    shared
+                        .table_version
+                        .store(inherited.version, Ordering::Relaxed);
                 }
+            }
+            // A member may follow a newer table than this leader has (this node restarted and
+            // leads by its id): take it up before anything else.
+            if let Some(newest) = newest_followed(&snap)
+                && newest.version > shared.table_version.load(Ordering::Relaxed)
+            {
+                *locked(&shared.table) = newest.table;
+                shared
+                    .table_version
+                    .store(newest.version, Ordering::Relaxed);
             }
             replace_lost(&shared, &snap).await;
         } else {
             shared.was_leader.store(false, Ordering::Relaxed);
         }
-        let table = if shared.control.is_leader() {
-            locked(&shared.table).clone()
-        } else {
-            leader_table(&snap).unwrap_or_default()
-        };
+        let table = followed(&shared).table;
         host(&shared, &snap, &table);
     }
 }
@@ -803,6 +869,8 @@ async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
             }
             Err(e) => s.problem = Some(e.to_string()),
         }
+        drop(t);
+        table_changed(shared);
     }
 }
 

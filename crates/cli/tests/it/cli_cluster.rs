@@ -677,4 +677,37 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
+
+    // The dead node comes back with the smallest id, so it leads as soon as it joins, knowing
+    // no table: it must take up the cluster's, not impose its own empty one.
+    std::fs::write(net.dir.path().join(format!("state{rank1}/node-id")), "0\n").expect("id");
+    let home = net.dir.path().join(format!("store{rank1}"));
+    let no_pip = net.dir.path().join("no-python-here");
+    if rank1 == 1 {
+        net.start(rank1, &key);
+    } else {
+        net.start_env(
+            rank1,
+            &key,
+            &[("STRATA_HOME", &home), ("STRATA_PYTHON", &no_pip)],
+        );
+    }
+    net.wait_for(
+        "the node rejoins and leads",
+        Duration::from_secs(30),
+        || {
+            net.status(serving)
+                .is_some_and(|s| s["leader"].as_str() == Some("0"))
+        },
+    );
+    for _ in 0..10 {
+        let (code, body) = complete(&net, serving, 24);
+        assert_eq!(
+            code, 200,
+            "the instance was dropped after a node rejoined: {body}"
+        );
+        let v: Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
