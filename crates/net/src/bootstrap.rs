@@ -301,34 +301,47 @@ impl<'a> Incoming<'a> {
 }
 
 /// Acceptor's side of one handshake, within [`HANDSHAKE_TIMEOUT`]: sends a share, checks the
-/// dialer's proof, derives the keys. A dialer that fails the proof gets a (plain) refusal.
-fn accept_handshake(mut s: TcpStream, token: &str) -> Result<Accepted> {
+/// dialer's proof, derives the keys. A dialer that fails the proof gets a (plain) refusal. The
+/// error says, for the log, why the connection was dropped.
+fn accept_handshake(mut s: TcpStream, token: &str) -> std::result::Result<Accepted, String> {
+    // The dialer has no rank yet: errors name what went wrong instead.
     let peer = usize::MAX;
+    let why = |e: Error| match e {
+        Error::Handshake(w) => w,
+        Error::PeerClosed { .. } => "it closed the connection before its hello".into(),
+        Error::Io { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            format!("no hello within {HANDSHAKE_TIMEOUT:?}")
+        }
+        Error::Io { what, source, .. } => format!("{what}: {source}"),
+        other => other.to_string(),
+    };
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     s.set_nonblocking(false)
         .and_then(|()| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
-        .map_err(io(peer, "configuring a connection"))?;
-    let (secret, acceptor) = handshake::new_share()?;
-    write_frame(peer, &mut s, &acceptor)?;
-    let frame = read_frame(peer, &mut s, Some(deadline))?;
+        .map_err(|e| format!("configuring the connection: {e}"))?;
+    let (secret, acceptor) = handshake::new_share().map_err(why)?;
+    write_frame(peer, &mut s, &acceptor).map_err(why)?;
+    let frame = read_frame(peer, &mut s, Some(deadline)).map_err(why)?;
     let (hello, dialer) = match handshake::decode_dial(token, &acceptor, &frame) {
         Ok(x) => x,
         Err(e) => {
-            let why = match &e {
-                Error::Handshake(w) => w.clone(),
-                other => other.to_string(),
-            };
-            if let Ok(v) = handshake::encode_verdict(token, None, &Verdict::Refused(why)) {
+            let why = why(e);
+            if let Ok(v) = handshake::encode_verdict(token, None, &Verdict::Refused(why.clone())) {
                 let _ = write_frame(peer, &mut s, &v);
             }
-            return Err(e);
+            return Err(why);
         }
     };
     let shares = Shares { acceptor, dialer };
-    let shared = handshake::agree(secret, &dialer)?;
-    let keys = handshake::derive_keys(token, &shared, &shares, Role::Acceptor)?;
+    let shared = handshake::agree(secret, &dialer).map_err(why)?;
+    let keys = handshake::derive_keys(token, &shared, &shares, Role::Acceptor).map_err(why)?;
     s.set_read_timeout(Some(BOOTSTRAP_READ))
-        .map_err(io(peer, "configuring a connection"))?;
+        .map_err(|e| format!("configuring the connection: {e}"))?;
     Ok(Accepted {
         conn: Conn { stream: s, keys },
         hello,
