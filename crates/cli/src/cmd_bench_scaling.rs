@@ -70,6 +70,9 @@ struct Row {
     plaintext: bool,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// The fastest repetition's decode speed: interference from other work only slows a run
+    /// down, so the best of several compares two configurations more steadily than medians.
+    decode_best_tok_s: f64,
     /// Rank 0's time inside exchanges per decoded token, and its share of the token time.
     comm_us_per_token: Option<f64>,
     comm_share: Option<f64>,
@@ -111,6 +114,7 @@ impl Ctx<'_> {
             plaintext: false,
             prefill_tok_s: median(&pp),
             decode_tok_s: median(&tg),
+            decode_best_tok_s: tg.iter().copied().fold(0.0, f64::max),
             comm_us_per_token: None,
             comm_share: None,
         })
@@ -202,6 +206,7 @@ impl Ctx<'_> {
                     plaintext,
                     prefill_tok_s: median(&pp),
                     decode_tok_s: median(&tg),
+                    decode_best_tok_s: tg.iter().copied().fold(0.0, f64::max),
                     comm_us_per_token: Some(median(&comm.iter().map(|c| c.0).collect::<Vec<_>>())),
                     comm_share: Some(median(&comm.iter().map(|c| c.1).collect::<Vec<_>>())),
                 },
@@ -218,20 +223,24 @@ impl Ctx<'_> {
     }
 }
 
-/// What sealing cost one split: the difference in decode time per token between its sealed
-/// (default) and plaintext runs, and that difference's share of the sealed token time.
+/// What sealing cost one split: the difference in decode time per token between the best
+/// repetitions of its sealed (default) and plaintext runs, and that difference's share of the
+/// sealed token time.
 fn sealing_cost(sealed: &Row, plain: &Row) -> serde_json::Value {
-    let per_token = |r: &Row| 1e6 / r.decode_tok_s.max(1e-9);
-    let us = per_token(sealed) - per_token(plain);
+    let per_token = |tok_s: f64| 1e6 / tok_s.max(1e-9);
+    let (s, p) = (sealed.decode_best_tok_s, plain.decode_best_tok_s);
+    let us = per_token(s) - per_token(p);
     json!({
         "strategy": sealed.strategy,
         "transport": sealed.transport,
-        "sealed_decode_tok_s": sealed.decode_tok_s,
-        "plaintext_decode_tok_s": plain.decode_tok_s,
+        "sealed_decode_tok_s": s,
+        "plaintext_decode_tok_s": p,
+        "sealed_decode_median_tok_s": sealed.decode_tok_s,
+        "plaintext_decode_median_tok_s": plain.decode_tok_s,
         "sealed_prefill_tok_s": sealed.prefill_tok_s,
         "plaintext_prefill_tok_s": plain.prefill_tok_s,
         "us_per_token": us,
-        "share_of_token_time": us / per_token(sealed),
+        "share_of_token_time": us / per_token(s),
     })
 }
 
@@ -569,7 +578,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     }
     if !sealing.is_empty() {
         println!(
-            "\ncost of sealing the data plane (AES-256-GCM), decode, sealed vs plaintext (insecure):"
+            "\ncost of sealing the data plane (AES-256-GCM), decode, best repetition, sealed vs plaintext (insecure):"
         );
         println!("| split | transport | sealed tok/s | plaintext tok/s | us/token | share |");
         println!("| --- | --- | ---: | ---: | ---: | ---: |");
