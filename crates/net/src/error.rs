@@ -46,7 +46,7 @@ pub enum Error {
     /// A record on a protected link did not authenticate: it was altered, replayed, reordered
     /// or dropped in transit, or the peer holds other keys. Nothing of it was delivered.
     #[error(
-        "data from rank {peer} failed authentication ({what}): it was altered, replayed, reordered or dropped in transit; the link is closed"
+        "data from rank {peer} failed authentication ({what}): it was altered, replayed, reordered or dropped in transit; nothing of it was used"
     )]
     Auth {
         /// The rank.
