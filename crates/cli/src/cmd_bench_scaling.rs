@@ -6,7 +6,9 @@
 //! experts, expert parallelism) over each transport, a sweep of emulated link latencies, pipeline throughput with several sequences in flight, and
 //! (where llama.cpp's tools are installed) llama.cpp alone and llama.cpp's RPC backend with two
 //! single-threaded servers. Figures are medians of several repetitions; read the ratios, which
-//! are measured under the same machine state, rather than the absolute numbers.
+//! are measured under the same machine state, rather than the absolute numbers. With
+//! `--insecure-plaintext-comparison`, each split also runs with its data plane unprotected, and
+//! the difference is what sealing (AES-256-GCM on every message) costs per token.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -43,6 +45,11 @@ pub(crate) struct ScalingArgs {
     /// Sequences in flight for the pipeline throughput test.
     #[arg(long, default_value_t = 2)]
     seqs: usize,
+    /// Also run every split with the data plane unprotected (no encryption, no authentication)
+    /// and report what sealing it costs per token. Measurement only: the ranks of these runs
+    /// are open to anyone on the path between them.
+    #[arg(long)]
+    insecure_plaintext_comparison: bool,
     #[command(flatten)]
     llama: crate::cmd_bench::LlamaOpts,
     /// Print one JSON object instead of the tables.
@@ -59,8 +66,13 @@ struct Row {
     strategy: String,
     transport: String,
     latency_us: f64,
+    /// The data plane went unprotected (`--insecure-plaintext-comparison` rows only).
+    plaintext: bool,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// The fastest repetition's decode speed: interference from other work only slows a run
+    /// down, so the best of several compares two configurations more steadily than medians.
+    decode_best_tok_s: f64,
     /// Rank 0's time inside exchanges per decoded token, and its share of the token time.
     comm_us_per_token: Option<f64>,
     comm_share: Option<f64>,
@@ -99,8 +111,10 @@ impl Ctx<'_> {
             strategy: "-".into(),
             transport: "-".into(),
             latency_us: 0.0,
+            plaintext: false,
             prefill_tok_s: median(&pp),
             decode_tok_s: median(&tg),
+            decode_best_tok_s: tg.iter().copied().fold(0.0, f64::max),
             comm_us_per_token: None,
             comm_share: None,
         })
@@ -113,6 +127,7 @@ impl Ctx<'_> {
         transport: TransportArg,
         latency: Duration,
         seqs: usize,
+        plaintext: bool,
     ) -> Result<(Row, Option<f64>)> {
         let a = self.a;
         let opts = ShardOpts {
@@ -127,6 +142,7 @@ impl Ctx<'_> {
             rank_weights: None,
             listen: None,
             link_timeout: Duration::from_secs(5),
+            insecure_plaintext: plaintext,
         };
         let session = crate::cmd_shard::launch(
             self.path,
@@ -175,15 +191,22 @@ impl Ctx<'_> {
             Ok((
                 Row {
                     config: format!(
-                        "2 ranks x 1 thread, {strategy}, {transport}, +{latency_us:.0} us"
+                        "2 ranks x 1 thread, {strategy}, {transport}, +{latency_us:.0} us{}",
+                        if plaintext {
+                            ", plaintext (insecure)"
+                        } else {
+                            ""
+                        }
                     ),
                     ranks: 2,
                     threads_per_rank: 1,
                     strategy: strategy.into(),
                     transport: transport.into(),
                     latency_us,
+                    plaintext,
                     prefill_tok_s: median(&pp),
                     decode_tok_s: median(&tg),
+                    decode_best_tok_s: tg.iter().copied().fold(0.0, f64::max),
                     comm_us_per_token: Some(median(&comm.iter().map(|c| c.0).collect::<Vec<_>>())),
                     comm_share: Some(median(&comm.iter().map(|c| c.1).collect::<Vec<_>>())),
                 },
@@ -198,6 +221,36 @@ impl Ctx<'_> {
             Err(e) => Err(session.fail(e)),
         }
     }
+}
+
+/// What sealing cost one split: the difference in decode time per token between the best
+/// repetitions of its sealed (default) and plaintext runs, and that difference's share of the
+/// sealed token time.
+fn sealing_cost(sealed: &Row, plain: &Row) -> serde_json::Value {
+    let per_token = |tok_s: f64| 1e6 / tok_s.max(1e-9);
+    let (s, p) = (sealed.decode_best_tok_s, plain.decode_best_tok_s);
+    let us = per_token(s) - per_token(p);
+    json!({
+        "strategy": sealed.strategy,
+        "transport": sealed.transport,
+        "sealed_decode_tok_s": s,
+        "plaintext_decode_tok_s": p,
+        "sealed_decode_median_tok_s": sealed.decode_tok_s,
+        "plaintext_decode_median_tok_s": plain.decode_tok_s,
+        "sealed_prefill_tok_s": sealed.prefill_tok_s,
+        "plaintext_prefill_tok_s": plain.prefill_tok_s,
+        "us_per_token": us,
+        "share_of_token_time": us / per_token(s),
+    })
+}
+
+/// Sealing and opening one message the size of the model's hidden state for one token (one
+/// f32 per column), on this CPU: the floor of what protection adds to each exchange.
+fn hidden_state_sealing_us(model: &Path) -> Option<f64> {
+    let f = strata_gguf::GgufFile::open(model).ok()?;
+    let width = strata_engine::ModelConfig::from_gguf(&f).ok()?.n_embd;
+    let cost = strata_net::sealing_cost(width * 4, 20_000).ok()?;
+    Some(cost.as_secs_f64() * 1e6)
 }
 
 /// Peak resident memory of every rank, from short `strata run --stats-json` processes: one
@@ -321,6 +374,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     rows.push(ctx.local(1)?);
     rows.push(ctx.local(2)?);
     let mut throughput = None;
+    let mut sealing = Vec::new();
     // A mixture of experts splits by experts, by every expert's columns (one process's sums
     // only) or by layers; a dense model by columns or layers.
     let strategies: &[(StrategyArg, CombineArg)] = if moe {
@@ -346,9 +400,19 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
             } else {
                 1
             };
-            let (row, batch) = ctx.sharded(strategy, combine, transport, Duration::ZERO, seqs)?;
+            let (row, batch) =
+                ctx.sharded(strategy, combine, transport, Duration::ZERO, seqs, false)?;
             if let Some(b) = batch {
                 throughput = Some((seqs, b, row.decode_tok_s));
+            }
+            if a.insecure_plaintext_comparison {
+                progress(&format!(
+                    "{strategy:?} ({combine:?}) over {transport:?}, plaintext"
+                ));
+                let (plain, _) =
+                    ctx.sharded(strategy, combine, transport, Duration::ZERO, 1, true)?;
+                sealing.push(sealing_cost(&row, &plain));
+                rows.push(plain);
             }
             rows.push(row);
         }
@@ -357,7 +421,10 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     for &l in latencies.iter().filter(|l| !l.is_zero()) {
         for &(strategy, combine) in strategies {
             progress(&format!("{strategy:?} ({combine:?}) over shm +{l:?}"));
-            sweep.push(ctx.sharded(strategy, combine, TransportArg::Shm, l, 1)?.0);
+            sweep.push(
+                ctx.sharded(strategy, combine, TransportArg::Shm, l, 1, false)?
+                    .0,
+            );
         }
     }
 
@@ -384,6 +451,8 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
     let base2 = rows[1].decode_tok_s;
     let pp1 = rows[0].prefill_tok_s;
     let all_rows: Vec<&Row> = rows.iter().chain(sweep.iter()).collect();
+    // Figures compare the default (sealed) runs; the plaintext ones only feed `sealing`.
+    let sealed_rows: Vec<&Row> = all_rows.iter().copied().filter(|r| !r.plaintext).collect();
     // The latency at which tensor parallelism stops beating pipeline parallelism.
     let mut crossover = None;
     let mut by_latency: Vec<(f64, f64, f64)> = Vec::new();
@@ -394,7 +463,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
             .map(|l| l.as_secs_f64() * 1e6),
     ) {
         let find = |s: &str| {
-            all_rows
+            sealed_rows
                 .iter()
                 .find(|r| {
                     r.strategy == s && r.transport == "shm" && (r.latency_us - l).abs() < 1e-6
@@ -415,7 +484,12 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         }
     }
     let rpc_tg = llama_rows.get(1).and_then(|r| r["decode_tok_s"].as_f64());
-    let find = |s: &str, t: &str| rows.iter().find(|r| r.strategy == s && r.transport == t);
+    let find = |s: &str, t: &str| {
+        sealed_rows
+            .iter()
+            .copied()
+            .find(|r| r.strategy == s && r.transport == t)
+    };
     let tensor_shm = find("tensor", "shm");
     let tensor_tcp = find("tensor", "tcp");
     let reduce_shm = find("tensor-reduce", "shm");
@@ -451,6 +525,8 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         // Tensor here is the best split of every layer (expert parallelism included).
         "tensor_beats_pipeline_until_us": by_latency.iter().take_while(|x| x.1 >= x.2).last().map(|x| x.0),
         "pipeline_wins_from_us": crossover,
+        "sealing_cost": sealing,
+        "sealing_cost_of_a_hidden_state_message_us": hidden_state_sealing_us(&path),
     });
     if a.json {
         println!(
@@ -499,6 +575,24 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
             r["decode_tok_s"].as_f64().unwrap_or(0.0),
             r["decode_tok_s"].as_f64().unwrap_or(0.0) / base1,
         );
+    }
+    if !sealing.is_empty() {
+        println!(
+            "\ncost of sealing the data plane (AES-256-GCM), decode, best repetition, sealed vs plaintext (insecure):"
+        );
+        println!("| split | transport | sealed tok/s | plaintext tok/s | us/token | share |");
+        println!("| --- | --- | ---: | ---: | ---: | ---: |");
+        for c in &sealing {
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % |",
+                c["strategy"].as_str().unwrap_or("?"),
+                c["transport"].as_str().unwrap_or("?"),
+                c["sealed_decode_tok_s"].as_f64().unwrap_or(0.0),
+                c["plaintext_decode_tok_s"].as_f64().unwrap_or(0.0),
+                c["us_per_token"].as_f64().unwrap_or(0.0),
+                c["share_of_token_time"].as_f64().unwrap_or(0.0) * 100.0,
+            );
+        }
     }
     if let Some((s, b, single)) = throughput {
         println!(

@@ -61,6 +61,10 @@ pub(crate) struct ShardOpts {
     /// (token in $STRATA_TOKEN); without it, workers are started on this host.
     #[arg(long)]
     pub(crate) listen: Option<SocketAddr>,
+    /// Sends the data plane unprotected: set only by `strata bench scaling
+    /// --insecure-plaintext-comparison` to measure what sealing costs, never by a run.
+    #[arg(skip)]
+    pub(crate) insecure_plaintext: bool,
 }
 
 fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
@@ -317,6 +321,7 @@ pub(crate) fn launch(
         },
         join_timeout: Duration::from_secs(if external { 600 } else { 60 }),
         stall_timeout: opts.link_timeout,
+        insecure_plaintext: opts.insecure_plaintext,
     };
     let comm = strata_net::coordinate(&mesh, listener).context("connecting the ranks")?;
     let assignment = Assignment {
@@ -372,6 +377,8 @@ pub(crate) fn worker(a: WorkerArgs) -> Result<()> {
         shape: LinkShape::default(),
         join_timeout: Duration::from_secs(600),
         stall_timeout: Duration::from_secs(300),
+        // Learned from rank 0 (sealed), like the transport.
+        insecure_plaintext: false,
     };
     let mut comm = strata_net::join(&mesh).context("joining rank 0")?;
     let assignment: Assignment =

@@ -5,32 +5,43 @@
 //! maps it, and rank 0 removes its name once all have: nothing is left behind even if a process
 //! is killed later. The TCP connections stay open beside the rings so a dead peer is noticed.
 //!
-//! Every connection starts with a mutual proof of the session token, which never crosses the
-//! wire: the accepting side sends a fresh challenge, the dialer answers with its hello and an
-//! HMAC over the challenge, its own nonce and the hello (checked before the hello is parsed), and
-//! the acceptor's verdict carries an HMAC over both nonces in turn. A process that does not know
-//! the token, speaks another protocol version, or claims a rank that is taken is turned away
-//! with a clear error on both sides, and a recorded handshake is useless to replay.
+//! Every connection starts with the handshake of [`crate::handshake`] (a mutual proof of the
+//! session token and an ephemeral key exchange); everything after it is sealed
+//! ([`crate::seal`]). A process that does not know the token, speaks another protocol version,
+//! or claims a rank that is taken is turned away with a clear error on both sides. Handshakes
+//! run concurrently, each within a few seconds, so connections that never complete one (a
+//! stranger holding the port open) cannot stop the ranks from meeting.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::comm::KeyedLink;
 use crate::error::io;
-use crate::link::{Control, Link, ShmLink, ShmRegion, TcpLink};
+use crate::handshake::{
+    self, FRAME_HEAD, Hello, MAGIC, MAX_HELLO, PROTOCOL_VERSION, Role, Shares, Table, Verdict,
+};
+use crate::link::{Control, ShmLink, ShmRegion, TcpLink};
+use crate::seal::{SEALED_HEADER, SessionKeys, TAG};
 use crate::{Communicator, Error, LinkShape, Result};
 
-/// The wire protocol version; ranks of different versions refuse each other.
-pub const PROTOCOL_VERSION: u32 = 2;
-const MAGIC: &[u8; 8] = b"STRATA\x00\x02";
-/// Largest bootstrap message accepted before the peer is trusted.
-const MAX_HELLO: usize = 64 << 10;
 /// Bytes of each shared-memory ring.
 pub const SHM_RING_BYTES: usize = 4 << 20;
+/// How long an accepted connection may take to complete its side of the handshake (send a
+/// proven hello). A legitimate rank needs a round trip; a silent or dripping stranger is
+/// dropped after this, and never holds up the ranks that do answer (each handshake runs on
+/// its own thread).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most handshakes in progress at once on one listener. Beyond this a new connection is
+/// closed at once (a legitimate dialer retries), so a flood costs a bounded number of threads.
+const MAX_PENDING: usize = 64;
+/// How long a bootstrap message between ranks that have completed their handshake may take.
+const BOOTSTRAP_READ: Duration = Duration::from_secs(30);
 
 /// How ranks exchange data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,81 +87,109 @@ pub struct MeshConfig {
     /// Rank 0 only (workers learn it): how long a peer may stay silent (no data and no
     /// heartbeat; heartbeats flow several times a second) before it counts as lost.
     pub stall_timeout: Duration,
+    /// Rank 0 only (workers learn it, sealed): send the data plane's messages in the clear,
+    /// unauthenticated. Only for measuring what the protection costs; never a default. The
+    /// handshake and the bootstrap messages are protected either way.
+    pub insecure_plaintext: bool,
 }
 
-#[derive(Serialize, Deserialize)]
-struct Hello {
-    version: u32,
-    rank: usize,
-    world: usize,
-    /// Where the sender listens (workers registering with rank 0).
-    addr: Option<SocketAddr>,
-    /// Which host the sender runs on (kernel boot id), to check shared-memory reachability.
-    host: String,
-    /// Whether this connection is the pair's heartbeat connection (TCP transport).
-    #[serde(default)]
-    control: bool,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Table {
-    addrs: Vec<SocketAddr>,
-    transport: Transport,
-    shm_path: Option<PathBuf>,
-    latency_ns: u64,
-    bandwidth: Option<f64>,
-    stall_ms: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-enum Verdict {
-    Welcome,
-    Refused(String),
-}
+/// Whether frames over shared memory are sealed like those over TCP.
+///
+/// The rings live in an owner-only file under `/dev/shm`, so only processes of the same user
+/// reach them; on a plain host those can also read the ranks' memory, and sealing would not
+/// keep them out. But containers of one user that share `/dev/shm` (`--ipc=host`) reach the
+/// file without reaching each other's memory, and sealing costs little next to a decode step
+/// (see README's scaling table), so shared memory is protected the same way as TCP.
+const SEAL_SHM: bool = true;
 
 fn write_frame(peer: usize, s: &mut TcpStream, body: &[u8]) -> Result<()> {
-    s.write_all(MAGIC)
-        .and_then(|()| s.write_all(&(body.len() as u32).to_le_bytes()))
-        .and_then(|()| s.write_all(body))
-        .map_err(io(peer, "sending a handshake"))
+    let mut frame = Vec::with_capacity(FRAME_HEAD + body.len());
+    frame.extend_from_slice(MAGIC);
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(body);
+    s.write_all(&frame).map_err(io(peer, "sending a handshake"))
 }
 
-fn read_frame(peer: usize, s: &mut TcpStream) -> Result<Vec<u8>> {
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).map_err(|e| {
+/// Fills `buf` from `s`, giving up at `deadline` however the bytes trickle in (a read timeout
+/// alone would let a peer that sends a byte now and then hold the connection forever).
+fn read_exact_by(
+    s: &mut TcpStream,
+    mut buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            s.set_read_timeout(Some(left))?;
+        }
+        match s.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn read_err(peer: usize, what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             Error::PeerClosed { peer }
         } else {
-            io(peer, "receiving a handshake")(e)
+            io(peer, what)(e)
         }
-    })?;
-    if &head[..8] != MAGIC {
-        return Err(Error::Handshake(format!(
-            "a connection from {} does not speak strata protocol version {PROTOCOL_VERSION}",
-            s.peer_addr().map_or("?".into(), |a| a.to_string())
-        )));
     }
-    let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
-    if len > MAX_HELLO {
-        return Err(Error::Handshake(format!(
-            "handshake of {len} bytes refused"
-        )));
-    }
+}
+
+fn read_frame(peer: usize, s: &mut TcpStream, deadline: Option<Instant>) -> Result<Vec<u8>> {
+    let mut head = [0u8; FRAME_HEAD];
+    read_exact_by(s, &mut head, deadline).map_err(read_err(peer, "receiving a handshake"))?;
+    let len = handshake::parse_frame_head(&head)?;
     let mut body = vec![0; len];
-    s.read_exact(&mut body)
-        .map_err(io(peer, "receiving a handshake"))?;
+    read_exact_by(s, &mut body, deadline).map_err(read_err(peer, "receiving a handshake"))?;
     Ok(body)
 }
 
-fn send_json<T: Serialize>(peer: usize, s: &mut TcpStream, v: &T) -> Result<()> {
-    let body = serde_json::to_vec(v).map_err(|e| Error::Handshake(e.to_string()))?;
-    write_frame(peer, s, &body)
+/// A connection whose handshake is complete: everything on it from now on is sealed.
+struct Conn {
+    stream: TcpStream,
+    keys: SessionKeys,
 }
 
-fn recv_json<T: for<'de> Deserialize<'de>>(peer: usize, s: &mut TcpStream) -> Result<T> {
-    let body = read_frame(peer, s)?;
-    serde_json::from_slice(&body)
-        .map_err(|e| Error::Handshake(format!("malformed handshake from rank {peer}: {e}")))
+impl Conn {
+    fn send<T: Serialize>(&mut self, peer: usize, v: &T) -> Result<()> {
+        let body = serde_json::to_vec(v).map_err(|e| Error::Handshake(e.to_string()))?;
+        let mut wire = Vec::with_capacity(SEALED_HEADER + body.len() + TAG);
+        self.keys.seal_message(peer, &body, &mut wire)?;
+        self.stream
+            .write_all(&wire)
+            .map_err(io(peer, "sending a bootstrap message"))
+    }
+
+    fn recv<T: for<'de> Deserialize<'de>>(&mut self, peer: usize) -> Result<T> {
+        let what = "receiving a bootstrap message";
+        let deadline = Some(Instant::now() + BOOTSTRAP_READ);
+        let mut head = [0u8; SEALED_HEADER];
+        read_exact_by(&mut self.stream, &mut head, deadline).map_err(read_err(peer, what))?;
+        let h = self.keys.rx.open_header(peer, &head)?;
+        if h.len > MAX_HELLO {
+            return Err(Error::Oversized {
+                peer,
+                len: h.len as u64,
+                max: MAX_HELLO,
+            });
+        }
+        let mut body = vec![0; h.len + TAG];
+        read_exact_by(&mut self.stream, &mut body, deadline).map_err(read_err(peer, what))?;
+        let plain = self.keys.rx.open(peer, &mut body)?;
+        serde_json::from_slice(plain).map_err(|e| {
+            Error::Handshake(format!("malformed bootstrap message from rank {peer}: {e}"))
+        })
+    }
 }
 
 /// The kernel's boot id: equal for all processes (and network namespaces) of one host.
@@ -160,28 +199,174 @@ fn host_id() -> String {
         .unwrap_or_default()
 }
 
-fn accept_until(listener: &TcpListener, deadline: Instant, me: usize) -> Result<TcpStream> {
-    listener
-        .set_nonblocking(true)
-        .map_err(io(me, "configuring the listener"))?;
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false)
-                    .map_err(io(me, "configuring a connection"))?;
-                s.set_read_timeout(Some(Duration::from_secs(10)))
-                    .map_err(io(me, "configuring a connection"))?;
-                return Ok(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(Error::Handshake(
-                        "timed out waiting for the other ranks to connect".into(),
-                    ));
+/// A connection whose dialer proved the token; the acceptor's verdict is still to be sent.
+struct Accepted {
+    conn: Conn,
+    hello: Hello,
+    shares: Shares,
+}
+
+/// Connections arriving on a listener, each handshaken on a thread of its own, so that
+/// connections which never complete their hello (strangers, port scanners, a hostile peer)
+/// cannot delay the ranks that do. Only connections that prove the token come out of
+/// [`Incoming::next`]; the rest are dropped with a line on standard error and never take a
+/// rank's place.
+struct Incoming<'a> {
+    listener: &'a TcpListener,
+    me: usize,
+    token: Arc<str>,
+    done_tx: mpsc::Sender<Accepted>,
+    done: mpsc::Receiver<Accepted>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl<'a> Incoming<'a> {
+    fn new(listener: &'a TcpListener, me: usize, token: &str) -> Result<Incoming<'a>> {
+        listener
+            .set_nonblocking(true)
+            .map_err(io(me, "configuring the listener"))?;
+        let (done_tx, done) = mpsc::channel();
+        Ok(Incoming {
+            listener,
+            me,
+            token: token.into(),
+            done_tx,
+            done,
+            pending: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The next connection that proved the token.
+    fn next(&mut self, deadline: Instant) -> Result<Accepted> {
+        loop {
+            loop {
+                match self.listener.accept() {
+                    Ok((s, from)) => self.start(s, from),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // A connection reset before it was accepted, or out of descriptors for a
+                    // moment: neither stops the bootstrap.
+                    Err(e) => {
+                        eprintln!("strata: rank {}: accepting a connection: {e}", self.me);
+                        break;
+                    }
                 }
-                std::thread::sleep(Duration::from_millis(2));
             }
-            Err(e) => return Err(io(me, "accepting a connection")(e)),
+            match self.done.recv_timeout(Duration::from_millis(2)) {
+                Ok(a) => return Ok(a),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    unreachable!("this side holds a sender")
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Handshake(
+                    "timed out waiting for the other ranks to connect".into(),
+                ));
+            }
+        }
+    }
+
+    fn start(&self, s: TcpStream, from: SocketAddr) {
+        let me = self.me;
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            eprintln!(
+                "strata: rank {me}: closed a connection from {from}: {MAX_PENDING} handshakes are already in progress"
+            );
+            return;
+        }
+        let (token, tx, pending) = (
+            Arc::clone(&self.token),
+            self.done_tx.clone(),
+            Arc::clone(&self.pending),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("strata-handshake".into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let result = accept_handshake(s, &token);
+                pending.fetch_sub(1, Ordering::AcqRel);
+                match result {
+                    // After the bootstrap nobody listens any more; the connection just closes.
+                    Ok(a) => drop(tx.send(a)),
+                    Err(e) => eprintln!("strata: rank {me}: refused a connection from {from}: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            eprintln!("strata: rank {me}: closed a connection from {from}: {e}");
+        }
+    }
+}
+
+/// Acceptor's side of one handshake, within [`HANDSHAKE_TIMEOUT`]: sends a share, checks the
+/// dialer's proof, derives the keys. A dialer that fails the proof gets a (plain) refusal. The
+/// error says, for the log, why the connection was dropped.
+fn accept_handshake(mut s: TcpStream, token: &str) -> std::result::Result<Accepted, String> {
+    // The dialer has no rank yet: errors name what went wrong instead.
+    let peer = usize::MAX;
+    let why = |e: Error| match e {
+        Error::Handshake(w) => w,
+        Error::PeerClosed { .. } => "it closed the connection before its hello".into(),
+        Error::Io { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            format!("no hello within {HANDSHAKE_TIMEOUT:?}")
+        }
+        Error::Io { what, source, .. } => format!("{what}: {source}"),
+        other => other.to_string(),
+    };
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    s.set_nonblocking(false)
+        .and_then(|()| s.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .map_err(|e| format!("configuring the connection: {e}"))?;
+    let (secret, acceptor) = handshake::new_share().map_err(why)?;
+    write_frame(peer, &mut s, &acceptor).map_err(why)?;
+    let frame = read_frame(peer, &mut s, Some(deadline)).map_err(why)?;
+    let (hello, dialer) = match handshake::decode_dial(token, &acceptor, &frame) {
+        Ok(x) => x,
+        Err(e) => {
+            let why = why(e);
+            if let Ok(v) = handshake::encode_verdict(token, None, &Verdict::Refused(why.clone())) {
+                let _ = write_frame(peer, &mut s, &v);
+            }
+            return Err(why);
+        }
+    };
+    let shares = Shares { acceptor, dialer };
+    let shared = handshake::agree(secret, &dialer).map_err(why)?;
+    let keys = handshake::derive_keys(token, &shared, &shares, Role::Acceptor).map_err(why)?;
+    s.set_read_timeout(Some(BOOTSTRAP_READ))
+        .map_err(|e| format!("configuring the connection: {e}"))?;
+    Ok(Accepted {
+        conn: Conn { stream: s, keys },
+        hello,
+        shares,
+    })
+}
+
+/// Acceptor: sends the verdict on an accepted hello; the connection is kept on a welcome.
+fn answer(
+    a: Accepted,
+    token: &str,
+    verdict: std::result::Result<(), String>,
+) -> Result<Option<Conn>> {
+    let mut a = a;
+    let peer = a.hello.rank;
+    match verdict {
+        Ok(()) => {
+            let v = handshake::encode_verdict(token, Some(&a.shares), &Verdict::Welcome)?;
+            write_frame(peer, &mut a.conn.stream, &v)?;
+            Ok(Some(a.conn))
+        }
+        Err(why) => {
+            let v = handshake::encode_verdict(token, Some(&a.shares), &Verdict::Refused(why))?;
+            let _ = write_frame(peer, &mut a.conn.stream, &v);
+            Ok(None)
         }
     }
 }
@@ -190,7 +375,8 @@ fn dial_until(addr: SocketAddr, deadline: Instant, peer: usize) -> Result<TcpStr
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
             Ok(s) => {
-                s.set_read_timeout(Some(Duration::from_secs(30)))
+                s.set_read_timeout(Some(BOOTSTRAP_READ))
+                    .and_then(|()| s.set_write_timeout(Some(BOOTSTRAP_READ)))
                     .map_err(io(peer, "configuring a connection"))?;
                 return Ok(s);
             }
@@ -203,136 +389,43 @@ fn dial_until(addr: SocketAddr, deadline: Instant, peer: usize) -> Result<TcpStr
     }
 }
 
-fn check_hello(h: &Hello, cfg: &MeshConfig) -> std::result::Result<(), String> {
-    if h.version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version {} does not match {PROTOCOL_VERSION}",
-            h.version
-        ));
-    }
-    if h.world != cfg.world {
-        return Err(format!(
-            "world size {} does not match {}",
-            h.world, cfg.world
-        ));
-    }
-    if h.rank == 0 || h.rank >= cfg.world {
-        return Err(format!("rank {} is outside 1..{}", h.rank, cfg.world));
-    }
-    Ok(())
-}
-
-/// Bytes of a challenge or nonce.
-const NONCE: usize = 32;
-/// Bytes of a handshake MAC.
-const MAC: usize = 32;
-
-/// HMAC-SHA-256 of `parts` under the session token.
-fn mac(token: &str, parts: &[&[u8]]) -> [u8; MAC] {
-    use hmac::Mac as _;
-    let mut m = <hmac::Hmac<sha2::Sha256>>::new_from_slice(token.as_bytes())
-        .expect("HMAC takes any key length");
-    for p in parts {
-        m.update(&(p.len() as u64).to_le_bytes());
-        m.update(p);
-    }
-    m.finalize().into_bytes().into()
-}
-
-/// The nonces of one handshake: the acceptor's challenge and the dialer's nonce.
-struct Nonces {
-    challenge: [u8; NONCE],
-    dialer: [u8; NONCE],
-}
-
-/// Acceptor: sends a challenge, then reads the dialer's hello and checks its proof of the token
-/// before parsing it. A connection that fails gets a (plain) refusal and is dropped.
-fn accept_hello(s: &mut TcpStream, cfg: &MeshConfig) -> std::result::Result<(Hello, Nonces), ()> {
-    let challenge: [u8; NONCE] = rand::random();
-    write_frame(usize::MAX, s, &challenge).map_err(|_| ())?;
-    let frame = read_frame(usize::MAX, s).map_err(|_| ())?;
-    if frame.len() < MAC + NONCE {
-        return Err(());
-    }
-    let (proof, rest) = frame.split_at(MAC);
-    let (nonce, body) = rest.split_at(NONCE);
-    let expected = mac(&cfg.token, &[b"strata dial", &challenge, nonce, body]);
-    if !same_secret(proof, &expected) {
-        let _ = send_answer(
-            s,
-            cfg,
-            None,
-            &Verdict::Refused("wrong session token".into()),
-        );
-        return Err(());
-    }
-    let hello: Hello = serde_json::from_slice(body).map_err(|_| ())?;
-    let mut dialer = [0u8; NONCE];
-    dialer.copy_from_slice(nonce);
-    Ok((hello, Nonces { challenge, dialer }))
-}
-
-/// Acceptor: the verdict on a hello, with a MAC that proves this side knows the token (none
-/// for a dialer that could not prove it either).
-fn send_answer(
-    s: &mut TcpStream,
-    cfg: &MeshConfig,
-    nonces: Option<&Nonces>,
-    verdict: &Verdict,
-) -> Result<()> {
-    let body = serde_json::to_vec(verdict).map_err(|e| Error::Handshake(e.to_string()))?;
-    let proof = match nonces {
-        Some(n) => mac(
-            &cfg.token,
-            &[b"strata accept", &n.dialer, &n.challenge, &body],
-        ),
-        None => [0; MAC],
+/// Dialer: connects to `peer` at `addr`, answers its challenge with `hello` and a proof of the
+/// token, checks the acceptor's proof and derives the keys. A connection closed before its
+/// challenge arrives (an acceptor with too many handshakes in progress) is retried until the
+/// deadline. `first` is a connection to `addr` already made.
+fn dial(
+    addr: SocketAddr,
+    deadline: Instant,
+    peer: usize,
+    token: &str,
+    hello: &Hello,
+    mut first: Option<TcpStream>,
+) -> Result<Conn> {
+    let (mut s, acceptor) = loop {
+        let mut s = match first.take() {
+            Some(s) => s,
+            None => dial_until(addr, deadline, peer)?,
+        };
+        match read_frame(peer, &mut s, None) {
+            Ok(body) => break (s, handshake::decode_challenge(peer, &body)?),
+            Err(Error::PeerClosed { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
     };
-    let mut frame = proof.to_vec();
-    frame.extend_from_slice(&body);
-    write_frame(usize::MAX, s, &frame)
-}
-
-/// Dialer: answers the challenge with `hello` and its proof, then reads the verdict and checks
-/// the acceptor's proof before trusting a welcome.
-fn dial_hello(s: &mut TcpStream, peer: usize, cfg: &MeshConfig, hello: &Hello) -> Result<()> {
-    let challenge = read_frame(peer, s)?;
-    if challenge.len() != NONCE {
-        return Err(Error::Handshake(format!(
-            "rank {peer} sent a malformed challenge"
-        )));
-    }
-    let nonce: [u8; NONCE] = rand::random();
-    let body = serde_json::to_vec(hello).map_err(|e| Error::Handshake(e.to_string()))?;
-    let mut frame = mac(&cfg.token, &[b"strata dial", &challenge, &nonce, &body]).to_vec();
-    frame.extend_from_slice(&nonce);
-    frame.extend_from_slice(&body);
-    write_frame(peer, s, &frame)?;
-    let answer = read_frame(peer, s)?;
-    if answer.len() < MAC {
-        return Err(Error::Handshake(format!(
-            "rank {peer} sent a malformed verdict"
-        )));
-    }
-    let (proof, body) = answer.split_at(MAC);
-    let authentic = same_secret(
-        proof,
-        &mac(&cfg.token, &[b"strata accept", &nonce, &challenge, body]),
-    );
-    let verdict: Verdict = serde_json::from_slice(body)
-        .map_err(|e| Error::Handshake(format!("malformed verdict from rank {peer}: {e}")))?;
-    match (verdict, authentic) {
-        (Verdict::Welcome, true) => Ok(()),
-        (Verdict::Welcome, false) => Err(Error::Handshake(format!(
-            "rank {peer} could not prove it knows the session token"
-        ))),
-        (Verdict::Refused(why), _) => Err(Error::Handshake(format!("rank {peer} refused: {why}"))),
-    }
-}
-
-/// Compares secrets in time that does not depend on where they differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (secret, dialer) = handshake::new_share()?;
+    let shares = Shares { acceptor, dialer };
+    write_frame(
+        peer,
+        &mut s,
+        &handshake::encode_dial(token, &shares, hello)?,
+    )?;
+    let verdict = read_frame(peer, &mut s, None)?;
+    handshake::decode_verdict(peer, token, &shares, &verdict)?;
+    let shared = handshake::agree(secret, &acceptor)?;
+    let keys = handshake::derive_keys(token, &shared, &shares, Role::Dialer)?;
+    Ok(Conn { stream: s, keys })
 }
 
 /// Joins the mesh as rank 0, listening on `listener` (already bound, so a launcher can learn its
@@ -340,19 +433,22 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicator> {
     let n = cfg.world;
     let deadline = Instant::now() + cfg.join_timeout;
-    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut incoming = Incoming::new(&listener, 0, &cfg.token)?;
+    let mut streams: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
     let mut addrs: Vec<Option<SocketAddr>> = vec![None; n];
     addrs[0] = Some(cfg.coordinator);
     let me = host_id();
     let mut joined = 1;
     while joined < n {
-        let mut s = accept_until(&listener, deadline, 0)?;
-        // A stray or hostile connection is refused and does not stop the bootstrap.
-        let Ok((hello, nonces)) = accept_hello(&mut s, cfg) else {
-            continue;
-        };
-        let verdict = check_hello(&hello, cfg).and_then(|()| {
-            if streams[hello.rank].is_some() {
+        let a = incoming.next(deadline)?;
+        let hello = a.hello.clone();
+        let verdict = handshake::check_hello(&hello, n).and_then(|()| {
+            if hello.control {
+                Err(format!(
+                    "rank {} sent a heartbeat connection before joining",
+                    hello.rank
+                ))
+            } else if streams[hello.rank].is_some() {
                 Err(format!("rank {} has already joined", hello.rank))
             } else if cfg.transport == Transport::Shm && hello.host != me {
                 Err("the shm transport needs every rank on one host".into())
@@ -362,16 +458,10 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
                 Ok(())
             }
         });
-        match verdict {
-            Ok(()) => {
-                send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
-                addrs[hello.rank] = hello.addr;
-                streams[hello.rank] = Some(s);
-                joined += 1;
-            }
-            Err(why) => {
-                let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
-            }
+        if let Some(conn) = answer(a, &cfg.token, verdict)? {
+            addrs[hello.rank] = hello.addr;
+            streams[hello.rank] = Some(conn);
+            joined += 1;
         }
     }
     let addrs: Vec<SocketAddr> = addrs.into_iter().flatten().collect();
@@ -387,42 +477,35 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         latency_ns: cfg.shape.latency.as_nanos() as u64,
         bandwidth: cfg.shape.bandwidth,
         stall_ms: cfg.stall_timeout.as_millis() as u64,
+        plaintext: cfg.insecure_plaintext,
     };
     let mut controls: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let result = (|| {
         for (r, s) in streams.iter_mut().enumerate().skip(1) {
             if let Some(s) = s {
-                send_json(r, s, &table)?;
+                s.send(r, &table)?;
             }
         }
         if cfg.transport == Transport::Tcp {
             while controls.iter().skip(1).any(Option::is_none) {
-                let mut s = accept_until(&listener, deadline, 0)?;
-                let Ok((h, nonces)) = accept_hello(&mut s, cfg) else {
-                    continue;
-                };
-                let verdict = check_hello(&h, cfg).and_then(|()| {
+                let a = incoming.next(deadline)?;
+                let h = a.hello.clone();
+                let verdict = handshake::check_hello(&h, n).and_then(|()| {
                     if !h.control || controls[h.rank].is_some() {
                         Err(format!("unexpected connection from rank {}", h.rank))
                     } else {
                         Ok(())
                     }
                 });
-                match verdict {
-                    Ok(()) => {
-                        send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
-                        controls[h.rank] = Some(s);
-                    }
-                    Err(why) => {
-                        let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
-                    }
+                if let Some(conn) = answer(a, &cfg.token, verdict)? {
+                    controls[h.rank] = Some(conn.stream);
                 }
             }
         }
         // Each worker reports once its links (and its map of the region) are up.
         for (r, s) in streams.iter_mut().enumerate().skip(1) {
             if let Some(s) = s {
-                match recv_json::<Verdict>(r, s)? {
+                match s.recv::<Verdict>(r)? {
                     Verdict::Welcome => {}
                     Verdict::Refused(why) => {
                         return Err(Error::Handshake(format!("rank {r}: {why}")));
@@ -432,6 +515,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         }
         Ok(())
     })();
+    drop(incoming);
     let region = shm.map(|(path, file)| {
         let _ = std::fs::remove_file(&path);
         file
@@ -443,18 +527,17 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     };
     for (r, s) in streams.iter_mut().enumerate().skip(1) {
         if let Some(s) = s {
-            send_json(r, s, &Verdict::Welcome)?;
+            s.send(r, &Verdict::Welcome)?;
         }
     }
-    finish(
-        cfg,
-        0,
+    let links = Links {
+        me: 0,
         streams,
         controls,
-        region.as_ref(),
-        cfg.shape,
-        cfg.stall_timeout,
-    )
+        region: region.as_ref(),
+        plaintext: cfg.insecure_plaintext,
+    };
+    finish(cfg, links, cfg.shape, cfg.stall_timeout)
 }
 
 /// Creates the shared-memory region's file. Its name is the process id and a random id only:
@@ -488,79 +571,74 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         return Err(Error::Handshake(format!("rank {me} is outside 1..{n}")));
     }
     let deadline = Instant::now() + cfg.join_timeout;
-    let mut to_root = dial_until(cfg.coordinator, deadline, 0)?;
-    let listen = match cfg.listen {
-        Some(a) => a,
-        None => {
-            let local = to_root.local_addr().map_err(io(me, "reading an address"))?;
-            SocketAddr::new(local.ip(), 0)
-        }
-    };
+    // The listener's address goes into the hello; bind it on the interface that reaches rank 0.
+    let first = dial_until(cfg.coordinator, deadline, 0)?;
+    let local = first.local_addr().map_err(io(me, "reading an address"))?;
+    let listen = cfg.listen.unwrap_or(SocketAddr::new(local.ip(), 0));
     let listener = TcpListener::bind(listen).map_err(io(me, "binding the peer listener"))?;
     let mut addr = listener
         .local_addr()
         .map_err(io(me, "reading an address"))?;
     if addr.ip().is_unspecified() {
-        let local = to_root.local_addr().map_err(io(me, "reading an address"))?;
         addr.set_ip(local.ip());
     }
-    dial_hello(
-        &mut to_root,
+    let hello = |addr: Option<SocketAddr>, control: bool| Hello {
+        version: PROTOCOL_VERSION,
+        rank: me,
+        world: n,
+        addr,
+        host: host_id(),
+        control,
+    };
+    let mut to_root = dial(
+        cfg.coordinator,
+        deadline,
         0,
-        cfg,
-        &Hello {
-            version: PROTOCOL_VERSION,
-            rank: me,
-            world: n,
-            addr: Some(addr),
-            host: host_id(),
-            control: false,
-        },
+        &cfg.token,
+        &hello(Some(addr), false),
+        Some(first),
     )?;
-    let table: Table = recv_json(0, &mut to_root)?;
+    let table: Table = to_root.recv(0)?;
     if table.addrs.len() != n {
         return Err(Error::Handshake("the rank table has the wrong size".into()));
     }
-    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut streams: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
     streams[0] = Some(to_root);
     let tcp = table.transport == Transport::Tcp;
     let mut controls: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let setup = (|| {
-        let dial = |j: usize, control: bool| -> Result<TcpStream> {
-            let mut s = dial_until(table.addrs[j], deadline, j)?;
-            dial_hello(
-                &mut s,
-                j,
-                cfg,
-                &Hello {
-                    version: PROTOCOL_VERSION,
-                    rank: me,
-                    world: n,
-                    addr: None,
-                    host: host_id(),
-                    control,
-                },
-            )?;
-            Ok(s)
-        };
+        let mut incoming = Incoming::new(&listener, me, &cfg.token)?;
         for (j, slot) in streams.iter_mut().enumerate().take(me).skip(1) {
-            *slot = Some(dial(j, false)?);
+            *slot = Some(dial(
+                table.addrs[j],
+                deadline,
+                j,
+                &cfg.token,
+                &hello(None, false),
+                None,
+            )?);
         }
         if tcp {
             for (j, c) in controls.iter_mut().enumerate().take(me) {
-                *c = Some(dial(j, true)?);
+                let conn = dial(
+                    table.addrs[j],
+                    deadline,
+                    j,
+                    &cfg.token,
+                    &hello(None, true),
+                    None,
+                )?;
+                *c = Some(conn.stream);
             }
         }
-        let missing = |streams: &[Option<TcpStream>], controls: &[Option<TcpStream>]| {
+        let missing = |streams: &[Option<Conn>], controls: &[Option<TcpStream>]| {
             streams.iter().skip(me + 1).any(Option::is_none)
                 || (tcp && controls.iter().skip(me + 1).any(Option::is_none))
         };
         while missing(&streams, &controls) {
-            let mut s = accept_until(&listener, deadline, me)?;
-            let Ok((h, nonces)) = accept_hello(&mut s, cfg) else {
-                continue;
-            };
-            let verdict = check_hello(&h, cfg).and_then(|()| {
+            let a = incoming.next(deadline)?;
+            let h = a.hello.clone();
+            let verdict = handshake::check_hello(&h, n).and_then(|()| {
                 let taken = if h.control {
                     !tcp || controls[h.rank].is_some()
                 } else {
@@ -572,17 +650,11 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
                     Ok(())
                 }
             });
-            match verdict {
-                Ok(()) => {
-                    send_answer(&mut s, cfg, Some(&nonces), &Verdict::Welcome)?;
-                    if h.control {
-                        controls[h.rank] = Some(s);
-                    } else {
-                        streams[h.rank] = Some(s);
-                    }
-                }
-                Err(why) => {
-                    let _ = send_answer(&mut s, cfg, Some(&nonces), &Verdict::Refused(why));
+            if let Some(conn) = answer(a, &cfg.token, verdict)? {
+                if h.control {
+                    controls[h.rank] = Some(conn.stream);
+                } else {
+                    streams[h.rank] = Some(conn);
                 }
             }
         }
@@ -605,15 +677,15 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
     let root = streams[0].as_mut().ok_or(Error::PeerClosed { peer: 0 })?;
     let region = match setup {
         Ok(r) => {
-            send_json(0, root, &Verdict::Welcome)?;
+            root.send(0, &Verdict::Welcome)?;
             r
         }
         Err(e) => {
-            let _ = send_json(0, root, &Verdict::Refused(e.to_string()));
+            let _ = root.send(0, &Verdict::Refused(e.to_string()));
             return Err(e);
         }
     };
-    match recv_json::<Verdict>(0, root)? {
+    match root.recv::<Verdict>(0)? {
         Verdict::Welcome => {}
         Verdict::Refused(why) => return Err(Error::Handshake(why)),
     }
@@ -622,33 +694,50 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         bandwidth: table.bandwidth,
     };
     let stall = Duration::from_millis(table.stall_ms.max(1));
-    finish(cfg, me, streams, controls, region.as_ref(), shape, stall)
+    let links = Links {
+        me,
+        streams,
+        controls,
+        region: region.as_ref(),
+        plaintext: table.plaintext,
+    };
+    finish(cfg, links, shape, stall)
+}
+
+/// What the bootstrap leaves for the communicator.
+struct Links<'a> {
+    me: usize,
+    streams: Vec<Option<Conn>>,
+    controls: Vec<Option<TcpStream>>,
+    region: Option<&'a Arc<ShmRegion>>,
+    plaintext: bool,
 }
 
 fn finish(
     cfg: &MeshConfig,
-    me: usize,
-    streams: Vec<Option<TcpStream>>,
-    controls: Vec<Option<TcpStream>>,
-    region: Option<&Arc<ShmRegion>>,
+    l: Links<'_>,
     shape: LinkShape,
     stall: Duration,
 ) -> Result<Communicator> {
-    let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(cfg.world);
-    for (peer, (s, c)) in streams.into_iter().zip(controls).enumerate() {
-        let link: Option<Box<dyn Link>> = match (s, c, region) {
+    let me = l.me;
+    let mut links: Vec<Option<KeyedLink>> = Vec::with_capacity(cfg.world);
+    for (peer, (s, c)) in l.streams.into_iter().zip(l.controls).enumerate() {
+        let link: Option<KeyedLink> = match (s, c, l.region) {
             (None, _, _) => None,
-            // On shared memory the bootstrap connection carries the heartbeats.
-            (Some(s), _, Some(region)) => Some(Box::new(ShmLink::new(
-                region,
-                me,
-                peer,
-                Control::new(peer, s)?,
-            )?)),
+            // On shared memory the bootstrap connection carries the heartbeats, and its keys
+            // (their counters carry on from the bootstrap messages) seal the rings' frames.
+            (Some(s), _, Some(region)) => {
+                let keys = (SEAL_SHM && !l.plaintext).then_some(s.keys);
+                let link = ShmLink::new(region, me, peer, Control::new(peer, s.stream)?)?;
+                Some((Box::new(link), keys))
+            }
             (Some(s), Some(c), None) => {
-                s.set_read_timeout(None)
+                s.stream
+                    .set_read_timeout(None)
                     .map_err(io(peer, "configuring a connection"))?;
-                Some(Box::new(TcpLink::new(peer, s, Control::new(peer, c)?)?))
+                let keys = (!l.plaintext).then_some(s.keys);
+                let link = TcpLink::new(peer, s.stream, Control::new(peer, c)?)?;
+                Some((Box::new(link), keys))
             }
             (Some(_), None, None) => {
                 return Err(Error::Handshake(format!(
@@ -689,12 +778,5 @@ mod tests {
         let (other, _) = create_region(2).expect("region");
         let _ = std::fs::remove_file(&other);
         assert_ne!(other, path, "every region gets its own random id");
-    }
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret(b"abc", b"abc"));
-        assert!(!same_secret(b"abc", b"abd"));
-        assert!(!same_secret(b"abc", b"ab"));
     }
 }

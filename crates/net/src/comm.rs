@@ -2,7 +2,9 @@
 //! framed messages over them without blocking.
 //!
 //! Every message travels as a 16-byte header (payload length, earliest delivery time) and the
-//! payload. Callers post sends and receives, then [`Communicator::wait`] drives all links at once
+//! payload, each sealed as an AEAD record on a protected link ([`crate::seal`]: 32 + payload +
+//! 16 bytes on the wire). The header is opened and its length checked before the payload is
+//! read, and the payload is opened in place before it is delivered. Callers post sends and receives, then [`Communicator::wait`] drives all links at once
 //! until everything posted is done: sends to several peers and receives from several peers
 //! overlap, and two peers exchanging large messages never deadlock on full buffers. Buffers are
 //! kept between calls, so steady-state traffic allocates nothing.
@@ -12,11 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::clock::now_ns;
 use crate::link::Link;
+use crate::seal::{FrameHeader, HEADER, MAX_MESSAGE, SEALED_HEADER, SessionKeys, TAG};
 use crate::{Error, LinkShape, Result};
 
-const HEADER: usize = 16;
-/// The largest message a peer may announce (guards against a corrupt or hostile length).
-const MAX_MESSAGE: usize = 1 << 31;
 /// Busy-polling rounds before a waiting rank starts yielding its core.
 const SPIN_ROUNDS: u32 = 4096;
 /// How long a waiting rank yields its core before it starts sleeping between polls.
@@ -37,6 +37,8 @@ pub struct CommStats {
 
 struct Peer {
     link: Box<dyn Link>,
+    /// The link's session keys; none on an `insecure_plaintext` mesh.
+    keys: Option<SessionKeys>,
     /// Outgoing bytes (headers and payloads) not yet taken by the link, from `out_pos` on.
     out: Vec<u8>,
     out_pos: usize,
@@ -44,12 +46,18 @@ struct Peer {
     free_at: u64,
     /// A receive is posted and not complete.
     recv_pending: bool,
-    header: [u8; HEADER],
+    /// The incoming header: `header_len` bytes (sealed or not), `header_pos` of them arrived.
+    header: [u8; SEALED_HEADER],
+    header_len: usize,
     header_pos: usize,
-    /// The payload of the last message received.
+    /// The payload of the last message received (with its tag while it is still sealed).
     payload: Vec<u8>,
+    /// Its length in the clear, and on the wire.
     payload_len: usize,
+    payload_wire: usize,
     payload_pos: usize,
+    /// Whether the received payload has been opened (checked and decrypted).
+    opened: bool,
     deliver_at: u64,
     /// Bytes read from the link ahead of need, `stash[stash_lo..stash_hi]`: one read takes a
     /// small message's header and payload (and maybe the next message) in a single call.
@@ -82,11 +90,11 @@ impl Peer {
         let mut moved = false;
         for _ in 0..2 {
             let mut header = self.header;
-            let n = self.take_stashed(&mut header[self.header_pos..]);
+            let n = self.take_stashed(&mut header[self.header_pos..self.header_len]);
             self.header = header;
             self.header_pos += n;
             moved |= n > 0;
-            if self.header_pos == HEADER || !self.refill()? {
+            if self.header_pos == self.header_len || !self.refill()? {
                 break;
             }
             moved = true;
@@ -98,19 +106,19 @@ impl Peer {
     fn fill_payload(&mut self) -> Result<bool> {
         let mut moved = false;
         loop {
-            let (pos, len) = (self.payload_pos, self.payload_len);
+            let (pos, len) = (self.payload_pos, self.payload_wire);
             let mut payload = std::mem::take(&mut self.payload);
             let n = self.take_stashed(&mut payload[pos..len]);
             self.payload = payload;
             self.payload_pos += n;
             moved |= n > 0;
-            let left = self.payload_len - self.payload_pos;
+            let left = self.payload_wire - self.payload_pos;
             if left == 0 {
                 return Ok(moved);
             }
             if left >= STASH / 2 {
                 // Large: straight into place, no copy through the stash.
-                let (pos, len) = (self.payload_pos, self.payload_len);
+                let (pos, len) = (self.payload_pos, self.payload_wire);
                 let n = self.link.read_some(&mut self.payload[pos..len])?;
                 self.payload_pos += n;
                 return Ok(moved || n > 0);
@@ -121,7 +129,40 @@ impl Peer {
             moved = true;
         }
     }
+
+    /// Opens the header that has fully arrived, checks the length it announces, and makes
+    /// room for the payload (only then: a refused length allocates nothing).
+    fn take_header(&mut self, rank: usize) -> Result<()> {
+        let h = match &mut self.keys {
+            Some(k) => k.rx.open_header(rank, &self.header)?,
+            None => {
+                let mut plain = [0u8; HEADER];
+                plain.copy_from_slice(&self.header[..HEADER]);
+                FrameHeader::parse(rank, &plain)?
+            }
+        };
+        let tag = if self.keys.is_some() { TAG } else { 0 };
+        self.deliver_at = h.deliver_at;
+        self.payload_len = h.len;
+        self.payload_wire = h.len + tag;
+        if self.payload.len() < self.payload_wire {
+            self.payload.resize(self.payload_wire, 0);
+        }
+        Ok(())
+    }
+
+    /// Checks and decrypts the payload that has fully arrived, in place.
+    fn open_payload(&mut self, rank: usize) -> Result<()> {
+        if let Some(k) = &mut self.keys {
+            k.rx.open(rank, &mut self.payload[..self.payload_wire])?;
+        }
+        self.opened = true;
+        Ok(())
+    }
 }
+
+/// A link to one peer and its session keys (none on an `insecure_plaintext` mesh).
+pub(crate) type KeyedLink = (Box<dyn Link>, Option<SessionKeys>);
 
 /// Stops the heartbeat thread when the communicator goes.
 struct Heartbeat {
@@ -169,24 +210,32 @@ impl Communicator {
     pub(crate) fn new(
         rank: usize,
         world: usize,
-        links: Vec<Option<Box<dyn Link>>>,
+        links: Vec<Option<KeyedLink>>,
         shape: LinkShape,
         stall: Duration,
     ) -> Communicator {
         let peers = links
             .into_iter()
             .map(|l| {
-                l.map(|link| Peer {
+                l.map(|(link, keys)| Peer {
                     link,
+                    header_len: if keys.is_some() {
+                        SEALED_HEADER
+                    } else {
+                        HEADER
+                    },
+                    keys,
                     out: Vec::new(),
                     out_pos: 0,
                     free_at: 0,
                     recv_pending: false,
-                    header: [0; HEADER],
+                    header: [0; SEALED_HEADER],
                     header_pos: 0,
                     payload: Vec::new(),
                     payload_len: 0,
+                    payload_wire: 0,
                     payload_pos: 0,
+                    opened: false,
                     deliver_at: 0,
                     stash: vec![0; STASH].into_boxed_slice(),
                     stash_lo: 0,
@@ -261,6 +310,12 @@ impl Communicator {
             .map_or("local", |p| p.link.kind())
     }
 
+    /// Whether every link seals its messages (false only on an `insecure_plaintext` mesh; a
+    /// world of one has no links and counts as sealed).
+    pub fn sealed(&self) -> bool {
+        self.peers.iter().flatten().all(|p| p.keys.is_some())
+    }
+
     /// The emulated link shape.
     pub fn shape(&self) -> LinkShape {
         self.shape
@@ -291,6 +346,14 @@ impl Communicator {
     pub fn post_send(&mut self, peer: usize, parts: &[&[u8]]) -> Result<()> {
         let shape = self.shape;
         let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > MAX_MESSAGE {
+            return Err(Error::Protocol {
+                peer,
+                what: format!(
+                    "a message of {len} bytes is more than the largest the protocol sends ({MAX_MESSAGE} bytes)"
+                ),
+            });
+        }
         let p = self.peer(peer)?;
         let deliver_at = if shape.is_ideal() {
             0
@@ -303,10 +366,28 @@ impl Communicator {
             p.out.clear();
             p.out_pos = 0;
         }
-        p.out.extend_from_slice(&(len as u64).to_le_bytes());
-        p.out.extend_from_slice(&deliver_at.to_le_bytes());
-        for part in parts {
-            p.out.extend_from_slice(part);
+        let header = FrameHeader { len, deliver_at }.encode();
+        match &mut p.keys {
+            None => {
+                p.out.extend_from_slice(&header);
+                for part in parts {
+                    p.out.extend_from_slice(part);
+                }
+            }
+            Some(k) => {
+                // Sealed in place in the outgoing buffer: nothing is allocated once it is
+                // large enough.
+                let at = p.out.len();
+                p.out.extend_from_slice(&header);
+                let tag = k.tx.seal(peer, &mut p.out[at..])?;
+                p.out.extend_from_slice(&tag);
+                let at = p.out.len();
+                for part in parts {
+                    p.out.extend_from_slice(part);
+                }
+                let tag = k.tx.seal(peer, &mut p.out[at..])?;
+                p.out.extend_from_slice(&tag);
+            }
         }
         self.stats.messages += 1;
         self.stats.bytes += len as u64;
@@ -327,6 +408,8 @@ impl Communicator {
         p.header_pos = 0;
         p.payload_pos = 0;
         p.payload_len = 0;
+        p.payload_wire = 0;
+        p.opened = false;
         Ok(())
     }
 
@@ -382,32 +465,23 @@ impl Communicator {
                 if !p.recv_pending {
                     continue;
                 }
-                if p.header_pos < HEADER {
+                if p.header_pos < p.header_len {
                     moved |= p.fill_header()?;
-                    if p.header_pos < HEADER {
+                    if p.header_pos < p.header_len {
                         pending = Some(rank);
                         continue;
                     }
-                    let (len, at) = p.header.split_at(8);
-                    let len = u64::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
-                    if len > MAX_MESSAGE {
-                        return Err(Error::Protocol {
-                            peer: rank,
-                            what: format!("announced a message of {len} bytes"),
-                        });
-                    }
-                    p.deliver_at = u64::from_le_bytes(at.try_into().unwrap_or_default());
-                    p.payload_len = len;
-                    if p.payload.len() < len {
-                        p.payload.resize(len, 0);
+                    p.take_header(rank)?;
+                }
+                if p.payload_pos < p.payload_wire {
+                    moved |= p.fill_payload()?;
+                    if p.payload_pos < p.payload_wire {
+                        pending = Some(rank);
+                        continue;
                     }
                 }
-                if p.payload_pos < p.payload_len {
-                    moved |= p.fill_payload()?;
-                    if p.payload_pos < p.payload_len {
-                        pending = Some(rank);
-                        continue;
-                    }
+                if !p.opened {
+                    p.open_payload(rank)?;
                 }
                 if p.deliver_at != 0 {
                     if now == 0 {

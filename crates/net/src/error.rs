@@ -43,6 +43,30 @@ pub enum Error {
         /// What was wrong.
         what: String,
     },
+    /// A record on a protected link did not authenticate: it was altered, replayed, reordered
+    /// or dropped in transit, or the peer holds other keys. Nothing of it was delivered.
+    #[error(
+        "data from rank {peer} failed authentication ({what}): it was altered, replayed, reordered or dropped in transit; nothing of it was used"
+    )]
+    Auth {
+        /// The rank.
+        peer: usize,
+        /// Which check failed.
+        what: &'static str,
+    },
+    /// A peer announced a message longer than any the protocol sends (refused before anything
+    /// was allocated for it).
+    #[error(
+        "rank {peer} announced a message of {len} bytes, more than the largest the protocol sends ({max} bytes)"
+    )]
+    Oversized {
+        /// The rank.
+        peer: usize,
+        /// The announced length.
+        len: u64,
+        /// The largest allowed.
+        max: usize,
+    },
     /// A link speed or latency could not be parsed.
     #[error("invalid link setting {0:?}")]
     BadLinkSetting(String),

@@ -103,6 +103,11 @@ fn is_disconnect(e: &std::io::Error) -> bool {
 /// writes a byte to each peer a few times a second, and a waiting rank reads them. Silence longer
 /// than the link timeout means the peer's process is frozen or the link is cut, which a closed
 /// socket alone would never show.
+///
+/// The connection was opened with a full handshake, but the heartbeat bytes themselves are not
+/// sealed: they carry nothing, and all a man in the middle gains by forging them is to make a
+/// frozen peer look alive, which only delays a failure it could cause anyway by cutting the
+/// link. Data never travels here.
 pub(crate) struct Control {
     peer: usize,
     stream: TcpStream,

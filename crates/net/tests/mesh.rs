@@ -18,6 +18,7 @@ fn config(rank: usize, world: usize, at: SocketAddr, t: Transport, shape: LinkSh
         shape,
         join_timeout: Duration::from_secs(20),
         stall_timeout: Duration::from_secs(20),
+        insecure_plaintext: false,
     }
 }
 

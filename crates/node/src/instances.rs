@@ -240,6 +240,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         shape: strata_net::LinkShape::default(),
         join_timeout: Duration::from_secs(60),
         stall_timeout: Duration::from_millis(1500),
+        insecure_plaintext: false,
     };
     let comm = strata_net::coordinate(&mesh, s.listener).map_err(|e| err(&e))?;
     let assignment = strata_parallel::Assignment {

@@ -50,6 +50,7 @@ fn mesh(rank: usize, at: std::net::SocketAddr) -> MeshConfig {
         shape: LinkShape::default(),
         join_timeout: Duration::from_secs(30),
         stall_timeout: Duration::from_secs(30),
+        insecure_plaintext: false,
     }
 }
 
