@@ -187,6 +187,26 @@ struct Seq {
 }
 
 impl Seq {
+    /// What follows a pass of tokens through the sequence's slot: with `sample`, the next token
+    /// is sampled from its logits; a failed pass fails the request. Whether the sequence goes
+    /// on (the caller frees the slot of one that does not).
+    fn after_pass(
+        &mut self,
+        pass: Result<&mut [f32], String>,
+        sample: bool,
+        tok: &Tokenizer,
+        n_ctx: usize,
+        m: &Metrics,
+    ) -> bool {
+        match pass {
+            Ok(logits) => !sample || self.advance(logits, tok, n_ctx, m),
+            Err(e) => {
+                let _ = self.job.events.send(Event::Failed(e));
+                false
+            }
+        }
+    }
+
     /// Whether the sequence takes part in the next decode step: its prompt is in and no
     /// forced tokens wait for their own pass.
     fn decoding(&self) -> bool {
@@ -366,13 +386,7 @@ fn run_forced(
             return true;
         }
         let tokens = std::mem::take(&mut s.forced);
-        let keep = match batch.extend(s.slot, &tokens) {
-            Ok(logits) => s.advance(logits, tok, n_ctx, m),
-            Err(e) => {
-                let _ = s.job.events.send(Event::Failed(e));
-                false
-            }
-        };
+        let keep = s.after_pass(batch.extend(s.slot, &tokens), true, tok, n_ctx, m);
         if !keep {
             batch.release(s.slot);
         }
@@ -576,17 +590,10 @@ fn continue_prefills(
         }
         let n = left.min(*budget);
         *budget -= n;
-        let chunk = &s.job.prompt[s.prefilled..s.prefilled + n];
-        let keep = match batch.extend(s.slot, chunk) {
-            Ok(logits) => {
-                s.prefilled += n;
-                s.prefilled < s.job.prompt.len() || s.advance(logits, tok, n_ctx, m)
-            }
-            Err(e) => {
-                let _ = s.job.events.send(Event::Failed(e));
-                false
-            }
-        };
+        let pass = batch.extend(s.slot, &s.job.prompt[s.prefilled..s.prefilled + n]);
+        s.prefilled += n;
+        let complete = s.prefilled == s.job.prompt.len();
+        let keep = s.after_pass(pass, complete, tok, n_ctx, m);
         if !keep {
             batch.release(s.slot);
         }

@@ -376,11 +376,6 @@ async fn publish(shared: &Shared) -> Result<()> {
             links,
             draining: shared.flags.draining.load(Ordering::Relaxed),
             extra: serde_json::json!({
-                "table": if shared.control.is_leader() {
-                    Some(locked(&shared.table).clone())
-                } else {
-                    None
-                },
                 "hosted": locked(&shared.hosted).values().map(|h| h.info.clone()).collect::<Vec<_>>(),
                 "followed": followed(shared),
             }),
@@ -574,18 +569,14 @@ async fn stop(State(shared): State<Arc<Shared>>) -> Response {
 
 /// The leader's instance table, from a snapshot.
 fn leader_table(s: &Snapshot) -> Option<Vec<InstanceSpec>> {
-    let leader = s.leader.as_deref()?;
-    let m = s.members.iter().find(|m| m.id == leader)?;
-    let st = m.state.as_ref()?;
-    serde_json::from_value(st.extra.get("table")?.clone()).ok()
+    leader_followed(s).map(|f| f.table)
 }
 
-/// The version of the leader's table, from its published state.
-fn leader_version(s: &Snapshot) -> Option<u64> {
+/// The table the leader publishes (it follows its own), with its version.
+fn leader_followed(s: &Snapshot) -> Option<Followed> {
     let leader = s.leader.as_deref()?;
     let m = s.members.iter().find(|m| m.id == leader)?;
-    let f = m.state.as_ref()?.extra.get("followed")?;
-    f.get("version")?.as_u64()
+    serde_json::from_value(m.state.as_ref()?.extra.get("followed")?.clone()).ok()
 }
 
 /// An instance table with its version: the number of changes leaders have made to it, carried
@@ -777,13 +768,10 @@ async fn instances_loop(shared: Arc<Shared>) {
         let snap = shared.control.snapshot();
         // Follow the leader's table, unless it is older than the one followed already (a
         // leader that has just started and not yet taken up the cluster's table).
-        if let (Some(t), Some(v)) = (leader_table(&snap), leader_version(&snap)) {
+        if let Some(f) = leader_followed(&snap) {
             let mut last = locked(&shared.last_table);
-            if v >= last.version {
-                *last = Followed {
-                    version: v,
-                    table: t,
-                };
+            if f.version >= last.version {
+                *last = f;
             }
         }
         if shared.control.is_leader() {

@@ -273,6 +273,19 @@ fn worst_health_ms(p: &Proc) -> u128 {
         .unwrap_or(0)
 }
 
+/// A short chat whose answer must follow `schema` (`response_format`); the raw answer.
+fn schema_chat(p: &Proc, schema: &str) -> String {
+    p.post(
+        "/v1/chat/completions",
+        &["content-type: application/json"],
+        &format!(
+            r#"{{"model":"smollm2-135m-instruct","max_tokens":4,
+                "messages":[{{"role":"user","content":"Hi"}}],
+                "response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{schema}}}}}}}"#
+        ),
+    )
+}
+
 /// Peak resident memory of a process, in MiB.
 fn peak_rss_mib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -334,17 +347,7 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
     );
 
     // Schemas that cannot be compiled, or only at great cost: 400 with the reason, fast.
-    let chat = |schema: &str| {
-        server.post(
-            "/v1/chat/completions",
-            &["content-type: application/json"],
-            &format!(
-                r#"{{"model":"smollm2-135m-instruct","max_tokens":4,
-                    "messages":[{{"role":"user","content":"Hi"}}],
-                    "response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{schema}}}}}}}"#
-            ),
-        )
-    };
+    let chat = |schema: &str| schema_chat(&server, schema);
     let own = chat(r##"{"$ref": "#"}"##);
     assert_eq!(status(&own), 400, "{own}");
     assert!(own.contains("schema cannot be used"), "{own}");
@@ -359,17 +362,7 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
         .collect();
     let wide = format!(r#"{{"anyOf": [{}]}}"#, branches.join(","));
     let server2 = std::sync::Arc::clone(&server);
-    let compiling = std::thread::spawn(move || {
-        server2.post(
-            "/v1/chat/completions",
-            &["content-type: application/json"],
-            &format!(
-                r#"{{"model":"smollm2-135m-instruct","max_tokens":4,
-                    "messages":[{{"role":"user","content":"Hi"}}],
-                    "response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{wide}}}}}}}"#
-            ),
-        )
-    });
+    let compiling = std::thread::spawn(move || schema_chat(&server2, &wide));
     let worst = worst_health_ms(&server);
     let a = compiling.join().unwrap();
     assert!(
