@@ -44,6 +44,21 @@ pub enum KeyFileError {
     Exposed(String),
 }
 
+/// The key a request presents, as an `Authorization` value: OpenAI clients send
+/// `Authorization: Bearer KEY`, Anthropic's send `x-api-key: KEY`; both are taken everywhere.
+pub fn presented(headers: &axum::http::HeaderMap) -> Option<String> {
+    if let Some(v) = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return Some(v.to_string());
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|k| format!("Bearer {}", k.trim()))
+}
+
 /// Refuses a secrets file that other users may read or change (as ssh does with private keys):
 /// anyone on the machine could take the keys, or add their own. The error says how to fix it.
 pub fn check_private(path: &Path, what: &str) -> Result<(), String> {
@@ -203,8 +218,8 @@ impl Keys {
         self.keys.is_empty()
     }
 
-    /// Checks an `Authorization` header value and, for a valid key, takes one request from its
-    /// bucket.
+    /// Checks an `Authorization` header value (see [`presented`]) and, for a valid key, takes one
+    /// request from its bucket.
     pub fn check(&self, authorization: Option<&str>) -> Verdict {
         let Some(presented) = authorization
             .and_then(|h| {

@@ -1,5 +1,7 @@
-//! OpenAI-style errors: every failure a client can cause becomes a JSON error object with the
-//! status OpenAI would use, never a 500 and never a dropped connection.
+//! Errors: every failure a client can cause becomes a JSON error object with the status the
+//! client's API would use, never a 500 and never a dropped connection. An error is built once
+//! and written in the dialect of the route that was asked ([`Dialect`]): OpenAI's shape by
+//! default, Anthropic's for `/v1/messages`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -30,6 +32,18 @@ impl ApiError {
             param: None,
             code: None,
         }
+    }
+
+    /// An error with this status and OpenAI's type for it.
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            429 => "rate_limit_error",
+            500.. => "server_error",
+            _ => "invalid_request_error",
+        };
+        ApiError::new(status, kind, message)
     }
 
     /// 400: a parameter is missing, malformed or out of range.
@@ -172,6 +186,82 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        // Kept so [`Dialect::rewrite`] can write it again in another API's shape.
+        r.extensions_mut().insert(self);
+        r
     }
+}
+
+/// Which API's error objects a route answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}` with Anthropic's error types.
+    Anthropic,
+}
+
+impl Dialect {
+    /// The dialect of a request path.
+    pub fn of_path(path: &str) -> Dialect {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        }
+    }
+
+    /// The error body in this dialect.
+    pub fn body(self, e: &ApiError) -> serde_json::Value {
+        match self {
+            Dialect::OpenAi => e.body(),
+            // Anthropic's objects have no `param`: its messages start with the field at fault.
+            Dialect::Anthropic => json!({
+                "type": "error",
+                "error": {
+                    "type": anthropic_type(e),
+                    "message": match &e.param {
+                        Some(p) => format!("{p}: {}", e.message),
+                        None => e.message.clone(),
+                    },
+                },
+            }),
+        }
+    }
+
+    /// Writes an error response again in this dialect (its status and headers stay); other
+    /// responses pass unchanged.
+    pub fn rewrite(self, mut r: Response) -> Response {
+        if self == Dialect::OpenAi {
+            return r;
+        }
+        let Some(e) = r.extensions_mut().remove::<ApiError>() else {
+            return r;
+        };
+        let (mut parts, _) = r.into_parts();
+        let body = self.body(&e).to_string();
+        parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+        Response::from_parts(parts, axum::body::Body::from(body))
+    }
+}
+
+/// Anthropic's error type for a status (its API documents one type per status).
+fn anthropic_type(e: &ApiError) -> &'static str {
+    match e.status.as_u16() {
+        400 | 405 | 415 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// Rewrites error responses in the dialect of the path asked (see [`Dialect`]).
+pub async fn in_dialect(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let dialect = Dialect::of_path(req.uri().path());
+    dialect.rewrite(next.run(req).await)
 }

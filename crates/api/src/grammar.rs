@@ -150,7 +150,7 @@ impl Grammars {
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
     pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let schema = compact(tools::closed(schema));
+        let schema = compact(tools::bounded(tools::closed(schema)));
         check_size(&schema.to_string())?;
         let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
         Ok(Box::new(Grammar { m }))
@@ -244,7 +244,7 @@ impl Grammars {
                         "{} {} %json {}",
                         Value::String(t.function.name.clone()),
                         self.lit("[ARGS]"),
-                        compact(tools::closed(tools::parameters(t)))
+                        compact(tools::bounded(tools::closed(tools::parameters(t))))
                     )
                 })
                 .collect::<Vec<_>>()
@@ -290,7 +290,7 @@ impl Grammars {
                 format!(
                     "{} {body} %json {} {end}",
                     Value::String(t.function.name.clone()),
-                    compact(tools::closed(tools::parameters(t))),
+                    compact(tools::bounded(tools::closed(tools::parameters(t)))),
                 )
             })
             .collect::<Vec<_>>()
@@ -533,6 +533,20 @@ mod tests {
         ));
         assert!(call(r#"{"name": "ping", "arguments": {}}"#));
         assert!(!call(r#"{"name": "ping", "arguments": {"a": 1}}"#));
+        // Numbers without bounds get JSON-safe ones; bounds a schema gives are its own.
+        let n = json!({"type": "object", "properties": {"i": {"type": "integer"},
+            "x": {"type": "number"}, "big": {"type": "integer", "maximum": 1e18}}});
+        let num = |text: &str| {
+            let mut c = g.json(n.clone()).unwrap();
+            takes(&g, &mut c, text)
+        };
+        assert!(num(
+            r#"{"i": -9007199254740991, "x": -2.5, "big": 999999999999999999}"#
+        ));
+        assert!(num(r#"{"x": 999999999999999.123456}"#));
+        assert!(!num(r#"{"i": 11111111111111111111"#));
+        assert!(!num(r#"{"x": 2022.2000000000000013"#));
+        assert!(!num(r#"{"x": 1e300"#));
         // A free-form object stays free.
         let mut free = g.json(json!({"type": "object"})).unwrap();
         assert!(takes(&g, &mut free, r#"{"any": [1, 2]}"#));

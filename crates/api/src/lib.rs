@@ -1,6 +1,7 @@
 //! strata's OpenAI-compatible HTTP API.
 //!
 //! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   Anthropic's `/v1/messages` (translated in `messages`),
 //!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
 //! - [`scheduler`]: continuous batching over the engine's [`strata_engine::Batch`].
 //! - [`grammar`], [`tools`] and [`call_format`]: tool calls in each model family's syntax and
@@ -15,10 +16,11 @@ pub mod auth;
 pub mod browser;
 pub mod call_format;
 pub mod engine;
-mod error;
+pub mod error;
 pub mod grammar;
 mod harmony;
 pub mod listen;
+mod messages;
 pub mod metrics;
 pub mod output;
 pub mod scheduler;
@@ -31,7 +33,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use error::ApiError;
+pub use error::{ApiError, Dialect};
 
 use strata_engine::{Batch, Model};
 use strata_gguf::GgufFile;

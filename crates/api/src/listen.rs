@@ -92,9 +92,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = opts.limits.clone();
     let body_timeout = limits.body_timeout;
-    let app = browser::protect(router, &opts.browser).layer(middleware::from_fn(
-        move |req: Request, next: Next| body_deadline(body_timeout, req, next),
-    ));
+    let app = browser::protect(router, &opts.browser)
+        .layer(middleware::from_fn(crate::error::in_dialect))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            body_deadline(body_timeout, req, next)
+        }));
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -55,6 +55,13 @@ pub struct Output {
     pub cut_call: bool,
     /// A stop sequence matched: no more output.
     pub stopped: bool,
+    /// The stop sequence that matched (Anthropic's answers name it).
+    pub stop_sequence: Option<String>,
+    /// Pieces of a call after the first, held until it is complete (see
+    /// [`Output::hold_later_calls`]).
+    pending: Vec<Piece>,
+    /// The model repeated a call it had made in this answer: the answer ended there.
+    pub repeated_call: bool,
     /// Log-probabilities of the tokens so far (with their ids), when asked for.
     pub logprobs: Vec<(u32, TokenLogprob)>,
     /// Harmony's messages, when the model writes them (gpt-oss): the text passes through
@@ -186,7 +193,10 @@ impl Output {
                 return out;
             }
             if self.in_calls {
-                if self.drain_call(end, &mut out) {
+                let mut read = Vec::new();
+                let more = self.drain_call(end, &mut read);
+                self.hold_later_calls(read, &mut out);
+                if more {
                     continue;
                 }
                 return out;
@@ -209,11 +219,13 @@ impl Output {
             }
             // Content: cut at the earliest stop sequence, or switch to calls at the trigger.
             let mut cut: Option<(usize, bool)> = None;
+            let mut matched = None;
             for s in &self.stops {
                 if let Some(at) = self.held.find(s.as_str())
                     && cut.is_none_or(|c| at < c.0)
                 {
                     cut = Some((at, true));
+                    matched = Some(s.clone());
                 }
             }
             let trigger = self.trigger();
@@ -233,6 +245,7 @@ impl Output {
                 self.emit_content(text, &mut out);
                 if is_stop {
                     self.stopped = true;
+                    self.stop_sequence = matched;
                     self.held.clear();
                     return out;
                 }
@@ -363,6 +376,42 @@ impl Output {
         self.held.drain(..tail);
         self.between_calls = true;
         !self.held.is_empty()
+    }
+
+    /// Gives out what [`Output::drain_call`] read, except that a call after the first is held
+    /// until it is complete and dropped if it repeats an earlier call of this answer (the same
+    /// name and the same arguments), which ends the answer. A small model asked for calls
+    /// tends to write the same call again and again until its budget runs out; a repeated
+    /// call can only return what the first returns, so the answer is over once one comes.
+    fn hold_later_calls(&mut self, read: Vec<Piece>, out: &mut Vec<Piece>) {
+        for piece in read {
+            match piece {
+                Piece::CallStart(i, _) | Piece::CallArgs(i, _) if i > 0 => self.pending.push(piece),
+                Piece::Call(i, call) if i > 0 => {
+                    let same = |c: &ParsedCall| {
+                        c.name == call.name
+                            && match (
+                                serde_json::from_str::<serde_json::Value>(&c.arguments),
+                                serde_json::from_str::<serde_json::Value>(&call.arguments),
+                            ) {
+                                (Ok(a), Ok(b)) => a == b,
+                                _ => c.arguments == call.arguments,
+                            }
+                    };
+                    if self.calls[..i].iter().any(same) {
+                        self.calls.truncate(i);
+                        self.pending.clear();
+                        self.repeated_call = true;
+                        self.stopped = true;
+                        self.held.clear();
+                        return;
+                    }
+                    out.append(&mut self.pending);
+                    out.push(Piece::Call(i, call));
+                }
+                other => out.push(other),
+            }
+        }
     }
 
     /// The text does not continue the calls as the grammar writes them (only possible without
@@ -861,6 +910,40 @@ mod tests {
         assert_eq!(streamed_calls(&v), vec![("f".into(), "{}".into())]);
         assert_eq!(o.calls.len(), 1);
         assert!(!o.cut_call);
+    }
+
+    #[test]
+    fn a_repeated_call_ends_the_answer_unseen() {
+        // Hermes calls: the second differs (kept), the third repeats the first with its keys in
+        // another order (dropped, and nothing after it is read).
+        let mut o = Output::new(Vec::new(), Some(CallFormat::Hermes));
+        let call = |args: &str| {
+            format!("<tool_call>\n{{\"name\": \"f\", \"arguments\": {args}}}\n</tool_call>\n")
+        };
+        let text = format!(
+            "{}{}{}{}",
+            call(r#"{"a": 1, "b": [2]}"#),
+            call(r#"{"a": 2}"#),
+            call(r#"{"b": [2], "a": 1}"#),
+            call(r#"{"a": 3}"#)
+        );
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let parts: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let v = feed(&mut o, &parts);
+        assert_eq!(
+            streamed_calls(&v),
+            vec![
+                ("f".into(), r#"{"a": 1, "b": [2]}"#.into()),
+                ("f".into(), r#"{"a": 2}"#.into())
+            ]
+        );
+        assert!(o.repeated_call && o.stopped && !o.cut_call);
+        assert_eq!(o.calls.len(), 2);
+        // Nothing of the repeated call was given out, not even its start.
+        assert!(
+            !v.iter()
+                .any(|p| matches!(p, Piece::CallStart(2, _) | Piece::CallArgs(2, _)))
+        );
     }
 }
 

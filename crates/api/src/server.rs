@@ -86,6 +86,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(crate::messages::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::messages::count_tokens),
+        )
+        .route("/", get(root))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -94,6 +100,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
+        .layer(middleware::from_fn(crate::error::in_dialect))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -105,6 +112,8 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         "/v1/chat/completions"
         | "/v1/completions"
         | "/v1/models"
+        | "/v1/messages"
+        | "/v1/messages/count_tokens"
         | "/health"
         | "/metrics"
         | "/openapi.json" => path.clone(),
@@ -113,16 +122,13 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     };
     let resp = match (&st.keys, path.starts_with("/v1/")) {
         (Some(keys), true) => {
-            let auth = req
-                .headers()
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            match keys.check(auth) {
+            let auth = crate::auth::presented(req.headers());
+            match keys.check(auth.as_deref()) {
                 Verdict::Allowed(_) => next.run(req).await,
                 Verdict::Unknown => ApiError::unauthorized(if auth.is_some() {
                     "Incorrect API key provided."
                 } else {
-                    "Missing API key: send `Authorization: Bearer KEY`."
+                    "Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`."
                 })
                 .into_response(),
                 Verdict::Limited(s) => {
@@ -138,6 +144,11 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     };
     st.metrics.count_request(&endpoint, resp.status().as_u16());
     resp
+}
+
+/// What answers here (clients such as Claude Code probe `HEAD /` before their first request).
+async fn root(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"service": "strata", "model": st.model_id}))
 }
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {
@@ -201,7 +212,10 @@ async fn model(
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
@@ -212,10 +226,10 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 }
 
 /// Sampling and length settings shared by both endpoints, validated.
-struct Common {
-    sampling: SamplingParams,
-    max_tokens: Option<usize>,
-    stops: Vec<String>,
+pub(crate) struct Common {
+    pub(crate) sampling: SamplingParams,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) stops: Vec<String>,
 }
 
 fn common(req: &Sampling, max_tokens: Option<i64>, max_param: &str) -> Result<Common, ApiError> {
@@ -288,7 +302,7 @@ fn rand_seed() -> u64 {
 }
 
 /// The prompt of a chat request, rendered through the model's template.
-fn chat_prompt(
+pub(crate) fn chat_prompt(
     st: &AppState,
     req: &ChatRequest,
     tools_on: &[crate::types::Tool],
@@ -390,7 +404,7 @@ fn message_value(m: &Message, i: usize, native: Option<CallFormat>) -> Result<Va
 }
 
 /// Tokenises a prompt and checks it against the context window.
-fn tokenize(st: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn tokenize(st: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
     let at_least = text.len() / st.max_token_bytes.max(1);
     if at_least >= st.n_ctx {
         return Err(ApiError::context_length_at_least(at_least, st.n_ctx));
@@ -410,23 +424,25 @@ fn tokenize(st: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiErr
 
 /// How a response is shaped.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Chat,
     Completion,
 }
 
 /// A request ready for the scheduler, and how to answer it.
-struct Prepared {
-    kind: Kind,
-    prompt: Vec<u32>,
-    common: Common,
-    logprobs: Option<usize>,
-    constraint: Option<Box<dyn Constraint>>,
-    tools: bool,
+pub(crate) struct Prepared {
+    pub(crate) kind: Kind,
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) common: Common,
+    pub(crate) logprobs: Option<usize>,
+    pub(crate) constraint: Option<Box<dyn Constraint>>,
+    pub(crate) tools: bool,
     /// The answer is a tool call, whatever the model writes (`tool_choice` required or named).
-    forced_call: bool,
-    stream: bool,
-    include_usage: bool,
+    pub(crate) forced_call: bool,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    /// Answered as an Anthropic message rather than an OpenAI completion.
+    pub(crate) anthropic: Option<crate::messages::Shape>,
 }
 
 /// How long preparing one request may take (a schema that takes longer to compile is the
@@ -434,10 +450,10 @@ struct Prepared {
 const PREPARE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs `f` (CPU work on a request) on the blocking pool, one request per core at a time.
-async fn prepared(
+pub(crate) async fn prepared<T: Send + 'static>(
     st: &Arc<AppState>,
-    f: impl FnOnce(&AppState) -> Result<Prepared, ApiError> + Send + 'static,
-) -> Result<Prepared, ApiError> {
+    f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let permit = Arc::clone(&st.prepare)
         .acquire_owned()
         .await
@@ -473,7 +489,11 @@ async fn chat(
 /// Everything a chat request needs before the scheduler: checked, rendered, tokenised, and its
 /// constraint compiled.
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: ChatRequest = parse_body(body)?;
+    prepare_chat_request(st, parse_body(body)?)
+}
+
+/// [`prepare_chat`] for a request already parsed (or translated from another API).
+pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Prepared, ApiError> {
     if req.model != st.model_id {
         return Err(ApiError::model_not_found(&req.model, &st.model_id));
     }
@@ -554,6 +574,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        anthropic: None,
     })
 }
 
@@ -671,11 +692,16 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        anthropic: None,
     })
 }
 
 /// Submits a prepared request and answers it, streamed or whole.
-async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Response, ApiError> {
+pub(crate) async fn run(
+    st: Arc<AppState>,
+    p: Prepared,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let room = st.n_ctx - p.prompt.len();
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
@@ -688,6 +714,7 @@ async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Respons
         arrived,
     };
     let prompt_len = job.prompt.len();
+    let job_max = job.max_tokens;
     st.scheduler.submit(job).map_err(|e| match e {
         SubmitError::Full(n) => ApiError::queue_full(n),
         SubmitError::Stopped => ApiError::unavailable("The model instance has stopped."),
@@ -720,38 +747,45 @@ async fn run(st: Arc<AppState>, p: Prepared, arrived: Instant) -> Result<Respons
         forced_call: p.forced_call,
         prompt_tokens: prompt_len,
         generated: 0,
+        budget: job_max,
     };
-    if p.stream {
-        Ok(stream(answer, rx, p.include_usage).into_response())
-    } else {
-        whole(answer, rx).await
+    match (p.anthropic, p.stream) {
+        (Some(shape), true) => Ok(crate::messages::stream(answer, rx, shape).into_response()),
+        (Some(shape), false) => crate::messages::whole(answer, rx, shape).await,
+        (None, true) => Ok(stream(answer, rx, p.include_usage).into_response()),
+        (None, false) => whole(answer, rx).await,
     }
 }
 
 /// The state of one answer being built.
-struct Answer {
-    st: Arc<AppState>,
+pub(crate) struct Answer {
+    pub(crate) st: Arc<AppState>,
     kind: Kind,
-    id: String,
+    pub(crate) id: String,
     created: u64,
     decoder: StreamDecoder<Arc<Tokenizer>>,
-    out: Output,
+    pub(crate) out: Output,
     logprobs: bool,
     /// The answer is a tool call (its first chunk's `content` is null, as OpenAI's is).
-    forced_call: bool,
-    prompt_tokens: usize,
+    pub(crate) forced_call: bool,
+    pub(crate) prompt_tokens: usize,
     /// Tokens received so far.
-    generated: usize,
+    pub(crate) generated: usize,
+    /// The most tokens it may have (what was asked, or what the context leaves).
+    pub(crate) budget: usize,
 }
 
 /// How a finished generation ended, for the response.
-struct Ending {
-    reason: &'static str,
+pub(crate) struct Ending {
+    /// OpenAI's `finish_reason`.
+    pub(crate) reason: &'static str,
     usage: Value,
+    /// Prompt and generated tokens.
+    pub(crate) tokens: (usize, usize),
 }
 
 impl Answer {
-    fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
+    pub(crate) fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
         self.generated += 1;
         let mut text = self.decoder.push(id).unwrap_or_default();
         if self.out.reads_calls() && self.st.call_markers.contains(&id) {
@@ -762,7 +796,7 @@ impl Answer {
         self.out.push(&text, lp.map(|l| (id, l)))
     }
 
-    fn on_done(
+    pub(crate) fn on_done(
         &mut self,
         finish: Finish,
         prompt: usize,
@@ -788,6 +822,7 @@ impl Answer {
             Ending {
                 reason,
                 usage: usage(prompt, completion),
+                tokens: (prompt, completion),
             },
         )
     }
@@ -852,37 +887,56 @@ fn call_json(index: usize, call: &tools::ParsedCall, id: &str) -> Value {
     })
 }
 
-/// Collects the whole answer.
-async fn whole(
-    mut a: Answer,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) -> Result<Response, ApiError> {
-    let ending = loop {
-        match rx.recv().await {
+impl Answer {
+    /// Reads one scheduler event (`None`: the engine is gone): the pieces it gives out, and
+    /// the ending once generation is over (a stop sequence counts: dropping the receiver then
+    /// stops the engine).
+    pub(crate) fn step(
+        &mut self,
+        ev: Option<Event>,
+    ) -> Result<(Vec<Piece>, Option<Ending>), ApiError> {
+        match ev {
             Some(Event::Token { id, logprob }) => {
-                a.on_token(id, logprob);
-                if a.out.stopped {
-                    // A stop sequence matched; dropping the receiver stops the engine.
-                    let (p, n) = (a.prompt_tokens, a.generated);
-                    break a.on_done(Finish::Stop, p, n).1;
+                let mut p = self.on_token(id, logprob);
+                if !self.out.stopped {
+                    return Ok((p, None));
                 }
+                let (pt, n) = (self.prompt_tokens, self.generated);
+                let (mut rest, e) = self.on_done(Finish::Stop, pt, n);
+                p.append(&mut rest);
+                Ok((p, Some(e)))
             }
             Some(Event::Done {
                 finish,
                 prompt_tokens,
                 completion_tokens,
-            }) => break a.on_done(finish, prompt_tokens, completion_tokens).1,
-            Some(Event::Failed(m)) => {
-                return Err(ApiError::unavailable(format!("Generation failed: {m}")));
+            }) => {
+                let (p, e) = self.on_done(finish, prompt_tokens, completion_tokens);
+                Ok((p, Some(e)))
             }
-            None => {
-                return Err(ApiError::unavailable(
-                    "The model instance stopped during generation.",
-                ));
+            Some(Event::Failed(m)) => Err(ApiError::unavailable(format!("Generation failed: {m}"))),
+            None => Err(ApiError::unavailable(
+                "The model instance stopped during generation.",
+            )),
+        }
+    }
+
+    /// Reads events until generation is over.
+    pub(crate) async fn collect(
+        &mut self,
+        mut rx: mpsc::UnboundedReceiver<Event>,
+    ) -> Result<Ending, ApiError> {
+        loop {
+            if let (_, Some(e)) = self.step(rx.recv().await)? {
+                return Ok(e);
             }
         }
-    };
-    drop(rx);
+    }
+}
+
+/// Collects the whole answer.
+async fn whole(mut a: Answer, rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let ending = a.collect(rx).await?;
     let lp = if a.logprobs {
         a.logprobs_json(&a.out.logprobs)
     } else {
@@ -958,37 +1012,10 @@ fn stream(
         }
         let mut lp_sent = 0;
         loop {
-            let (pieces, ending) = match rx.recv().await {
-                Some(Event::Token { id, logprob }) => {
-                    let p = a.on_token(id, logprob);
-                    if a.out.stopped {
-                        let (pt, n) = (a.prompt_tokens, a.generated);
-                        let (mut rest, e) = a.on_done(Finish::Stop, pt, n);
-                        let mut p = p;
-                        p.append(&mut rest);
-                        (p, Some(e))
-                    } else {
-                        (p, None)
-                    }
-                }
-                Some(Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                }) => {
-                    let (p, e) = a.on_done(finish, prompt_tokens, completion_tokens);
-                    (p, Some(e))
-                }
-                Some(Event::Failed(m)) => {
-                    let e = ApiError::unavailable(format!("Generation failed: {m}"));
+            let (pieces, ending) = match a.step(rx.recv().await) {
+                Ok(step) => step,
+                Err(e) => {
                     send(e.body());
-                    return;
-                }
-                None => {
-                    send(
-                        ApiError::unavailable("The model instance stopped during generation.")
-                            .body(),
-                    );
                     return;
                 }
             };

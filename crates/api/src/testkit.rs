@@ -28,7 +28,12 @@ pub const MODEL_ID: &str = "tiny";
 pub const N_CTX: usize = 2048;
 
 /// The routes [`exercise`] can send bodies to.
-pub const ROUTES: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+pub const ROUTES: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+];
 
 /// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
 /// markers.
@@ -141,6 +146,12 @@ pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 
                     .is_some_and(|m| !m.is_empty()),
                 "an error without a message: {text}"
             );
+            if crate::Dialect::of_path(route) == crate::Dialect::Anthropic {
+                assert!(
+                    v["type"] == "error" && v["error"]["type"].is_string(),
+                    "not an Anthropic error object: {text}"
+                );
+            }
         }
     }
     status.as_u16()
@@ -164,7 +175,43 @@ mod tests {
             {"role": "user", "content": "Weather in Paris?"}]);
         let chat = ROUTES[0];
         let completion = ROUTES[1];
+        let (messages, count) = (ROUTES[2], ROUTES[3]);
+        let anthropic_tool = json!({"name": "get_weather", "description": "Weather of a city",
+            "input_schema": weather["function"]["parameters"]});
+        let round_trip = json!([{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+            "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "sunny"}], "is_error": false},
+            {"type": "text", "text": "Thanks"}]}]);
         vec![
+            (
+                messages,
+                json!({"model": MODEL_ID, "max_tokens": 8, "system": "Be brief.",
+                "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.5,
+                "top_k": 5, "top_p": 0.9, "metadata": {"user_id": "u"}}),
+            ),
+            (
+                messages,
+                json!({"model": MODEL_ID, "max_tokens": 24, "stream": true,
+                "system": [{"type": "text", "text": "Be brief.",
+                "cache_control": {"type": "ephemeral"}}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                "tools": [anthropic_tool], "tool_choice": {"type": "any"},
+                "thinking": {"type": "adaptive"}, "stop_sequences": ["\n\n"]}),
+            ),
+            (
+                messages,
+                json!({"model": MODEL_ID, "max_tokens": 16, "messages": round_trip,
+                "tools": [anthropic_tool], "tool_choice": {"type": "tool",
+                "name": "get_weather", "disable_parallel_tool_use": true}}),
+            ),
+            (
+                count,
+                json!({"model": MODEL_ID, "messages": round_trip,
+                "tools": [anthropic_tool], "system": "Be brief."}),
+            ),
             (
                 chat,
                 json!({"model": MODEL_ID, "messages": user, "max_tokens": 8}),

@@ -247,6 +247,47 @@ pub fn closed(mut schema: Value) -> Value {
     schema
 }
 
+/// The largest integer JSON carries exactly (2^53 - 1): the bound of an integer whose schema
+/// gives none.
+pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// The bound of a number whose schema gives none, and the finest step it is written in.
+pub const NUMBER_BOUND: f64 = 1e15;
+
+/// `schema` with bounds on numbers that have none: integers within +-(2^53 - 1), other numbers
+/// within +-1e15 and written to at most six decimals. A weak model writing a number whose
+/// digits nothing bounds may write digits until its budget ends (`1111111…`); JSON numbers
+/// beyond these lose precision in most clients anyway. Bounds the schema gives are kept.
+/// Strings are not bounded: agents write whole files through string arguments.
+pub fn bounded(mut schema: Value) -> Value {
+    walk(&mut schema, &mut |m| {
+        let types: Vec<&str> = match m.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => return,
+        };
+        let (integer, number) = (types.contains(&"integer"), types.contains(&"number"));
+        if !integer && !number {
+            return;
+        }
+        let (low, high) = if number {
+            (json!(-NUMBER_BOUND), json!(NUMBER_BOUND))
+        } else {
+            (json!(-MAX_SAFE_INTEGER), json!(MAX_SAFE_INTEGER))
+        };
+        if !m.contains_key("minimum") && !m.contains_key("exclusiveMinimum") {
+            m.insert("minimum".into(), low);
+        }
+        if !m.contains_key("maximum") && !m.contains_key("exclusiveMaximum") {
+            m.insert("maximum".into(), high);
+        }
+        if number && !integer && !m.contains_key("multipleOf") {
+            m.insert("multipleOf".into(), json!(0.000001));
+        }
+    });
+    schema
+}
+
 /// `schema`, moved to `at` inside another document: every local reference (`#…`) is rewritten
 /// to point at the same place under `at`.
 fn rebase_refs(mut schema: Value, at: &str) -> Value {

@@ -516,23 +516,17 @@ async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> R
     if req.uri().path() != "/health"
         && let Some(keys) = &shared.keys
     {
-        let auth = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if let Some(refused) = authorize(keys, req.uri().path(), auth) {
+        let auth = strata_api::auth::presented(req.headers());
+        if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
             return refused;
         }
     }
     next.run(req).await
 }
 
+/// An error in the API's shape (OpenAI's, or Anthropic's on its routes).
 fn error(status: StatusCode, msg: &str) -> Response {
-    (
-        status,
-        Json(serde_json::json!({ "error": { "message": msg } })),
-    )
-        .into_response()
+    strata_api::ApiError::with_status(status, msg).into_response()
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {

@@ -8,10 +8,9 @@ Prints one line per check and ends with "N passed, M failed".
 """
 import json
 import os
-import sys
-import traceback
 
 import jsonschema
+from harness import attempt, report
 import openai
 
 TOOLS = [
@@ -141,17 +140,8 @@ def checks_for(syntax, url):
             an_earlier_call_and_its_result_continue_the_conversation]
 
 
-passed = failed = 0
-for entry in os.environ["STRATA_SERVERS"].split(","):
-    syntax, url = entry.split("=", 1)
-    for fn in checks_for(syntax, url):
-        try:
-            fn()
-            passed += 1
-            print(f"ok   {syntax}: {fn.__name__}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {syntax}: {fn.__name__}", flush=True)
-            traceback.print_exc()
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+report(
+    attempt(f"{syntax}: {fn.__name__}", fn)
+    for syntax, url in (entry.split("=", 1) for entry in os.environ["STRATA_SERVERS"].split(","))
+    for fn in checks_for(syntax, url)
+)

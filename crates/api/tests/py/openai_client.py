@@ -9,12 +9,9 @@ import concurrent.futures
 import json
 import os
 import random
-import sys
-import traceback
-import urllib.error
-import urllib.request
 
 import jsonschema
+from harness import check, raw as raw_at, run
 import openai
 
 URL = os.environ["STRATA_URL"]
@@ -22,24 +19,10 @@ MODEL = os.environ["STRATA_MODEL"]
 PROMPT = "What is the capital of France?"
 client = openai.OpenAI(base_url=URL + "/v1", api_key="unused", max_retries=0, timeout=120)
 
-checks = []
-
-
-def check(fn):
-    checks.append(fn)
-    return fn
-
 
 def raw(method, path, body=None, headers=None, base=URL):
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return raw_at(base, method, path, body, headers)
+
 
 
 def expect_error(status, body, want, param=None):
@@ -469,19 +452,8 @@ def openapi_document_lists_the_routes():
     status, body = raw("GET", "/openapi.json")
     doc = json.loads(body)
     assert status == 200 and doc["openapi"].startswith("3.")
-    for p in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"]:
+    for p in ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics"]:
         assert p in doc["paths"], p
 
 
-passed = failed = 0
-for fn in checks:
-    try:
-        fn()
-        passed += 1
-        print(f"ok   {fn.__name__}", flush=True)
-    except Exception:
-        failed += 1
-        print(f"FAIL {fn.__name__}", flush=True)
-        traceback.print_exc()
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+run()

@@ -1,8 +1,8 @@
-//! `strata serve` driven by the official `openai` Python client, as a user would drive it: plain
-//! and streamed chat, tool calls and JSON output checked against their schemas, every error
-//! status, keys and rate limits, a full queue, client disconnects and hostile JSON
-//! (`crates/api/tests/py/openai_client.py`). The client is installed with pip into a venv under
-//! the cache directory on first use.
+//! `strata serve` driven by the official `openai` and `anthropic` Python clients, as a user would
+//! drive it: plain and streamed chat, tool calls and JSON output checked against their schemas,
+//! every error status, keys and rate limits, a full queue, client disconnects and hostile JSON
+//! (`crates/api/tests/py/*_client.py`). The clients are installed with pip into a venv under the
+//! cache directory on first use.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
@@ -73,14 +73,22 @@ fn expect_all_passed(out: &std::process::Output) {
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
-/// A Python with `openai` and `jsonschema`, in a venv kept under the cache directory.
+/// The official clients the API is tested with, pinned.
+const CLIENTS: [&str; 4] = [
+    "openai==3.54.0",
+    "anthropic==2.13.0",
+    "ollama==0.6.3",
+    "jsonschema==4.26.0",
+];
+
+/// A Python with the official clients ([`CLIENTS`]), in a venv kept under the cache directory.
 fn python() -> PathBuf {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    let venv = home.join(".cache/strata/test-venv-openai");
+    let venv = home.join(".cache/strata/test-venv-clients");
     let py = venv.join("bin/python");
-    let ready = venv.join(".installed-openai-3.54.0");
+    let ready = venv.join(format!(".installed-{}", CLIENTS.join("-")));
     if !ready.exists() {
         let ok = Command::new("python3")
             .args(["-m", "venv"])
@@ -96,22 +104,19 @@ fn python() -> PathBuf {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                "openai==3.54.0",
-                "jsonschema==4.26.0",
             ])
+            .args(CLIENTS)
             .status()
             .expect("pip install")
             .success();
-        assert!(ok, "installing the openai client");
+        assert!(ok, "installing the API clients");
         std::fs::write(&ready, b"").unwrap();
     }
     py
 }
 
-#[test]
-fn the_openai_client_gets_what_it_expects() {
-    let py = python();
-    // The same prompt through `strata run`, greedy: the API must answer the same text.
+/// The client scripts' prompt through `strata run`, greedy: the APIs must answer the same text.
+fn run_text() -> String {
     let run = strata()
         .args([
             "run",
@@ -128,7 +133,13 @@ fn the_openai_client_gets_what_it_expects() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let run_text = String::from_utf8(run.stdout).unwrap();
+    String::from_utf8(run.stdout).unwrap()
+}
+
+#[test]
+fn the_openai_client_gets_what_it_expects() {
+    let py = python();
+    let run_text = run_text();
 
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
@@ -165,6 +176,37 @@ fn the_openai_client_gets_what_it_expects() {
         .env("STRATA_RUN_TEXT", run_text.trim_end_matches('\n'))
         .env("STRATA_KEY", "sk-test-key-1234")
         .env("STRATA_SLOW_KEY", "sk-slow-key-1234")
+        .output()
+        .unwrap();
+    expect_all_passed(&out);
+}
+
+/// Anthropic's Messages API through the official `anthropic` client
+/// (`crates/api/tests/py/anthropic_client.py`): greedy text equal to `strata run`'s, the stream's
+/// events, tools round trip, count_tokens, structured output, keys as `x-api-key`, errors.
+#[test]
+fn the_anthropic_client_gets_what_it_expects() {
+    let py = python();
+    let run_text = run_text();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "sk-test-key-1234 name=tester\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let open = serve(&["--parallel", "2"]);
+    let keyed = serve(&["--api-key-file", keys.to_str().unwrap(), "--parallel", "1"]);
+    let out = Command::new(&py)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../api/tests/py/anthropic_client.py"
+        ))
+        .env("STRATA_URL", &open.url)
+        .env("STRATA_KEYED_URL", &keyed.url)
+        .env("STRATA_MODEL", MODEL)
+        .env("STRATA_RUN_TEXT", run_text.trim_end_matches('\n'))
+        .env("STRATA_KEY", "sk-test-key-1234")
         .output()
         .unwrap();
     expect_all_passed(&out);
