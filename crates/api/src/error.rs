@@ -200,6 +200,8 @@ pub enum Dialect {
     OpenAi,
     /// `{"type": "error", "error": {"type", "message"}}` with Anthropic's error types.
     Anthropic,
+    /// `{"error": "message"}`, Ollama's.
+    Ollama,
 }
 
 impl Dialect {
@@ -207,6 +209,8 @@ impl Dialect {
     pub fn of_path(path: &str) -> Dialect {
         if path == "/v1/messages" || path.starts_with("/v1/messages/") {
             Dialect::Anthropic
+        } else if path.starts_with("/api/") {
+            Dialect::Ollama
         } else {
             Dialect::OpenAi
         }
@@ -216,6 +220,10 @@ impl Dialect {
     pub fn body(self, e: &ApiError) -> serde_json::Value {
         match self {
             Dialect::OpenAi => e.body(),
+            Dialect::Ollama => json!({"error": match &e.param {
+                Some(p) => format!("{p}: {}", e.message),
+                None => e.message.clone(),
+            }}),
             // Anthropic's objects have no `param`: its messages start with the field at fault.
             Dialect::Anthropic => json!({
                 "type": "error",

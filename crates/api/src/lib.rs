@@ -22,6 +22,7 @@ mod harmony;
 pub mod listen;
 mod messages;
 pub mod metrics;
+mod ollama;
 pub mod output;
 pub mod scheduler;
 pub mod server;
@@ -109,6 +110,7 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
         .n_ctx
         .unwrap_or(model.config().n_ctx_train.min(8192))
         .max(2);
+    let info = ModelInfo::from_gguf(&file);
     let batch = Batch::new(model, opts.threads.max(1), opts.parallel.max(1), n_ctx)?;
     start_engine(
         Box::new(batch),
@@ -119,8 +121,57 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
             queue: opts.queue,
             keys: opts.keys,
             max_body: opts.max_body,
+            info,
         },
     )
+}
+
+/// What a model is, as clients that list models want it (Ollama's `details`).
+#[derive(Debug, Clone, Default)]
+pub struct ModelInfo {
+    /// `general.architecture` (`llama`, `qwen2`, …).
+    pub arch: String,
+    /// Number of weights.
+    pub parameters: u64,
+    /// The most common weight type by bytes (`Q4_K`, …).
+    pub quantization: String,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// The context the model was trained for.
+    pub context_length: u64,
+}
+
+impl ModelInfo {
+    /// Reads it off a GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> ModelInfo {
+        let meta = file.metadata();
+        let arch = meta
+            .get_str("general.architecture")
+            .unwrap_or("unknown")
+            .to_string();
+        let mut by_type = std::collections::BTreeMap::<String, u64>::new();
+        for t in file.tensors() {
+            *by_type.entry(t.ggml_type.name().to_string()).or_default() += t.n_bytes;
+        }
+        ModelInfo {
+            parameters: file
+                .tensors()
+                .iter()
+                .map(|t| t.dims.iter().product::<u64>())
+                .sum(),
+            quantization: by_type
+                .into_iter()
+                .max_by_key(|(_, n)| *n)
+                .map(|(t, _)| t)
+                .unwrap_or_default(),
+            size: file.file_len(),
+            context_length: meta
+                .get_u32(&format!("{arch}.context_length"))
+                .map(u64::from)
+                .unwrap_or(0),
+            arch,
+        }
+    }
 }
 
 /// How to serve an engine that is already loaded.
@@ -134,6 +185,8 @@ pub struct EngineOptions {
     pub keys: Option<auth::Keys>,
     /// Largest request body, in bytes.
     pub max_body: usize,
+    /// What the model is.
+    pub info: ModelInfo,
 }
 
 /// Starts the scheduler over a loaded engine (one process or rank 0 of a sharded instance).
@@ -176,6 +229,7 @@ pub fn start_engine(
         keys: opts.keys,
         metrics,
         max_body: opts.max_body,
+        info: opts.info,
         created: server::unix_now(),
         max_token_bytes,
         prepare: Arc::new(tokio::sync::Semaphore::new(

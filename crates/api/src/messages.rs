@@ -12,7 +12,6 @@
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -29,8 +28,8 @@ use crate::ApiError;
 use crate::output::Piece;
 use crate::scheduler::Event;
 use crate::server::{
-    Answer, AppState, Ending, Prepared, body_bytes, chat_prompt, prepare_chat_request, prepared,
-    run,
+    Answer, AppState, Ending, Prepared, Reply, body_bytes, chat_prompt, prepare_chat_request,
+    prepared,
 };
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
@@ -80,10 +79,7 @@ pub(crate) async fn create(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let body = body_bytes(body, st.max_body)?;
-    let p = prepared(&st, move |st| prepare(st, &body)).await?;
-    run(st, p, arrived).await
+    crate::server::answer(st, body, prepare).await
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as the model would see it (system,
@@ -124,7 +120,7 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut p = prepare_chat_request(st, t.chat)?;
     p.common.stops = t.stops;
     let room = st.n_ctx.saturating_sub(p.prompt.len());
-    p.anthropic = Some(Shape {
+    p.reply = Reply::Anthropic(Shape {
         thinking: t.thinking,
         asked: t.max_tokens.filter(|&m| m > room),
     });

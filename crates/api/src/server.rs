@@ -58,6 +58,8 @@ pub struct AppState {
     /// The longest text one token stands for, in bytes: a prompt of `n` bytes has at least
     /// `n / max_token_bytes` tokens, so a prompt that cannot fit is refused before tokenising.
     pub max_token_bytes: usize,
+    /// What the model is (Ollama's `/api/show` and `/api/tags` tell it).
+    pub info: crate::ModelInfo,
     /// Permits for preparing requests (parsing, templating, tokenising, compiling grammars)
     /// off the async workers: one per core, so a burst of huge requests queues here instead
     /// of stalling `/health` and every stream.
@@ -91,6 +93,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/messages/count_tokens",
             post(crate::messages::count_tokens),
         )
+        .route("/api/chat", post(crate::ollama::chat))
+        .route("/api/generate", post(crate::ollama::generate))
+        .route("/api/tags", get(crate::ollama::tags))
+        .route("/api/ps", get(crate::ollama::ps))
+        .route("/api/show", post(crate::ollama::show))
+        .route("/api/pull", post(crate::ollama::pull))
+        .route("/api/version", get(crate::ollama::version))
         .route("/", get(root))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
@@ -114,13 +123,24 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         | "/v1/models"
         | "/v1/messages"
         | "/v1/messages/count_tokens"
+        | "/api/chat"
+        | "/api/generate"
+        | "/api/tags"
+        | "/api/ps"
+        | "/api/show"
+        | "/api/pull"
+        | "/api/version"
         | "/health"
         | "/metrics"
         | "/openapi.json" => path.clone(),
         p if p.starts_with("/v1/models/") => "/v1/models/{id}".into(),
         _ => "other".into(),
     };
-    let resp = match (&st.keys, path.starts_with("/v1/")) {
+    // OpenAI's and Anthropic's routes under /v1, Ollama's under /api: all need a key.
+    let resp = match (
+        &st.keys,
+        path.starts_with("/v1/") || path.starts_with("/api/"),
+    ) {
         (Some(keys), true) => {
             let auth = crate::auth::presented(req.headers());
             match keys.check(auth.as_deref()) {
@@ -441,8 +461,19 @@ pub(crate) struct Prepared {
     pub(crate) forced_call: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
-    /// Answered as an Anthropic message rather than an OpenAI completion.
-    pub(crate) anthropic: Option<crate::messages::Shape>,
+    /// Which API's shape the answer takes.
+    pub(crate) reply: Reply,
+}
+
+/// The API an answer is written for.
+#[derive(Clone, Copy)]
+pub(crate) enum Reply {
+    /// OpenAI chat completion or text completion (as the request's [`Kind`]).
+    OpenAi,
+    /// An Anthropic message.
+    Anthropic(crate::messages::Shape),
+    /// An Ollama chat or generate answer.
+    Ollama(crate::ollama::Shape),
 }
 
 /// How long preparing one request may take (a schema that takes longer to compile is the
@@ -476,14 +507,24 @@ pub(crate) async fn prepared<T: Send + 'static>(
     }
 }
 
+/// A generating route: reads the body, prepares it with `prepare` (off the async workers) and
+/// answers it.
+pub(crate) async fn answer(
+    st: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    prepare: fn(&AppState, &[u8]) -> Result<Prepared, ApiError>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let body = body_bytes(body, st.max_body)?;
+    let p = prepared(&st, move |st| prepare(st, &body)).await?;
+    run(st, p, arrived).await
+}
+
 async fn chat(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let body = body_bytes(body, st.max_body)?;
-    let p = prepared(&st, move |st| prepare_chat(st, &body)).await?;
-    run(st, p, arrived).await
+    answer(st, body, prepare_chat).await
 }
 
 /// Everything a chat request needs before the scheduler: checked, rendered, tokenised, and its
@@ -574,7 +615,7 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-        anthropic: None,
+        reply: Reply::OpenAi,
     })
 }
 
@@ -608,15 +649,19 @@ async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let body = body_bytes(body, st.max_body)?;
-    let p = prepared(&st, move |st| prepare_completion(st, &body)).await?;
-    run(st, p, arrived).await
+    answer(st, body, prepare_completion).await
 }
 
 /// [`prepare_chat`] for a completion request.
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: CompletionRequest = parse_body(body)?;
+    prepare_completion_request(st, parse_body(body)?)
+}
+
+/// [`prepare_completion`] for a request already parsed (or translated from another API).
+pub(crate) fn prepare_completion_request(
+    st: &AppState,
+    req: CompletionRequest,
+) -> Result<Prepared, ApiError> {
     if req.model != st.model_id {
         return Err(ApiError::model_not_found(&req.model, &st.model_id));
     }
@@ -692,7 +737,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-        anthropic: None,
+        reply: Reply::OpenAi,
     })
 }
 
@@ -748,12 +793,17 @@ pub(crate) async fn run(
         prompt_tokens: prompt_len,
         generated: 0,
         budget: job_max,
+        first_token: None,
     };
-    match (p.anthropic, p.stream) {
-        (Some(shape), true) => Ok(crate::messages::stream(answer, rx, shape).into_response()),
-        (Some(shape), false) => crate::messages::whole(answer, rx, shape).await,
-        (None, true) => Ok(stream(answer, rx, p.include_usage).into_response()),
-        (None, false) => whole(answer, rx).await,
+    match (p.reply, p.stream) {
+        (Reply::Anthropic(shape), true) => {
+            Ok(crate::messages::stream(answer, rx, shape).into_response())
+        }
+        (Reply::Anthropic(shape), false) => crate::messages::whole(answer, rx, shape).await,
+        (Reply::Ollama(shape), true) => Ok(crate::ollama::stream(answer, rx, shape, arrived)),
+        (Reply::Ollama(shape), false) => crate::ollama::whole(answer, rx, shape, arrived).await,
+        (Reply::OpenAi, true) => Ok(stream(answer, rx, p.include_usage).into_response()),
+        (Reply::OpenAi, false) => whole(answer, rx).await,
     }
 }
 
@@ -773,6 +823,8 @@ pub(crate) struct Answer {
     pub(crate) generated: usize,
     /// The most tokens it may have (what was asked, or what the context leaves).
     pub(crate) budget: usize,
+    /// When the first token arrived.
+    pub(crate) first_token: Option<Instant>,
 }
 
 /// How a finished generation ended, for the response.
@@ -787,6 +839,7 @@ pub(crate) struct Ending {
 impl Answer {
     pub(crate) fn on_token(&mut self, id: u32, lp: Option<TokenLogprob>) -> Vec<Piece> {
         self.generated += 1;
+        self.first_token.get_or_insert_with(Instant::now);
         let mut text = self.decoder.push(id).unwrap_or_default();
         if self.out.reads_calls() && self.st.call_markers.contains(&id) {
             text.push_str(&String::from_utf8_lossy(

@@ -28,11 +28,14 @@ pub const MODEL_ID: &str = "tiny";
 pub const N_CTX: usize = 2048;
 
 /// The routes [`exercise`] can send bodies to.
-pub const ROUTES: [&str; 4] = [
+pub const ROUTES: [&str; 7] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/api/chat",
+    "/api/generate",
+    "/api/show",
 ];
 
 /// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
@@ -91,16 +94,25 @@ pub fn tiny_state() -> Result<Arc<AppState>, StartError> {
             queue: 8,
             keys: None,
             max_body: 1 << 20,
+            info: crate::ModelInfo::from_gguf(&file),
         },
     )
+}
+
+/// How a streamed answer is framed.
+enum Streamed {
+    /// Server-sent events (OpenAI, Anthropic).
+    Sse,
+    /// One JSON object per line (Ollama).
+    Ndjson,
 }
 
 /// Sends `body` to `route` through the real router and checks the answer; returns its status.
 ///
 /// # Panics
 /// When the server breaks a promise: a 500 or a panic while answering, an error body that is
-/// not an OpenAI error object, a successful answer that is not JSON (or, streamed, events that
-/// are not), or an answer that takes longer than a minute.
+/// not the route's API's error object, a successful answer that is not JSON (or, streamed, events
+/// or lines that are not), or an answer that takes longer than a minute.
 pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 {
     use tower::ServiceExt as _;
     let req = Request::post(route)
@@ -111,10 +123,18 @@ pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 
     let answer = tokio::time::timeout(Duration::from_secs(60), async move {
         let resp = app.oneshot(req).await.unwrap_or_else(|e| match e {});
         let status = resp.status();
-        let streamed = resp
+        let kind = resp
             .headers()
             .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default();
+        let streamed = if kind.starts_with(b"text/event-stream") {
+            Some(Streamed::Sse)
+        } else if kind.starts_with(b"application/x-ndjson") {
+            Some(Streamed::Ndjson)
+        } else {
+            None
+        };
         let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
             .await
             .unwrap_or_else(|e| panic!("reading the answer: {e}"));
@@ -128,8 +148,15 @@ pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 
         StatusCode::INTERNAL_SERVER_ERROR,
         "500 for a client's body: {text}"
     );
-    if streamed {
-        for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+    if let Some(kind) = streamed {
+        let events: Vec<&str> = match kind {
+            Streamed::Sse => text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect(),
+            Streamed::Ndjson => text.lines().collect(),
+        };
+        for data in events {
             if data != "[DONE]" {
                 let v: serde_json::Value = serde_json::from_str(data)
                     .unwrap_or_else(|e| panic!("a stream event that is not JSON ({e}): {data}"));
@@ -143,10 +170,13 @@ pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 
             assert!(
                 v["error"]["message"]
                     .as_str()
+                    .or(v["error"].as_str())
                     .is_some_and(|m| !m.is_empty()),
                 "an error without a message: {text}"
             );
-            if crate::Dialect::of_path(route) == crate::Dialect::Anthropic {
+            if crate::Dialect::of_path(route) == crate::Dialect::Ollama {
+                assert!(v["error"].is_string(), "not an Ollama error object: {text}");
+            } else if crate::Dialect::of_path(route) == crate::Dialect::Anthropic {
                 assert!(
                     v["type"] == "error" && v["error"]["type"].is_string(),
                     "not an Anthropic error object: {text}"
@@ -176,6 +206,7 @@ mod tests {
         let chat = ROUTES[0];
         let completion = ROUTES[1];
         let (messages, count) = (ROUTES[2], ROUTES[3]);
+        let (ollama_chat, generate, show) = (ROUTES[4], ROUTES[5], ROUTES[6]);
         let anthropic_tool = json!({"name": "get_weather", "description": "Weather of a city",
             "input_schema": weather["function"]["parameters"]});
         let round_trip = json!([{"role": "user", "content": "Weather in Paris?"},
@@ -186,6 +217,31 @@ mod tests {
             "content": [{"type": "text", "text": "sunny"}], "is_error": false},
             {"type": "text", "text": "Thanks"}]}]);
         vec![
+            (
+                ollama_chat,
+                json!({"model": MODEL_ID, "messages": user, "stream": false,
+                "options": {"num_predict": 8, "temperature": 0.5, "stop": ["x"], "seed": 1}}),
+            ),
+            (
+                ollama_chat,
+                json!({"model": format!("{MODEL_ID}:latest"), "messages": [
+                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "P"}}}]},
+                {"role": "tool", "content": "sunny", "tool_name": "get_weather"}],
+                "tools": [weather], "format": "json", "think": true,
+                "options": {"num_predict": 8}}),
+            ),
+            (
+                generate,
+                json!({"model": MODEL_ID, "prompt": "Once", "raw": true, "stream": true,
+                "options": {"num_predict": 4}, "format": {"type": "object"}}),
+            ),
+            (
+                generate,
+                json!({"model": MODEL_ID, "prompt": "Hi", "system": "Be brief.", "stream": false,
+                "options": {"num_predict": 4}}),
+            ),
+            (show, json!({"model": MODEL_ID})),
             (
                 messages,
                 json!({"model": MODEL_ID, "max_tokens": 8, "system": "Be brief.",

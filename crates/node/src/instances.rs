@@ -203,6 +203,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         queue: 64,
         keys: s.keys,
         max_body: 4 << 20,
+        info: strata_api::ModelInfo::default(),
     };
     let world = s.placement.nodes.len();
     if world == 1 {
@@ -259,6 +260,10 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let template =
         strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).map_err(|e| err(&e))?;
     let engine = strata_api::engine::Sharded::new(rank, cfg.n_vocab);
+    let opts = strata_api::EngineOptions {
+        info: strata_api::ModelInfo::from_gguf(&file),
+        ..opts
+    };
     strata_api::start_engine(Box::new(engine), tokenizer, template, opts).map_err(|e| err(&e))
 }
 

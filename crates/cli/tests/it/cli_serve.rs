@@ -1,4 +1,4 @@
-//! `strata serve` driven by the official `openai` and `anthropic` Python clients, as a user would
+//! `strata serve` driven by the official `openai`, `anthropic` and `ollama` Python clients, as a user would
 //! drive it: plain and streamed chat, tool calls and JSON output checked against their schemas,
 //! every error status, keys and rate limits, a full queue, client disconnects and hostile JSON
 //! (`crates/api/tests/py/*_client.py`). The clients are installed with pip into a venv under the
@@ -181,11 +181,8 @@ fn the_openai_client_gets_what_it_expects() {
     expect_all_passed(&out);
 }
 
-/// Anthropic's Messages API through the official `anthropic` client
-/// (`crates/api/tests/py/anthropic_client.py`): greedy text equal to `strata run`'s, the stream's
-/// events, tools round trip, count_tokens, structured output, keys as `x-api-key`, errors.
-#[test]
-fn the_anthropic_client_gets_what_it_expects() {
+/// Runs `crates/api/tests/py/{script}` against an open server and one with a key.
+fn run_client_script(script: &str) {
     let py = python();
     let run_text = run_text();
     let dir = tempfile::tempdir().unwrap();
@@ -198,9 +195,9 @@ fn the_anthropic_client_gets_what_it_expects() {
     let open = serve(&["--parallel", "2"]);
     let keyed = serve(&["--api-key-file", keys.to_str().unwrap(), "--parallel", "1"]);
     let out = Command::new(&py)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../api/tests/py/anthropic_client.py"
+        .arg(format!(
+            "{}/../api/tests/py/{script}",
+            env!("CARGO_MANIFEST_DIR")
         ))
         .env("STRATA_URL", &open.url)
         .env("STRATA_KEYED_URL", &keyed.url)
@@ -210,6 +207,21 @@ fn the_anthropic_client_gets_what_it_expects() {
         .output()
         .unwrap();
     expect_all_passed(&out);
+}
+
+/// Anthropic's Messages API through the official `anthropic` client: greedy text equal to
+/// `strata run`'s, the stream's events, tools round trip, count_tokens, structured output, keys
+/// as `x-api-key`, errors.
+#[test]
+fn the_anthropic_client_gets_what_it_expects() {
+    run_client_script("anthropic_client.py");
+}
+
+/// Ollama's API through the official `ollama` client: chat and generate (NDJSON streams and
+/// whole), options, format, tools, tags / show / ps / version / pull, errors, keys.
+#[test]
+fn the_ollama_client_gets_what_it_expects() {
+    run_client_script("ollama_client.py");
 }
 
 #[test]
