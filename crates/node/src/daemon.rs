@@ -1048,7 +1048,10 @@ async fn unload(State(shared): State<Arc<Shared>>, Json(b): Json<UnloadBody>) ->
 /// Everything else goes to the API of the instance whose rank 0 runs here.
 async fn to_instance(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     use tower::ServiceExt as _;
-    if shared.flags.draining.load(Ordering::Relaxed) && req.uri().path().starts_with("/v1/") {
+    let path = req.uri().path();
+    if shared.flags.draining.load(Ordering::Relaxed)
+        && (path.starts_with("/v1/") || path.starts_with("/api/"))
+    {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "this node is draining: it finishes what it has and takes no new requests",
