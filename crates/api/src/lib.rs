@@ -24,6 +24,7 @@ mod messages;
 pub mod metrics;
 mod ollama;
 pub mod output;
+pub mod responses;
 pub mod scheduler;
 pub mod server;
 pub mod testkit;
@@ -230,6 +231,7 @@ pub fn start_engine(
         metrics,
         max_body: opts.max_body,
         info: opts.info,
+        responses: responses::Store::default(),
         created: server::unix_now(),
         max_token_bytes,
         prepare: Arc::new(tokio::sync::Semaphore::new(

@@ -209,7 +209,7 @@ fn translate(req: MessagesRequest, needs_max: bool) -> Result<Translated, ApiErr
         }
     }
     if !system.is_empty() {
-        messages.insert(0, text_message("system", system));
+        messages.insert(0, Message::plain("system", system));
     }
     let (tools, tool_choice, parallel) = tools_of(req.tools.as_ref(), req.tool_choice.as_ref())?;
     Ok(Translated {
@@ -259,16 +259,6 @@ fn output_format(config: Option<&Value>) -> Result<Option<Value>, ApiError> {
             "output_config.format",
             "format must be {\"type\": \"json_schema\", \"schema\": {...}}.",
         )),
-    }
-}
-
-fn text_message(role: &str, text: String) -> Message {
-    Message {
-        role: role.into(),
-        content: Some(Value::String(text)),
-        name: None,
-        tool_calls: None,
-        tool_call_id: None,
     }
 }
 
@@ -399,7 +389,7 @@ fn user_turn(
                     result = format!("Error: {result}");
                 }
                 if !text.is_empty() {
-                    out.push(text_message("user", std::mem::take(&mut text)));
+                    out.push(Message::plain("user", std::mem::take(&mut text)));
                 }
                 out.push(Message {
                     role: "tool".into(),
@@ -414,7 +404,7 @@ fn user_turn(
         }
     }
     if !text.is_empty() || !wrote {
-        out.push(text_message("user", text));
+        out.push(Message::plain("user", text));
     }
     Ok(())
 }
@@ -463,7 +453,7 @@ fn assistant_turn(
             other => return Err(unsupported(other, &p, "text, thinking or tool_use")),
         }
     }
-    let mut m = text_message("assistant", text);
+    let mut m = Message::plain("assistant", text);
     if !calls.is_empty() {
         m.tool_calls = Some(calls);
     }

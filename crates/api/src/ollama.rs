@@ -214,13 +214,7 @@ fn messages(body: &[InMessage]) -> Result<Vec<Message>, ApiError> {
     let mut open: Vec<(String, String)> = Vec::new();
     for (i, m) in body.iter().enumerate() {
         no_images(m.images.as_ref(), &format!("messages[{i}].images"))?;
-        let mut msg = Message {
-            role: m.role.clone(),
-            content: Some(Value::String(m.content.clone())),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        let mut msg = Message::plain(&m.role, m.content.clone());
         match m.role.as_str() {
             "assistant" => {
                 let calls: Vec<ToolCall> = m

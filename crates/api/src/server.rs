@@ -60,6 +60,8 @@ pub struct AppState {
     pub max_token_bytes: usize,
     /// What the model is (Ollama's `/api/show` and `/api/tags` tell it).
     pub info: crate::ModelInfo,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: crate::responses::Store,
     /// Permits for preparing requests (parsing, templating, tokenising, compiling grammars)
     /// off the async workers: one per core, so a burst of huge requests queues here instead
     /// of stalling `/health` and every stream.
@@ -88,6 +90,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(crate::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(crate::responses::get).delete(crate::responses::delete),
+        )
         .route("/v1/messages", post(crate::messages::create))
         .route(
             "/v1/messages/count_tokens",
@@ -134,6 +141,8 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         | "/metrics"
         | "/openapi.json" => path.clone(),
         p if p.starts_with("/v1/models/") => "/v1/models/{id}".into(),
+        "/v1/responses" => path.clone(),
+        p if p.starts_with("/v1/responses/") => "/v1/responses/{id}".into(),
         _ => "other".into(),
     };
     // OpenAI's and Anthropic's routes under /v1, Ollama's under /api: all need a key.
@@ -314,6 +323,13 @@ fn common(req: &Sampling, max_tokens: Option<i64>, max_param: &str) -> Result<Co
     })
 }
 
+/// An id that differs between calls (a process-wide counter mixed into [`rand_seed`]).
+pub(crate) fn rand_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    rand_seed() ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 fn rand_seed() -> u64 {
     let t = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -466,7 +482,7 @@ pub(crate) struct Prepared {
 }
 
 /// The API an answer is written for.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) enum Reply {
     /// OpenAI chat completion or text completion (as the request's [`Kind`]).
     OpenAi,
@@ -474,6 +490,8 @@ pub(crate) enum Reply {
     Anthropic(crate::messages::Shape),
     /// An Ollama chat or generate answer.
     Ollama(crate::ollama::Shape),
+    /// An OpenAI Responses API response.
+    Responses(Box<crate::responses::Shape>),
 }
 
 /// How long preparing one request may take (a schema that takes longer to compile is the
@@ -771,7 +789,7 @@ pub(crate) async fn run(
         } else {
             "cmpl"
         },
-        rand_seed()
+        rand_id()
     );
     let answer = Answer {
         st: Arc::clone(&st),
@@ -802,6 +820,10 @@ pub(crate) async fn run(
         (Reply::Anthropic(shape), false) => crate::messages::whole(answer, rx, shape).await,
         (Reply::Ollama(shape), true) => Ok(crate::ollama::stream(answer, rx, shape, arrived)),
         (Reply::Ollama(shape), false) => crate::ollama::whole(answer, rx, shape, arrived).await,
+        (Reply::Responses(shape), true) => {
+            Ok(crate::responses::stream(answer, rx, shape).into_response())
+        }
+        (Reply::Responses(shape), false) => crate::responses::whole(answer, rx, shape).await,
         (Reply::OpenAi, true) => Ok(stream(answer, rx, p.include_usage).into_response()),
         (Reply::OpenAi, false) => whole(answer, rx).await,
     }
@@ -812,7 +834,7 @@ pub(crate) struct Answer {
     pub(crate) st: Arc<AppState>,
     kind: Kind,
     pub(crate) id: String,
-    created: u64,
+    pub(crate) created: u64,
     decoder: StreamDecoder<Arc<Tokenizer>>,
     pub(crate) out: Output,
     logprobs: bool,

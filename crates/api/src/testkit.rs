@@ -28,7 +28,7 @@ pub const MODEL_ID: &str = "tiny";
 pub const N_CTX: usize = 2048;
 
 /// The routes [`exercise`] can send bodies to.
-pub const ROUTES: [&str; 7] = [
+pub const ROUTES: [&str; 8] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
@@ -36,6 +36,7 @@ pub const ROUTES: [&str; 7] = [
     "/api/chat",
     "/api/generate",
     "/api/show",
+    "/v1/responses",
 ];
 
 /// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
@@ -207,6 +208,9 @@ mod tests {
         let completion = ROUTES[1];
         let (messages, count) = (ROUTES[2], ROUTES[3]);
         let (ollama_chat, generate, show) = (ROUTES[4], ROUTES[5], ROUTES[6]);
+        let responses = ROUTES[7];
+        let flat = json!({"type": "function", "name": "get_weather",
+            "parameters": weather["function"]["parameters"]});
         let anthropic_tool = json!({"name": "get_weather", "description": "Weather of a city",
             "input_schema": weather["function"]["parameters"]});
         let round_trip = json!([{"role": "user", "content": "Weather in Paris?"},
@@ -217,6 +221,26 @@ mod tests {
             "content": [{"type": "text", "text": "sunny"}], "is_error": false},
             {"type": "text", "text": "Thanks"}]}]);
         vec![
+            (
+                responses,
+                json!({"model": MODEL_ID, "input": "Hi", "max_output_tokens": 8,
+                "instructions": "Be brief.", "temperature": 0.5, "store": false}),
+            ),
+            (
+                responses,
+                json!({"model": MODEL_ID, "max_output_tokens": 16, "stream": true,
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                "arguments": "{\"city\": \"P\"}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+                "tools": [flat], "tool_choice": "auto", "parallel_tool_calls": false}),
+            ),
+            (
+                responses,
+                json!({"model": MODEL_ID, "input": "Hi", "max_output_tokens": 16,
+                "tools": [flat], "tool_choice": {"type": "function", "name": "get_weather"},
+                "text": {"format": {"type": "text"}}, "metadata": {"a": "b"}}),
+            ),
             (
                 ollama_chat,
                 json!({"model": MODEL_ID, "messages": user, "stream": false,

@@ -110,7 +110,7 @@ pub struct StreamOptions {
 }
 
 /// A chat message.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct Message {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -195,6 +195,17 @@ impl Stop {
 }
 
 impl Message {
+    /// A message of `role` with plain text, as the other APIs' translations build them.
+    pub fn plain(role: &str, text: String) -> Message {
+        Message {
+            role: role.into(),
+            content: Some(Value::String(text)),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
     /// The text of the message: a string, or the concatenated text parts.
     pub fn text(&self, index: usize) -> Result<String, ApiError> {
         let param = || format!("messages[{index}].content");

@@ -1,36 +1,20 @@
 """Drives a running `strata serve` with the official anthropic client, as a Claude-style agent would.
 
-Environment: STRATA_URL (the open server), STRATA_KEYED_URL (a server with keys), STRATA_MODEL,
-STRATA_RUN_TEXT (what `strata run` printed greedily for PROMPT below), STRATA_KEY.
-Prints one line per check and ends with "N passed, M failed".
+Environment and report: see harness.py.
 """
 import json
 import os
 
 import anthropic
 import jsonschema
-from harness import check, raw as raw_at, run
+from harness import MODEL, PROMPT, URL, WEATHER_DESCRIPTION, WEATHER_PARAMETERS, check, raw, run
 
-URL = os.environ["STRATA_URL"]
-MODEL = os.environ["STRATA_MODEL"]
-PROMPT = "What is the capital of France?"
 client = anthropic.Anthropic(base_url=URL, api_key="unused", max_retries=0, timeout=120)
-
-
-def raw(method, path, body=None, headers=None, base=URL):
-    return raw_at(base, method, path, body, headers)
 
 WEATHER = {
     "name": "get_weather",
-    "description": "Current weather of a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city"],
-    },
+    "description": WEATHER_DESCRIPTION,
+    "input_schema": WEATHER_PARAMETERS,
 }
 TRIP = {
     "name": "book_trip",

@@ -1,38 +1,21 @@
 """Drives a running `strata serve` with the official ollama client, as Ollama's tools would.
 
-Environment: STRATA_URL (the open server), STRATA_KEYED_URL (a server with keys), STRATA_MODEL,
-STRATA_RUN_TEXT (what `strata run` printed greedily for PROMPT below), STRATA_KEY.
-Prints one line per check and ends with "N passed, M failed".
+Environment and report: see harness.py.
 """
 import json
 import os
 
 import jsonschema
-from harness import check, raw as raw_at, run
+from harness import MODEL, PROMPT, URL, WEATHER_DESCRIPTION, WEATHER_PARAMETERS, check, raw, run
 import ollama
 
-URL = os.environ["STRATA_URL"]
-MODEL = os.environ["STRATA_MODEL"]
-PROMPT = "What is the capital of France?"
 client = ollama.Client(host=URL, timeout=120)
 GREEDY = {"temperature": 0, "num_predict": 24}
 
 WEATHER = {
     "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"],
-        },
-    },
+    "function": {"name": "get_weather", "description": WEATHER_DESCRIPTION, "parameters": WEATHER_PARAMETERS},
 }
-
-
-def raw(method, path, body=None, headers=None, base=URL):
-    return raw_at(base, method, path, body, headers)
 
 
 def user(text):

@@ -11,17 +11,13 @@ import os
 import random
 
 import jsonschema
-from harness import check, raw as raw_at, run
+from harness import check, raw, run
 import openai
 
 URL = os.environ["STRATA_URL"]
 MODEL = os.environ["STRATA_MODEL"]
 PROMPT = "What is the capital of France?"
 client = openai.OpenAI(base_url=URL + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def raw(method, path, body=None, headers=None, base=URL):
-    return raw_at(base, method, path, body, headers)
 
 
 

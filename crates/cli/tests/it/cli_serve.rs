@@ -217,6 +217,14 @@ fn the_anthropic_client_gets_what_it_expects() {
     run_client_script("anthropic_client.py");
 }
 
+/// OpenAI's Responses API through the official `openai` client: text equal to `strata run`'s,
+/// the `response.*` events, function calls continued with `previous_response_id`, text.format,
+/// stored responses read and deleted, errors naming the field.
+#[test]
+fn the_responses_api_gets_what_the_openai_client_expects() {
+    run_client_script("responses_client.py");
+}
+
 /// Ollama's API through the official `ollama` client: chat and generate (NDJSON streams and
 /// whole), options, format, tools, tags / show / ps / version / pull, errors, keys.
 #[test]
