@@ -86,6 +86,10 @@ pub struct ServeOptions {
     pub keys: Option<auth::Keys>,
     /// Largest request body, in bytes.
     pub max_body: usize,
+    /// Other names the model answers to.
+    pub aliases: Vec<String>,
+    /// Sampling settings for requests that do not give them.
+    pub defaults: types::SamplingDefaults,
 }
 
 /// Whether serving `addr` with or without keys is allowed.
@@ -123,6 +127,8 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
             keys: opts.keys,
             max_body: opts.max_body,
             info,
+            aliases: opts.aliases,
+            defaults: opts.defaults,
         },
     )
 }
@@ -188,6 +194,10 @@ pub struct EngineOptions {
     pub max_body: usize,
     /// What the model is.
     pub info: ModelInfo,
+    /// Other names the model answers to.
+    pub aliases: Vec<String>,
+    /// Sampling settings for requests that do not give them.
+    pub defaults: types::SamplingDefaults,
 }
 
 /// Starts the scheduler over a loaded engine (one process or rank 0 of a sharded instance).
@@ -232,6 +242,8 @@ pub fn start_engine(
         max_body: opts.max_body,
         info: opts.info,
         responses: responses::Store::default(),
+        aliases: opts.aliases,
+        defaults: opts.defaults,
         created: server::unix_now(),
         max_token_bytes,
         prepare: Arc::new(tokio::sync::Semaphore::new(

@@ -96,9 +96,7 @@ pub(crate) async fn count_tokens(
 fn count(st: &AppState, body: &[u8]) -> Result<usize, ApiError> {
     let req: MessagesRequest = parse_body(body)?;
     let t = translate(req, false)?;
-    if t.chat.model != st.model_id {
-        return Err(ApiError::model_not_found(&t.chat.model, &st.model_id));
-    }
+    st.check_model(&t.chat.model)?;
     let tools = t.chat.tools.clone().unwrap_or_default();
     crate::tools::validate(&tools)?;
     let shown = if t.chat.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {

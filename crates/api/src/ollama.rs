@@ -127,7 +127,7 @@ pub(crate) struct Shape {
 
 /// The served model's name as Ollama clients write it (`name:latest`), or the request's error.
 fn check_model(st: &AppState, model: &str) -> Result<(), ApiError> {
-    if model == st.model_id || model.strip_suffix(":latest") == Some(st.model_id.as_str()) {
+    if st.serves(model) || model.strip_suffix(":latest").is_some_and(|m| st.serves(m)) {
         Ok(())
     } else {
         let mut e = ApiError::model_not_found(model, &st.model_id);

@@ -62,10 +62,30 @@ pub struct AppState {
     pub info: crate::ModelInfo,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: crate::responses::Store,
+    /// Other names the model answers to (clients with hard-coded model names).
+    pub aliases: Vec<String>,
+    /// Sampling settings for requests that do not give them.
+    pub defaults: crate::types::SamplingDefaults,
     /// Permits for preparing requests (parsing, templating, tokenising, compiling grammars)
     /// off the async workers: one per core, so a burst of huge requests queues here instead
     /// of stalling `/health` and every stream.
     pub prepare: Arc<tokio::sync::Semaphore>,
+}
+
+impl AppState {
+    /// Whether requests naming `model` are served here: the model's id or one of its aliases.
+    pub fn serves(&self, model: &str) -> bool {
+        model == self.model_id || self.aliases.iter().any(|a| a == model)
+    }
+
+    /// [`AppState::serves`] as the request's 404.
+    pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if self.serves(model) {
+            Ok(())
+        } else {
+            Err(ApiError::model_not_found(model, &self.model_id))
+        }
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -222,20 +242,25 @@ async fn openapi() -> Response {
         .into_response()
 }
 
-fn model_object(st: &AppState) -> Value {
-    json!({"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata"})
+fn model_object(st: &AppState, id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": st.created, "owned_by": "strata"})
 }
 
+/// The served model, then each of its aliases.
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&st)]}))
+    let data: Vec<Value> = std::iter::once(&st.model_id)
+        .chain(&st.aliases)
+        .map(|id| model_object(&st, id))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn model(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if id == st.model_id {
-        Ok(Json(model_object(&st)))
+    if st.serves(&id) {
+        Ok(Json(model_object(&st, &id)))
     } else {
         Err(ApiError::model_not_found(&id, &st.model_id))
     }
@@ -553,9 +578,9 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
 
 /// [`prepare_chat`] for a request already parsed (or translated from another API).
 pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Prepared, ApiError> {
-    if req.model != st.model_id {
-        return Err(ApiError::model_not_found(&req.model, &st.model_id));
-    }
+    st.check_model(&req.model)?;
+    let mut req = req;
+    st.defaults.fill(&mut req.sampling);
     let (max, max_param) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
@@ -680,9 +705,9 @@ pub(crate) fn prepare_completion_request(
     st: &AppState,
     req: CompletionRequest,
 ) -> Result<Prepared, ApiError> {
-    if req.model != st.model_id {
-        return Err(ApiError::model_not_found(&req.model, &st.model_id));
-    }
+    st.check_model(&req.model)?;
+    let mut req = req;
+    st.defaults.fill(&mut req.sampling);
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo", "echo is not supported."));
     }

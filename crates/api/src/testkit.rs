@@ -96,6 +96,8 @@ pub fn tiny_state() -> Result<Arc<AppState>, StartError> {
             keys: None,
             max_body: 1 << 20,
             info: crate::ModelInfo::from_gguf(&file),
+            aliases: vec!["tiny-alias".into()],
+            defaults: crate::types::SamplingDefaults::default(),
         },
     )
 }

@@ -92,6 +92,33 @@ pub struct Sampling {
     pub n: Option<i64>,
 }
 
+/// Sampling settings the server applies to requests that do not give them (`strata serve
+/// --temperature …`): clients such as Claude Code and recent Anthropic SDKs cannot set them.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingDefaults {
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k.
+    pub top_k: Option<i64>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f32>,
+}
+
+impl SamplingDefaults {
+    /// Fills what `s` leaves unset.
+    pub fn fill(&self, s: &mut Sampling) {
+        s.temperature = s.temperature.or(self.temperature);
+        s.top_p = s.top_p.or(self.top_p);
+        s.top_k = s.top_k.or(self.top_k);
+        s.min_p = s.min_p.or(self.min_p);
+        s.repetition_penalty = s.repetition_penalty.or(self.repetition_penalty);
+    }
+}
+
 /// One stop string or several.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]

@@ -44,8 +44,81 @@ pub(crate) struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
+    /// Another name the model answers to, `NAME` or `NAME=MODEL` (MODEL: the served model's id),
+    /// for clients with hard-coded model names; repeatable.
+    #[arg(long = "alias", value_name = "NAME[=MODEL]")]
+    aliases: Vec<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     #[command(flatten)]
     http: HttpArgs,
+}
+
+/// Sampling for requests that do not say (clients such as Claude Code cannot).
+#[derive(Debug, Args)]
+pub(crate) struct SamplingArgs {
+    /// Temperature for requests without one (0 is greedy; the APIs' own default is 1).
+    #[arg(long, value_name = "T")]
+    temperature: Option<f32>,
+    /// Nucleus sampling for requests without `top_p`.
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// Top-k for requests without `top_k` (0: off).
+    #[arg(long, value_name = "K")]
+    top_k: Option<i64>,
+    /// Min-p for requests without `min_p`.
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// Repetition penalty for requests without one (1: off).
+    #[arg(long, value_name = "R")]
+    repeat_penalty: Option<f32>,
+}
+
+impl SamplingArgs {
+    /// The defaults, checked as a request's would be.
+    pub(crate) fn defaults(&self) -> Result<strata_api::types::SamplingDefaults> {
+        if let Some(t) = self.temperature
+            && !(t.is_finite() && (0.0..=2.0).contains(&t))
+        {
+            bail!("--temperature must be between 0 and 2 (got {t})");
+        }
+        if self.top_k.is_some_and(|k| k < 0) {
+            bail!("--top-k must be at least 0");
+        }
+        let check = strata_engine::SamplingParams {
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repeat_penalty: self.repeat_penalty.unwrap_or(1.0),
+            ..strata_engine::SamplingParams::default()
+        };
+        check
+            .validate()
+            .map_err(|m| anyhow::anyhow!("--{}", m.replace('_', "-")))?;
+        Ok(strata_api::types::SamplingDefaults {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+        })
+    }
+}
+
+/// The names of `--alias` flags, each checked to name the served model.
+fn aliases(flags: &[String], served: &str) -> Result<Vec<String>> {
+    flags
+        .iter()
+        .map(|a| {
+            let (name, model) = a.split_once('=').unwrap_or((a.as_str(), served));
+            if name.is_empty() {
+                bail!("--alias {a:?}: the alias is empty");
+            }
+            if model != served {
+                bail!("--alias {a:?}: this server serves {served:?}, not {model:?}");
+            }
+            Ok(name.to_string())
+        })
+        .collect()
 }
 
 /// What every HTTP surface (`serve`, `node`) takes: who may reach it from a browser, and how
@@ -133,15 +206,20 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         Some(t) => t,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    let id = model_id(&args.model);
+    let aliases = aliases(&args.aliases, &id)?;
+    let defaults = args.sampling.defaults()?;
     let state = strata_api::start(ServeOptions {
         model_path: path.clone(),
-        model_id: model_id(&args.model),
+        model_id: id,
         threads,
         parallel: args.parallel,
         queue: args.queue,
         n_ctx: args.ctx_size,
         keys,
         max_body: args.max_body,
+        aliases,
+        defaults,
     })
     .with_context(|| format!("loading {}", path.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()

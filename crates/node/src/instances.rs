@@ -204,6 +204,8 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         keys: s.keys,
         max_body: 4 << 20,
         info: strata_api::ModelInfo::default(),
+        aliases: Vec::new(),
+        defaults: strata_api::types::SamplingDefaults::default(),
     };
     let world = s.placement.nodes.len();
     if world == 1 {
@@ -216,6 +218,8 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             n_ctx: Some(context),
             keys: opts.keys,
             max_body: opts.max_body,
+            aliases: opts.aliases,
+            defaults: opts.defaults,
         })
         .map_err(|e| err(&e));
     }

@@ -294,6 +294,22 @@ def hostile_bodies_never_get_a_5xx():
 
 
 @check
+def an_alias_is_served_and_listed():
+    r = client.messages.create(model="claude-sonnet-4", max_tokens=24, extra_body=GREEDY, messages=user(PROMPT))
+    assert r.content[0].text == os.environ["STRATA_RUN_TEXT"], r.content
+    status, body = raw("GET", "/v1/models")
+    assert [m["id"] for m in json.loads(body)["data"]] == [MODEL, "claude-sonnet-4"], body
+
+
+@check
+def the_servers_sampling_default_applies_to_requests_without_one():
+    # The keyed server runs with --temperature 0: a request that says nothing is greedy there.
+    keyed = anthropic.Anthropic(base_url=os.environ["STRATA_KEYED_URL"], api_key=os.environ["STRATA_KEY"], max_retries=0)
+    r = keyed.messages.create(model=MODEL, max_tokens=24, messages=user(PROMPT))
+    assert r.content[0].text == os.environ["STRATA_RUN_TEXT"], r.content
+
+
+@check
 def the_root_answers_a_probe():
     status, _ = raw("HEAD", "/")
     assert status == 200, status

@@ -44,9 +44,10 @@ def a_streamed_chat_is_the_same_text_in_ndjson_lines():
 
 
 @check
-def the_model_answers_to_its_latest_tag():
-    r = client.chat(model=MODEL + ":latest", messages=user("Hi"), options={"num_predict": 2}, stream=False)
-    assert r.eval_count == 2, r
+def the_model_answers_to_its_latest_tag_and_its_alias():
+    for name in (MODEL + ":latest", "claude-sonnet-4", "claude-sonnet-4:latest"):
+        r = client.chat(model=name, messages=user("Hi"), options={"num_predict": 2}, stream=False)
+        assert r.eval_count == 2, (name, r)
 
 
 @check

@@ -181,7 +181,8 @@ fn the_openai_client_gets_what_it_expects() {
     expect_all_passed(&out);
 }
 
-/// Runs `crates/api/tests/py/{script}` against an open server and one with a key.
+/// Runs `crates/api/tests/py/{script}` against an open server (with the alias
+/// `claude-sonnet-4`) and one with a key (and `--temperature 0`).
 fn run_client_script(script: &str) {
     let py = python();
     let run_text = run_text();
@@ -192,8 +193,16 @@ fn run_client_script(script: &str) {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let open = serve(&["--parallel", "2"]);
-    let keyed = serve(&["--api-key-file", keys.to_str().unwrap(), "--parallel", "1"]);
+    // The open server answers to an alias too; the keyed one samples greedily unless asked.
+    let open = serve(&["--parallel", "2", "--alias", "claude-sonnet-4"]);
+    let keyed = serve(&[
+        "--api-key-file",
+        keys.to_str().unwrap(),
+        "--parallel",
+        "1",
+        "--temperature",
+        "0",
+    ]);
     let out = Command::new(&py)
         .arg(format!(
             "{}/../api/tests/py/{script}",
@@ -230,6 +239,26 @@ fn the_responses_api_gets_what_the_openai_client_expects() {
 #[test]
 fn the_ollama_client_gets_what_it_expects() {
     run_client_script("ollama_client.py");
+}
+
+#[test]
+fn bad_aliases_and_sampling_defaults_are_refused_before_loading() {
+    for (args, want) in [
+        (&["--alias", "x=other-model"][..], "serves"),
+        (&["--alias", "=smollm2-135m-instruct"][..], "empty"),
+        (&["--temperature", "3"][..], "--temperature"),
+        (&["--top-p", "0"][..], "--top-p"),
+        (&["--top-k=-1"][..], "--top-k"),
+    ] {
+        let out = strata()
+            .args(["serve", "--model", MODEL, "--api-addr", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]
