@@ -244,7 +244,7 @@ impl Grammars {
                         "{} {} %json {}",
                         Value::String(t.function.name.clone()),
                         self.lit("[ARGS]"),
-                        compact(tools::bounded(tools::closed(tools::parameters(t))))
+                        compact(tools::constrained(t))
                     )
                 })
                 .collect::<Vec<_>>()
@@ -290,7 +290,7 @@ impl Grammars {
                 format!(
                     "{} {body} %json {} {end}",
                     Value::String(t.function.name.clone()),
-                    compact(tools::bounded(tools::closed(tools::parameters(t)))),
+                    compact(tools::constrained(t)),
                 )
             })
             .collect::<Vec<_>>()
@@ -508,6 +508,10 @@ mod tests {
                 "kids": {"type": "array", "items": {"$ref": "#"}}}})),
             ),
             tool("ping", None),
+            tool(
+                "count",
+                Some(json!({"type": "object", "properties": {"n": {"type": "integer"}}})),
+            ),
         ];
         let envelope = tools::call_schema(&tools, &Choice::Required, CallFormat::detect(None));
         let call = |text: &str| {
@@ -520,9 +524,22 @@ mod tests {
         assert!(!call(
             r#"{"name": "ship", "arguments": {"to": {"city": "Paris"}}}"#
         ));
-        // `#` is the tool's own schema, not the envelope.
+        // `#` is the tool's own schema, not the envelope, nested at most MAX_SELF_NESTING deep.
         assert!(call(
             r#"{"name": "tree", "arguments": {"kids": [{"kids": []}]}}"#
+        ));
+        assert!(call(
+            r#"{"name": "tree", "arguments": {"kids": [{"kids": [{"kids": [{"kids": []}]}]}]}}"#
+        ));
+        assert!(!call(
+            r#"{"name": "tree", "arguments": {"kids": [{"kids": [{"kids": [{"kids": [{"#
+        ));
+        // Numbers in a call's arguments are bounded as in any constrained JSON.
+        assert!(call(
+            r#"{"name": "count", "arguments": {"n": 9007199254740991}}"#
+        ));
+        assert!(!call(
+            r#"{"name": "count", "arguments": {"n": 11111111111111111111"#
         ));
         assert!(!call(
             r#"{"name": "tree", "arguments": {"kids": [{"name": "ping"}]}}"#

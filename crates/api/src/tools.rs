@@ -128,6 +128,12 @@ pub fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator<Item =
     })
 }
 
+/// The schema a call's arguments are constrained by: [`parameters`] closed, bounded and with
+/// self-recursion unrolled ([`closed`], [`bounded`], [`unrolled`]).
+pub fn constrained(t: &Tool) -> Value {
+    bounded(closed(unrolled(parameters(t))))
+}
+
 /// The JSON schema of a function's arguments (an empty object when it declares none).
 pub fn parameters(t: &Tool) -> Value {
     t.function
@@ -149,7 +155,7 @@ pub fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value
     let mut one = |i: usize, t: &Tool| {
         let key = format!("strata_tool_{i}");
         let at = format!("#/$defs/{key}");
-        defs.insert(key, rebase_refs(closed(parameters(t)), &at));
+        defs.insert(key, rebase_refs(constrained(t), &at));
         let mut props = serde_json::Map::new();
         props.insert("name".into(), json!({"const": t.function.name}));
         props.insert(shape.args_key.into(), json!({ "$ref": at }));
@@ -286,6 +292,45 @@ pub fn bounded(mut schema: Value) -> Value {
         }
     });
     schema
+}
+
+/// How deep a schema that refers to itself (`{"$ref": "#"}`) may nest in constrained output.
+pub const MAX_SELF_NESTING: usize = 3;
+
+/// `schema` with its references to itself (`#`) unrolled [`MAX_SELF_NESTING`] levels deep,
+/// the deepest level allowing nothing (`false`: an array of them stays empty). A weak model
+/// asked for a recursive structure otherwise nests until its budget ends and never finishes
+/// the call. References through `$defs` are left as they are.
+pub fn unrolled(schema: Value) -> Value {
+    fn refers_to_root(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => {
+                m.get("$ref").and_then(Value::as_str) == Some("#") || m.values().any(refers_to_root)
+            }
+            Value::Array(a) => a.iter().any(refers_to_root),
+            _ => false,
+        }
+    }
+    fn replace(v: &mut Value, with: &Value) {
+        match v {
+            Value::Object(m) if m.get("$ref").and_then(Value::as_str) == Some("#") => {
+                *v = with.clone();
+            }
+            Value::Object(m) => m.values_mut().for_each(|c| replace(c, with)),
+            Value::Array(a) => a.iter_mut().for_each(|c| replace(c, with)),
+            _ => {}
+        }
+    }
+    if !refers_to_root(&schema) {
+        return schema;
+    }
+    let mut level = Value::Bool(false);
+    for _ in 0..=MAX_SELF_NESTING {
+        let mut next = schema.clone();
+        replace(&mut next, &level);
+        level = next;
+    }
+    level
 }
 
 /// `schema`, moved to `at` inside another document: every local reference (`#…`) is rewritten
