@@ -28,8 +28,8 @@ use crate::ApiError;
 use crate::output::Piece;
 use crate::scheduler::Event;
 use crate::server::{
-    Answer, AppState, Ending, Prepared, Reply, body_bytes, chat_prompt, prepare_chat_request,
-    prepared,
+    Answer, AppState, Ending, Prepared, Reply, body_bytes, prepare_chat_request, prepared,
+    rendered_chat,
 };
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
@@ -97,14 +97,7 @@ fn count(st: &AppState, body: &[u8]) -> Result<usize, ApiError> {
     let req: MessagesRequest = parse_body(body)?;
     let t = translate(req, false)?;
     st.check_model(&t.chat.model)?;
-    let tools = t.chat.tools.clone().unwrap_or_default();
-    crate::tools::validate(&tools)?;
-    let shown = if t.chat.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
-        &[][..]
-    } else {
-        &tools[..]
-    };
-    let text = chat_prompt(st, &t.chat, shown)?;
+    let (text, ..) = rendered_chat(st, &t.chat)?;
     let ids = st
         .tokenizer
         .encode_prompt(&text, true)
@@ -560,15 +553,6 @@ fn tool_use_id(a: &Answer, index: usize) -> String {
     format!("toolu_{}_{index}", a.id.trim_start_matches("chatcmpl-"))
 }
 
-/// A call's arguments as the object Anthropic's `input` is (the grammar makes them one; a
-/// call cut short has none).
-fn input_of(arguments: &str) -> Value {
-    serde_json::from_str::<Value>(arguments)
-        .ok()
-        .filter(Value::is_object)
-        .unwrap_or_else(|| json!({}))
-}
-
 /// Answers with the whole message.
 pub(crate) async fn whole(
     mut a: Answer,
@@ -588,7 +572,7 @@ pub(crate) async fn whole(
             "type": "tool_use",
             "id": tool_use_id(&a, i),
             "name": c.name,
-            "input": input_of(&c.arguments),
+            "input": c.arguments_object(),
         }));
     }
     let (input, output) = ending.tokens;

@@ -446,10 +446,7 @@ fn done_fields(e: &Ending, arrived: Instant, first: Option<Instant>) -> Value {
 fn calls_json(calls: &[crate::tools::ParsedCall]) -> Vec<Value> {
     calls
         .iter()
-        .map(|c| {
-            let args = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!({}));
-            json!({"function": {"name": c.name, "arguments": args}})
-        })
+        .map(|c| json!({"function": {"name": c.name, "arguments": c.arguments_object()}}))
         .collect()
 }
 
@@ -560,17 +557,19 @@ fn model_entry(st: &AppState) -> Value {
         "modified_at": humantime::format_rfc3339_seconds(
             SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(st.created)).to_string(),
         "size": info.size,
-        "digest": format!("{:016x}", fnv(st.model_id.as_bytes())),
+        // Ollama's digests are SHA-256 hex; this one names the served model, not its bytes
+        // (hashing a multi-GiB file at every listing is not worth it).
+        "digest": sha256_hex(st.model_id.as_bytes()),
         "details": details(info),
     })
 }
 
-/// A stable stand-in for a digest (strata's store keeps SHA-256 of files it fetched, not of
-/// every model it serves).
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn details(info: &crate::ModelInfo) -> Value {

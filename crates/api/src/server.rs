@@ -363,7 +363,7 @@ fn rand_seed() -> u64 {
 }
 
 /// The prompt of a chat request, rendered through the model's template.
-pub(crate) fn chat_prompt(
+fn chat_prompt(
     st: &AppState,
     req: &ChatRequest,
     tools_on: &[crate::types::Tool],
@@ -602,16 +602,8 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
         (true, k) => Some(k.unwrap_or(0) as usize),
         (false, None) => None,
     };
-    let all_tools = req.tools.clone().unwrap_or_default();
-    tools::validate(&all_tools)?;
-    let choice = tools::choice(&all_tools, req.tool_choice.as_ref())?;
+    let (text, all_tools, choice) = rendered_chat(st, &req)?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
-    let shown: &[crate::types::Tool] = if choice == Choice::None {
-        &[]
-    } else {
-        &all_tools
-    };
-    let text = chat_prompt(st, &req, shown)?;
     let prompt = tokenize(st, &text, true)?;
 
     let format = response_format(req.response_format.as_ref())?;
@@ -660,6 +652,24 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
             .unwrap_or(false),
         reply: Reply::OpenAi,
     })
+}
+
+/// A chat request's prompt text (its tools validated and shown unless `tool_choice` is none),
+/// with the tools and the choice.
+pub(crate) fn rendered_chat(
+    st: &AppState,
+    req: &ChatRequest,
+) -> Result<(String, Vec<crate::types::Tool>, Choice), ApiError> {
+    let all_tools = req.tools.clone().unwrap_or_default();
+    tools::validate(&all_tools)?;
+    let choice = tools::choice(&all_tools, req.tool_choice.as_ref())?;
+    let shown: &[crate::types::Tool] = if choice == Choice::None {
+        &[]
+    } else {
+        &all_tools
+    };
+    let text = chat_prompt(st, req, shown)?;
+    Ok((text, all_tools, choice))
 }
 
 /// The JSON schema `response_format` asks for, if any.

@@ -385,6 +385,18 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
+impl ParsedCall {
+    /// The arguments as the JSON object Anthropic's `input` and Ollama's `arguments` are (the
+    /// grammar makes them one; anything else, which only a call without a grammar could be,
+    /// is `{}`).
+    pub fn arguments_object(&self) -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(&self.arguments)
+            .ok()
+            .filter(serde_json::Value::is_object)
+            .unwrap_or_else(|| json!({}))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
