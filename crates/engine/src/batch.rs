@@ -6,6 +6,7 @@
 //! memory once per step for the whole batch instead of once per sequence.
 
 use crate::generate::PREFILL_BATCH;
+use crate::prefix::{BLOCK, PrefixCache, PrefixStats};
 use crate::{Error, KvCache, Model, NoComm, Result, Scratch, StageInput};
 use strata_kernels::ThreadPool;
 
@@ -35,6 +36,14 @@ pub struct Batch {
     busy: Vec<bool>,
     /// The slots of the step being run, in the order of its tokens (kept to avoid allocating).
     order: Vec<usize>,
+    /// Blocks of finished prompts, when prefix caching is on.
+    prefix: Option<PrefixCache>,
+    /// Per slot, the leading tokens whose keys and values are reusable (whole blocks computed
+    /// as [`crate::prefix`] requires), kept after the slot is freed.
+    held: Vec<Vec<u32>>,
+    /// Per slot, the prefix cache entries of the held blocks (shorter when a block could not
+    /// be kept; then nothing after it is kept either).
+    chain: Vec<Vec<u64>>,
 }
 
 impl Batch {
@@ -56,7 +65,89 @@ impl Batch {
             caches,
             busy: vec![false; slots],
             order: Vec::with_capacity(slots),
+            prefix: None,
+            held: vec![Vec::new(); slots],
+            chain: vec![Vec::new(); slots],
         })
+    }
+
+    /// Turns on prefix caching with `budget` bytes for blocks of finished prompts (0 leaves it
+    /// off): [`Batch::admit`] then restores the longest cached prefix of a prompt, from the
+    /// slot that still holds it without copying, or else from the cache.
+    pub fn with_prefix_cache(mut self, budget: usize) -> Batch {
+        self.prefix = (budget > 0).then(|| PrefixCache::new(budget));
+        self
+    }
+
+    /// What the prefix cache holds (`None` when it is off).
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(PrefixCache::stats)
+    }
+
+    /// Whether `prompt` can start a sequence: not empty, with room for a token after it.
+    fn fits(&self, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if prompt.len() >= self.n_ctx() {
+            return Err(Error::ContextOverflow {
+                needed: prompt.len() + 1,
+                limit: self.n_ctx(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a sequence without running anything: takes a free slot and fills it with the
+    /// longest prefix of `prompt` already computed (whole [`BLOCK`]s, leaving at least one
+    /// token to run), preferring a free slot that still holds it. Returns the slot and how
+    /// many positions it holds; the caller runs the rest with [`Batch::extend`], in chunks of
+    /// [`BLOCK`] aligned to multiples of it for the logits to be those of a cold prefill.
+    pub fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize)> {
+        self.fits(prompt)?;
+        let usable = if self.prefix.is_some() {
+            (prompt.len() - 1) / BLOCK
+        } else {
+            0
+        };
+        // Blocks each free slot still holds of this prompt; the best slot, and among equals
+        // the one holding least (keeping long prefixes for prompts that want them).
+        let common = |held: &[u32]| {
+            held.chunks_exact(BLOCK)
+                .zip(prompt.chunks_exact(BLOCK))
+                .take(usable)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let slot = (0..self.slots())
+            .filter(|&i| !self.busy[i])
+            .max_by_key(|&i| (common(&self.held[i]), std::cmp::Reverse(self.held[i].len())))
+            .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
+        let mut kept = common(&self.held[slot]);
+        let cache = &mut self.caches[slot];
+        cache.truncate(kept * BLOCK);
+        self.held[slot].truncate(kept * BLOCK);
+        self.chain[slot].truncate(kept);
+        if let Some(prefix) = self.prefix.as_mut() {
+            let found = prefix.lookup(&prompt[..usable * BLOCK]);
+            if found.len() > kept && self.chain[slot].len() == kept {
+                for &id in &found[kept..] {
+                    let ok = prefix
+                        .data(id)
+                        .is_some_and(|d| cache.load_block(kept * BLOCK, d));
+                    if !ok {
+                        break;
+                    }
+                    kept += 1;
+                }
+                self.held[slot].clear();
+                self.held[slot].extend_from_slice(&prompt[..kept * BLOCK]);
+                self.chain[slot].clear();
+                self.chain[slot].extend_from_slice(&found[..kept]);
+            }
+        }
+        self.busy[slot] = true;
+        Ok((SlotId(slot), kept * BLOCK))
     }
 
     /// The model.
@@ -87,22 +178,15 @@ impl Batch {
     /// Starts a sequence: takes a free slot and runs `prompt` through it (in chunks of the
     /// prefill batch). Returns the slot and the logits that follow the prompt.
     pub fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32])> {
-        if prompt.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        let n_ctx = self.n_ctx();
-        if prompt.len() >= n_ctx {
-            return Err(Error::ContextOverflow {
-                needed: prompt.len() + 1,
-                limit: n_ctx,
-            });
-        }
+        self.fits(prompt)?;
         let slot = self
             .busy
             .iter()
             .position(|b| !*b)
             .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
         self.caches[slot].clear();
+        self.held[slot].clear();
+        self.chain[slot].clear();
         self.prefill(slot, prompt)?;
         self.busy[slot] = true;
         Ok((SlotId(slot), self.scratch.logits_mut()))
@@ -134,8 +218,14 @@ impl Batch {
 
     /// Runs `tokens` through slot `slot`'s cache, in chunks of the prefill batch.
     fn prefill(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
-        let cache = &mut self.caches[slot];
         for chunk in tokens.chunks(PREFILL_BATCH) {
+            let cache = &mut self.caches[slot];
+            let at = cache.len();
+            if self.held[slot].len() > at {
+                // Positions past the cache's end are being overwritten.
+                self.held[slot].truncate(at - at % BLOCK);
+                self.chain[slot].truncate(at / BLOCK);
+            }
             self.model.forward(
                 &self.pool,
                 cache,
@@ -143,8 +233,42 @@ impl Batch {
                 StageInput::Tokens(chunk),
                 &mut NoComm,
             )?;
+            self.keep_block(slot, at, chunk);
         }
         Ok(())
+    }
+
+    /// Records a pass of `tokens` at position `at` of `slot` as reusable when it is a whole
+    /// aligned block on top of reusable positions, and keeps it in the prefix cache.
+    fn keep_block(&mut self, slot: usize, at: usize, tokens: &[u32]) {
+        let held = &mut self.held[slot];
+        if self.prefix.is_none()
+            || tokens.len() != BLOCK
+            || !at.is_multiple_of(BLOCK)
+            || held.len() != at
+        {
+            return;
+        }
+        held.extend_from_slice(tokens);
+        let chain = &mut self.chain[slot];
+        let Some(prefix) = self.prefix.as_mut() else {
+            return;
+        };
+        if chain.len() != at / BLOCK {
+            return;
+        }
+        let parent = chain.last().copied().unwrap_or(crate::prefix::ROOT);
+        let cache = &self.caches[slot];
+        let id = prefix.find(parent, tokens).or_else(|| {
+            if !prefix.admits(cache.block_len(BLOCK) * 2) {
+                return None;
+            }
+            let data = cache.save_block(at, BLOCK)?;
+            prefix.insert(parent, tokens, data)
+        });
+        if let Some(id) = id {
+            chain.push(id);
+        }
     }
 
     /// Appends `steps[i].1` to the sequence in slot `steps[i].0`, all in one forward pass, and

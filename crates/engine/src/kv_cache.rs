@@ -10,6 +10,7 @@
 //! weighted sum of values is then a dot product of the probabilities with each row, which the
 //! attention kernels compute for several query heads at once.
 
+use half::slice::HalfFloatSliceExt;
 use strata_kernels::{attn, ops};
 
 /// Keys and values for `n_layers x n_kv_heads x n_ctx` positions, keys `head_dim` wide and
@@ -149,5 +150,69 @@ impl KvCache {
 
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
+    }
+
+    /// `(layer, head)` pairs held.
+    fn heads(&self) -> usize {
+        self.k.len() / (self.n_ctx * self.head_dim).max(1)
+    }
+
+    /// Halves a block of `n` positions takes in [`KvCache::save_block`]'s layout.
+    pub(crate) fn block_len(&self, n: usize) -> usize {
+        self.heads() * n * (self.head_dim + self.v_dim)
+    }
+
+    /// The keys and values of positions `start..start + n` as f16 (exact: they were rounded
+    /// to f16 when stored), per `(layer, head)` the keys by position and then the values by
+    /// dimension. `None` when the positions are not filled.
+    pub(crate) fn save_block(&self, start: usize, n: usize) -> Option<Box<[half::f16]>> {
+        if start + n > self.len {
+            return None;
+        }
+        let mut out = vec![half::f16::ZERO; self.block_len(n)];
+        let mut at = 0;
+        for lh in 0..self.heads() {
+            let (layer, head) = (lh / self.n_kv_heads, lh % self.n_kv_heads);
+            let k = self.at(layer, head, start);
+            let kn = n * self.head_dim;
+            out[at..at + kn].convert_from_f32_slice(&self.k[k..k + kn]);
+            at += kn;
+            let v = self.v_at(layer, head) + start;
+            for d in 0..self.v_dim {
+                let row = v + d * self.v_stride;
+                out[at..at + n].convert_from_f32_slice(&self.v[row..row + n]);
+                at += n;
+            }
+        }
+        Some(out.into())
+    }
+
+    /// Writes a block saved by [`KvCache::save_block`] back at positions `start..start + n`;
+    /// the block must directly follow the filled positions, and the cache then holds it.
+    pub(crate) fn load_block(&mut self, start: usize, data: &[half::f16]) -> bool {
+        let per = self.heads() * (self.head_dim + self.v_dim);
+        if per == 0 || !data.len().is_multiple_of(per) || start != self.len {
+            return false;
+        }
+        let n = data.len() / per;
+        if start + n > self.n_ctx {
+            return false;
+        }
+        let mut at = 0;
+        for lh in 0..self.heads() {
+            let (layer, head) = (lh / self.n_kv_heads, lh % self.n_kv_heads);
+            let k = self.at(layer, head, start);
+            let kn = n * self.head_dim;
+            data[at..at + kn].convert_to_f32_slice(&mut self.k[k..k + kn]);
+            at += kn;
+            let v = self.v_at(layer, head) + start;
+            for d in 0..self.v_dim {
+                let row = v + d * self.v_stride;
+                data[at..at + n].convert_to_f32_slice(&mut self.v[row..row + n]);
+                at += n;
+            }
+        }
+        self.len += n;
+        true
     }
 }

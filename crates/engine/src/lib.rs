@@ -20,6 +20,7 @@ mod generate;
 mod kv_cache;
 mod model;
 mod models;
+pub mod prefix;
 mod sampler;
 mod shard;
 pub mod synth;

@@ -4,3 +4,4 @@
 mod batched_decode;
 mod hostile_model;
 mod llama_cpp_parity;
+mod prefix_cache;
