@@ -4,6 +4,7 @@
 //! and [`Sharded`] (rank 0 of a model split across nodes, sequences stepped one after another
 //! through the ranks).
 
+use strata_engine::prefix::{BLOCK, PrefixStats};
 use strata_engine::{Batch, SamplingParams, SlotId};
 use strata_parallel::Rank;
 
@@ -13,9 +14,11 @@ pub trait Engine: Send + 'static {
     fn n_ctx(&self) -> usize;
     /// Slots free for a new sequence.
     fn free_slots(&self) -> usize;
-    /// Takes a free slot, runs `prompt` through it, and returns the slot and the logits that
-    /// follow the prompt.
-    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String>;
+    /// Takes a free slot for `prompt` and fills it with the longest prefix of it already
+    /// computed (whole blocks of [`BLOCK`], leaving at least one token); returns the slot and
+    /// the positions it holds. The caller runs the rest with [`Engine::extend`] in chunks that
+    /// end on multiples of [`BLOCK`], as a cold prompt is run, so the logits are the same.
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String>;
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
@@ -24,6 +27,10 @@ pub trait Engine: Send + 'static {
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String>;
     /// Frees a slot.
     fn release(&mut self, slot: SlotId);
+    /// What the prefix cache holds (`None`: the engine has none).
+    fn prefix_stats(&self) -> Option<PrefixStats> {
+        None
+    }
     /// Whether the engine may go on after a panic once every slot is freed. True where all
     /// state is per slot; false where a panic can leave other parties mid-protocol (ranks on
     /// other nodes waiting inside a collective), which only a restart can bring back in step.
@@ -41,8 +48,8 @@ impl Engine for Batch {
         Batch::free_slots(self)
     }
 
-    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
-        Batch::start(self, prompt).map_err(|e| e.to_string())
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
+        Batch::admit(self, prompt).map_err(|e| e.to_string())
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
@@ -56,10 +63,11 @@ impl Engine for Batch {
     fn release(&mut self, slot: SlotId) {
         Batch::release(self, slot);
     }
-}
 
-/// Prompt tokens per prefill step through the ranks.
-const PREFILL_CHUNK: usize = 512;
+    fn prefix_stats(&self) -> Option<PrefixStats> {
+        Batch::prefix_stats(self)
+    }
+}
 
 /// Rank 0 of a sharded model as a scheduler engine. The last pipeline stage returns every logit
 /// of its vocabulary shard (sampling settings that keep all candidates), so the scheduler sees
@@ -117,17 +125,10 @@ impl Sharded {
     /// that follow the last as row 0.
     fn submit_chunks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> Result<(), String> {
         let raw = Self::raw();
-        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let chunks = tokens.len().div_ceil(BLOCK);
+        for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             self.rank
-                .submit(
-                    slot,
-                    at + i * PREFILL_CHUNK,
-                    chunk,
-                    i + 1 == chunks,
-                    &raw,
-                    &[],
-                )
+                .submit(slot, at + i * BLOCK, chunk, i + 1 == chunks, &raw, &[])
                 .map_err(|e| e.to_string())?;
         }
         self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
@@ -153,7 +154,7 @@ impl Engine for Sharded {
         self.busy.iter().filter(|b| !**b).count()
     }
 
-    fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.to_string());
         }
@@ -169,10 +170,9 @@ impl Engine for Sharded {
             .iter()
             .position(|b| !*b)
             .ok_or("every sequence slot is in use")?;
-        self.submit_chunks(slot, 0, prompt)?;
         self.busy[slot] = true;
-        self.lens[slot] = prompt.len();
-        Ok((SlotId::from_index(slot), &mut self.logits[..self.vocab]))
+        self.lens[slot] = 0;
+        Ok((SlotId::from_index(slot), 0))
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {

@@ -531,11 +531,13 @@ fn stop_reason(a: &Answer, e: &Ending) -> &'static str {
 }
 
 fn usage(a: &Answer, shape: Shape, input: usize, output: usize) -> Value {
+    // Anthropic counts cache reads apart from the input tokens.
+    let cached = a.cached_tokens.min(input);
     let mut u = json!({
-        "input_tokens": input,
+        "input_tokens": input - cached,
         "output_tokens": output,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     });
     if let Some(asked) = shape.asked {
         // Asked for more than the context leaves: the answer was given what it leaves.
@@ -612,6 +614,8 @@ pub(crate) fn stream(
             tx.send(Ok(SseEvent::default().event(name).data(v.to_string())))
                 .is_ok()
         };
+        // The usage in message_start counts cache reads, known once the request has a slot.
+        let mut early = a.admitted(&mut rx).await;
         let start = json!({
             "type": "message_start",
             "message": {
@@ -630,7 +634,11 @@ pub(crate) fn stream(
         }
         let mut blocks = Blocks::default();
         loop {
-            let (pieces, ending) = match a.step(rx.recv().await) {
+            let ev = match early.take() {
+                Some(ev) => ev,
+                None => rx.recv().await,
+            };
+            let (pieces, ending) = match a.step(ev) {
                 Ok(step) => step,
                 Err(e) => {
                     send(crate::Dialect::Anthropic.body(&e));

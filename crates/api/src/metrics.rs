@@ -36,6 +36,14 @@ pub struct Metrics {
     pub active_sequences: Gauge,
     /// Panics caught on the engine thread (each failed the requests in flight).
     pub engine_panics: Counter,
+    /// Prompt tokens restored from the prefix cache instead of computed.
+    pub cached_tokens: Counter,
+    /// Bytes of keys and values the prefix cache holds.
+    pub prefix_cache_bytes: Gauge,
+    /// Blocks the prefix cache holds.
+    pub prefix_cache_blocks: Gauge,
+    /// Blocks dropped from the prefix cache to stay within its budget.
+    pub prefix_cache_evictions: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,9 +104,37 @@ impl Metrics {
             "Panics caught on the engine thread; each failed the requests in flight",
             engine_panics.clone(),
         );
+        let cached_tokens = Counter::default();
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens restored from the prefix cache instead of computed",
+            cached_tokens.clone(),
+        );
+        let prefix_cache_bytes = Gauge::default();
+        registry.register(
+            "prefix_cache_bytes",
+            "Bytes of keys and values held by the prefix cache",
+            prefix_cache_bytes.clone(),
+        );
+        let prefix_cache_blocks = Gauge::default();
+        registry.register(
+            "prefix_cache_blocks",
+            "Blocks of 256 prompt positions held by the prefix cache",
+            prefix_cache_blocks.clone(),
+        );
+        let prefix_cache_evictions = Gauge::default();
+        registry.register(
+            "prefix_cache_evictions",
+            "Blocks dropped from the prefix cache to stay within its budget, since start",
+            prefix_cache_evictions.clone(),
+        );
         Metrics {
             registry,
             engine_panics,
+            cached_tokens,
+            prefix_cache_bytes,
+            prefix_cache_blocks,
+            prefix_cache_evictions,
             requests,
             prompt_tokens,
             completion_tokens,
@@ -107,6 +143,14 @@ impl Metrics {
             queue_depth,
             active_sequences,
         }
+    }
+
+    /// Shows what the prefix cache holds.
+    pub fn show_prefix_cache(&self, s: &strata_engine::prefix::PrefixStats) {
+        let g = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        self.prefix_cache_bytes.set(g(s.bytes as u64));
+        self.prefix_cache_blocks.set(g(s.blocks as u64));
+        self.prefix_cache_evictions.set(g(s.evicted));
     }
 
     /// Counts one answered request.

@@ -568,7 +568,7 @@ fn response_object(a: &Answer, shape: &Shape, ending: Option<&Ending>) -> Value 
     let (input, out) = e.tokens;
     r["usage"] = json!({
         "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": a.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input + out,

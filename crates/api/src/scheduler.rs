@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use strata_engine::prefix::BLOCK;
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
 use crate::engine::Engine;
@@ -70,6 +71,12 @@ pub enum Event {
         prompt_tokens: usize,
         /// Generated tokens (including an end-of-generation token).
         completion_tokens: usize,
+    },
+    /// The request has a slot; `cached` of its prompt tokens were restored from earlier
+    /// requests instead of computed (sent before any token).
+    Admitted {
+        /// Prompt tokens restored.
+        cached: usize,
     },
     /// The engine failed on this request.
     Failed(String),
@@ -468,7 +475,7 @@ fn run(
         let mut budget = PREFILL_CHUNK;
         continue_prefills(batch, active, &mut budget, tok, n_ctx, m);
         // Admit waiting requests into free slots; sleep only when nothing is running.
-        while budget > 0 && batch.free_slots() > 0 {
+        while batch.free_slots() > 0 {
             let job = if active.is_empty() {
                 match rx.blocking_recv() {
                     Some(j) => j,
@@ -485,35 +492,31 @@ fn run(
                 continue;
             }
             m.prompt_tokens.inc_by(job.prompt.len() as u64);
-            let first = job.prompt.len().min(budget);
-            budget -= first;
-            match batch.start(&job.prompt[..first]) {
-                Ok((slot, logits)) => {
-                    let seq = Seq {
+            match batch.admit(&job.prompt) {
+                Ok((slot, cached)) => {
+                    m.cached_tokens.inc_by(cached as u64);
+                    let _ = job.events.send(Event::Admitted { cached });
+                    active.push(Seq {
                         sampler: Sampler::new(job.sampling.clone()),
                         history: job.prompt.clone(),
-                        prefilled: first,
+                        prefilled: cached,
                         job,
                         slot,
                         generated: 0,
                         last: 0,
                         last_at: Instant::now(),
                         forced: Vec::new(),
-                    };
-                    // In `active` before it runs, so a panic in it is cleaned up with the rest.
-                    active.push(seq);
-                    let keep = active.last_mut().is_some_and(|seq| {
-                        seq.prefilled < seq.job.prompt.len() || seq.advance(logits, tok, n_ctx, m)
                     });
-                    if !keep {
-                        active.pop();
-                        batch.release(slot);
-                    }
                 }
                 Err(e) => {
                     let _ = job.events.send(Event::Failed(e));
                 }
             }
+            // The new sequence's first chunk, if this round has room for it.
+            continue_prefills(batch, active, &mut budget, tok, n_ctx, m);
+        }
+        if let Some(stats) = batch.prefix_stats() {
+            m.show_prefix_cache(&stats);
         }
         run_forced(batch, active, tok, n_ctx, m);
         active.retain(|s| {
@@ -570,11 +573,15 @@ fn run(
 
 /// Prompt tokens run per round across all sequences being admitted (see [`run`]): small
 /// enough that a stream's gap while a long prompt is admitted stays near one chunk's time,
-/// large enough that the matrix kernels still work on full tiles.
-pub const PREFILL_CHUNK: usize = 256;
+/// large enough that the matrix kernels still work on full tiles. It is the prefix cache's
+/// block: a prompt always runs in chunks that end on multiples of it, however busy the
+/// server, so its logits never depend on what else was running, and a restored prefix gives
+/// those of a cold prefill.
+pub const PREFILL_CHUNK: usize = BLOCK;
 
-/// Runs the next chunks of prompts already admitted, oldest first, within `budget` tokens; a
-/// sequence whose prompt is complete samples its first token.
+/// Runs the next chunks of prompts already admitted, oldest first, within `budget` tokens
+/// (a chunk that does not fit waits for the next round); a sequence whose prompt is complete
+/// samples its first token.
 fn continue_prefills(
     batch: &mut dyn Engine,
     active: &mut Vec<Seq>,
@@ -585,10 +592,10 @@ fn continue_prefills(
 ) {
     active.retain_mut(|s| {
         let left = s.job.prompt.len() - s.prefilled;
-        if left == 0 || *budget == 0 {
+        let n = left.min(BLOCK - s.prefilled % BLOCK);
+        if left == 0 || n > *budget {
             return true;
         }
-        let n = left.min(*budget);
         *budget -= n;
         let pass = batch.extend(s.slot, &s.job.prompt[s.prefilled..s.prefilled + n]);
         s.prefilled += n;
@@ -659,9 +666,9 @@ mod tests {
         fn free_slots(&self) -> usize {
             usize::from(!self.busy)
         }
-        fn start(&mut self, _prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+        fn admit(&mut self, _prompt: &[u32]) -> Result<(SlotId, usize), String> {
             self.busy = true;
-            Ok((SlotId::from_index(0), self.row(1)))
+            Ok((SlotId::from_index(0), 0))
         }
         fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
             self.calls.lock().unwrap().steps += 1;
@@ -731,6 +738,7 @@ mod tests {
                     assert_eq!(completion_tokens, 6);
                     break;
                 }
+                Event::Admitted { cached } => assert_eq!(cached, 0),
                 Event::Failed(e) => panic!("{e}"),
             }
         }
@@ -742,19 +750,20 @@ mod tests {
     fn forced_tokens_run_in_one_pass_instead_of_a_step_each() {
         let (tokens, calls) = generate(None);
         assert_eq!(tokens, vec![3, 5, 6, 3, 3, 3]);
-        // The sampled "a" and the forced "c d" go through the model together; then two steps.
+        // The prompt; then the sampled "a" and the forced "c d" go through the model together;
+        // then two steps.
         assert_eq!(
             calls,
             Calls {
                 steps: 2,
-                extends: vec![vec![3, 5, 6]],
+                extends: vec![vec![1, 4], vec![3, 5, 6]],
             }
         );
         // With log-probabilities asked for, every token gets its own step (and its logits).
         let (tokens, calls) = generate(Some(0));
         assert_eq!(tokens, vec![3, 3, 3, 3, 3, 3]);
         assert_eq!(calls.steps, 5);
-        assert!(calls.extends.is_empty());
+        assert_eq!(calls.extends, vec![vec![1, 4]]);
     }
 
     /// [`Scripted`], but its steps panic while `panics` is above zero (counting down).
@@ -770,8 +779,8 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.inner.free_slots()
         }
-        fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
-            self.inner.start(prompt)
+        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
+            self.inner.admit(prompt)
         }
         fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
             use std::sync::atomic::Ordering::SeqCst;
@@ -805,7 +814,7 @@ mod tests {
             .map_err(|e| format!("{e:?}"))?;
         loop {
             match rx.blocking_recv() {
-                Some(Event::Token { .. }) => {}
+                Some(Event::Token { .. } | Event::Admitted { .. }) => {}
                 Some(Event::Done {
                     completion_tokens, ..
                 }) => return Ok(completion_tokens),
@@ -862,6 +871,8 @@ mod tests {
         log: Arc<Mutex<Vec<String>>>,
         free: usize,
         logits: Vec<f32>,
+        /// Positions admitted prompts of this length or more find cached.
+        cached: usize,
     }
 
     impl Recorder {
@@ -882,10 +893,21 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.free
         }
-        fn start(&mut self, prompt: &[u32]) -> Result<(SlotId, &mut [f32]), String> {
+        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
             self.free -= 1;
             let slot = SlotId::from_index(self.free);
-            Ok((slot, self.row(1, format!("start {}", prompt.len()))))
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("admit {}", prompt.len()));
+            Ok((
+                slot,
+                if prompt.len() > self.cached {
+                    self.cached
+                } else {
+                    0
+                },
+            ))
         }
         fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
             Ok(self.row(steps.len(), format!("step {}", steps.len())))
@@ -898,13 +920,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps() {
+    /// While a stream generates, prompts of the given lengths arrive together; the engine
+    /// reports `cached` positions for prompts longer than that. Returns the prefill passes
+    /// (`extend N`) in order, after checking that the stream got a step between every two.
+    fn prefill_passes(prompts: &[usize], cached: usize) -> Vec<String> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let engine = Recorder {
             log: Arc::clone(&log),
-            free: 2,
+            free: 1 + prompts.len(),
             logits: Vec::new(),
+            cached,
         };
         let sched = Scheduler::start(
             Box::new(engine),
@@ -932,39 +957,44 @@ mod tests {
         // A stream is generating ...
         let (a, mut a_rx) = job(vec![1, 4], 1 << 19);
         sched.submit(a).unwrap();
+        assert!(matches!(a_rx.blocking_recv(), Some(Event::Admitted { .. })));
         assert!(matches!(a_rx.blocking_recv(), Some(Event::Token { .. })));
-        // ... when a 1,000-token prompt arrives.
-        let long: Vec<u32> = (0..1000).map(|i| 3 + i % 5).collect();
-        let (b, mut b_rx) = job(long, 2);
-        sched.submit(b).unwrap();
-        loop {
-            match b_rx.blocking_recv() {
-                Some(Event::Done { prompt_tokens, .. }) => {
-                    assert_eq!(prompt_tokens, 1000);
-                    break;
+        // ... when long prompts arrive.
+        let rxs: Vec<_> = prompts
+            .iter()
+            .map(|&n| {
+                let (j, rx) = job((0..n as u32).map(|i| 3 + i % 5).collect(), 2);
+                sched.submit(j).unwrap();
+                (n, rx)
+            })
+            .collect();
+        for (n, mut rx) in rxs {
+            match rx.blocking_recv() {
+                Some(Event::Admitted { cached: c }) => {
+                    assert_eq!(c, if n > cached { cached } else { 0 })
                 }
-                Some(Event::Token { .. }) => {}
                 other => panic!("{other:?}"),
+            }
+            loop {
+                match rx.blocking_recv() {
+                    Some(Event::Done { prompt_tokens, .. }) => {
+                        assert_eq!(prompt_tokens, n);
+                        break;
+                    }
+                    Some(Event::Token { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
             }
         }
         drop(a_rx);
         let log = log.lock().unwrap().clone();
         let first = log
             .iter()
-            .position(|l| l == "start 256")
-            .expect("a first chunk");
-        let chunks: Vec<usize> = log[first..]
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.starts_with("start") || l.starts_with("extend"))
-            .map(|(i, _)| first + i)
-            .take(4)
+            .position(|l| l.starts_with("admit") && l != "admit 2")
+            .expect("a long prompt admitted");
+        let chunks: Vec<usize> = (first..log.len())
+            .filter(|&i| log[i].starts_with("extend") && log[i] != "extend 2")
             .collect();
-        let sizes: Vec<&str> = chunks.iter().map(|&i| log[i].as_str()).collect();
-        assert_eq!(
-            sizes,
-            ["start 256", "extend 256", "extend 256", "extend 232"]
-        );
         // The generating stream got a step between every two chunks.
         for w in chunks.windows(2) {
             assert!(
@@ -973,6 +1003,28 @@ mod tests {
                 &log[w[0]..=w[1]]
             );
         }
+        chunks.iter().map(|&i| log[i].clone()).collect()
+    }
+
+    #[test]
+    fn a_long_prompt_is_prefilled_in_chunks_between_the_other_streams_steps() {
+        let passes = prefill_passes(&[1000], usize::MAX);
+        assert_eq!(
+            passes,
+            ["extend 256", "extend 256", "extend 256", "extend 232"]
+        );
+    }
+
+    #[test]
+    fn prompts_run_in_chunks_ending_on_block_boundaries_however_they_arrive() {
+        // Two prompts share the rounds; neither is ever cut off a boundary to fill a round.
+        let passes = prefill_passes(&[300, 600], usize::MAX);
+        let mut sizes: Vec<&str> = passes.iter().map(|p| &p[7..]).collect();
+        sizes.sort();
+        assert_eq!(sizes, ["256", "256", "256", "44", "88"]);
+        // A prompt with 512 positions cached runs only the rest, from the boundary.
+        let passes = prefill_passes(&[1000], 512);
+        assert_eq!(passes, ["extend 256", "extend 232"]);
     }
 
     #[test]

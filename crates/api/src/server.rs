@@ -844,6 +844,7 @@ pub(crate) async fn run(
         logprobs: p.logprobs.is_some(),
         forced_call: p.forced_call,
         prompt_tokens: prompt_len,
+        cached_tokens: 0,
         generated: 0,
         budget: job_max,
         first_token: None,
@@ -876,6 +877,8 @@ pub(crate) struct Answer {
     /// The answer is a tool call (its first chunk's `content` is null, as OpenAI's is).
     pub(crate) forced_call: bool,
     pub(crate) prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache (known once the request has a slot).
+    pub(crate) cached_tokens: usize,
     /// Tokens received so far.
     pub(crate) generated: usize,
     /// The most tokens it may have (what was asked, or what the context leaves).
@@ -931,7 +934,7 @@ impl Answer {
             pieces,
             Ending {
                 reason,
-                usage: usage(prompt, completion),
+                usage: usage(prompt, completion, self.cached_tokens),
                 tokens: (prompt, completion),
             },
         )
@@ -980,11 +983,12 @@ impl Answer {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -1024,10 +1028,30 @@ impl Answer {
                 let (p, e) = self.on_done(finish, prompt_tokens, completion_tokens);
                 Ok((p, Some(e)))
             }
+            Some(Event::Admitted { cached }) => {
+                self.cached_tokens = cached;
+                Ok((Vec::new(), None))
+            }
             Some(Event::Failed(m)) => Err(ApiError::unavailable(format!("Generation failed: {m}"))),
             None => Err(ApiError::unavailable(
                 "The model instance stopped during generation.",
             )),
+        }
+    }
+
+    /// Waits until the request has a slot (so the cached prompt tokens are known, for replies
+    /// that give usage before the first token); an event that came instead is handed back to
+    /// be read first.
+    pub(crate) async fn admitted(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> Option<Option<Event>> {
+        match rx.recv().await {
+            Some(Event::Admitted { cached }) => {
+                self.cached_tokens = cached;
+                None
+            }
+            other => Some(other),
         }
     }
 

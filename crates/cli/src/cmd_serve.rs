@@ -48,6 +48,11 @@ pub(crate) struct ServeArgs {
     /// for clients with hard-coded model names; repeatable.
     #[arg(long = "alias", value_name = "NAME[=MODEL]")]
     aliases: Vec<String>,
+    /// Memory for the prefix cache, which keeps the keys and values of earlier prompts so a
+    /// prompt starting the same way (an agent's system prompt and tools) skips computing them:
+    /// bytes, or with a unit (`512MiB`, `2GiB`); 0 turns it off.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    cache_mem: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -102,6 +107,31 @@ impl SamplingArgs {
             repetition_penalty: self.repeat_penalty,
         })
     }
+}
+
+/// A size in bytes: a number, optionally with a unit (`K`, `M`, `G`, `T`, each optionally
+/// followed by `iB` or `B`; all powers of 1024, as memory is counted).
+pub(crate) fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 1073741824, 512MiB, 2GiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "{other:?} is not a unit of size (use K, M, G or T)"
+            ));
+        }
+    };
+    n.checked_mul(1usize << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// The names of `--alias` flags, each checked to name the served model.
@@ -220,6 +250,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         max_body: args.max_body,
         aliases,
         defaults,
+        cache_mem: args.cache_mem,
     })
     .with_context(|| format!("loading {}", path.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -281,5 +312,19 @@ mod tests {
         assert_eq!(model_id("smollm2-135m-instruct"), "smollm2-135m-instruct");
         assert_eq!(model_id("./models/tiny.gguf"), "tiny");
         assert_eq!(model_id("/x/y/z.gguf"), "z");
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size(" 3 kb "), Ok(3 << 10));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("1.5GiB").is_err());
+        assert!(parse_size("2PB").is_err());
+        assert!(parse_size("99999999999999999999T").is_err());
     }
 }

@@ -220,6 +220,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             max_body: opts.max_body,
             aliases: opts.aliases,
             defaults: opts.defaults,
+            cache_mem: strata_api::DEFAULT_CACHE_MEM,
         })
         .map_err(|e| err(&e));
     }

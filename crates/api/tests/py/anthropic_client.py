@@ -114,9 +114,38 @@ def count_tokens_matches_the_prompt_a_message_uses():
     args = dict(model=MODEL, system="Be brief.", messages=user(PROMPT), tools=[WEATHER])
     n = client.messages.count_tokens(**args).input_tokens
     r = client.messages.create(max_tokens=4, extra_body=GREEDY, **args)
-    assert n == r.usage.input_tokens and n > 20, (n, r.usage)
+    # Anthropic counts prompt tokens read from the cache apart from the others.
+    assert n == r.usage.input_tokens + r.usage.cache_read_input_tokens and n > 20, (n, r.usage)
     # Tools are part of the prompt.
     assert client.messages.count_tokens(model=MODEL, messages=user(PROMPT)).input_tokens < n
+
+
+@check
+def a_repeated_long_system_prompt_is_read_from_the_cache():
+    # As Claude Code sends it: the same long system prompt every turn, in blocks with
+    # cache_control. Whole 256-token blocks of it are read back, counted as Anthropic counts them.
+    system = [
+        {"type": "text", "text": "You are an agent that edits code in a repository."},
+        {
+            "type": "text",
+            "text": " ".join(f"Guideline {i}: keep changes small and explain each one." for i in range(60)),
+            "cache_control": {"type": "ephemeral"},
+        },
+    ]
+    args = dict(model=MODEL, max_tokens=10, extra_body=GREEDY, system=system)
+    first = client.messages.create(messages=user(PROMPT), **args)
+    total = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert total > 600, first.usage
+    second = client.messages.create(messages=user("And of Italy?"), **args)
+    assert second.usage.cache_read_input_tokens >= 512, second.usage
+    assert second.usage.cache_read_input_tokens % 256 == 0, second.usage
+    # Streamed: message_start already counts the cache read.
+    with client.messages.stream(messages=user(PROMPT), **args) as s:
+        start = next(ev for ev in s if ev.type == "message_start")
+        final = s.get_final_message()
+    assert start.message.usage.cache_read_input_tokens == (total - 1) // 256 * 256, start.message.usage
+    assert start.message.usage.input_tokens + start.message.usage.cache_read_input_tokens == total
+    assert final.content[0].text == first.content[0].text, (final.content, first.content)
 
 
 @check

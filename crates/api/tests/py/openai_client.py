@@ -413,6 +413,35 @@ def metric(name, base=URL):
 
 
 @check
+def a_shared_prompt_prefix_is_restored_and_answers_as_a_cold_prompt():
+    # A system prompt of 600+ tokens, as agents send: later prompts starting with it restore its
+    # whole 256-token blocks instead of computing them, and answer exactly as a cold prompt.
+    system = "You are a careful assistant. " + " ".join(
+        f"Rule {i}: answer briefly, check each fact twice and name your sources." for i in range(50)
+    )
+
+    def ask(question):
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            max_tokens=12,
+            temperature=0,
+        )
+        return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens
+
+    restored = metric("strata_cached_prompt_tokens_total")
+    cold, n, cached = ask(PROMPT)
+    assert n > 600 and cached == 0, (n, cached)
+    _, n2, cached = ask("Name a long river.")
+    assert cached >= 512 and cached % 256 == 0 and cached < n2, (n2, cached)
+    warm, n3, cached3 = ask(PROMPT)
+    assert n3 == n and cached3 == (n - 1) // 256 * 256, (n, cached3)
+    assert warm == cold, (warm, cold)
+    assert metric("strata_cached_prompt_tokens_total") - restored == cached + cached3
+    assert metric("strata_prefix_cache_bytes") > 0 and metric("strata_prefix_cache_blocks") >= 2
+
+
+@check
 def a_client_that_disconnects_stops_its_generation():
     import http.client
     import time

@@ -29,6 +29,19 @@ def greedy_text_equals_strata_run():
 
 
 @check
+def long_instructions_sent_again_are_cached_input():
+    instructions = "Answer as a travel guide. " + " ".join(
+        f"Tip {i}: mention one museum and one park." for i in range(60)
+    )
+    args = dict(model=MODEL, instructions=instructions, max_output_tokens=4, temperature=0)
+    first = client.responses.create(input=PROMPT, **args)
+    again = client.responses.create(input="Where should I eat?", **args)
+    assert first.usage.input_tokens > 600, first.usage
+    assert again.usage.input_tokens_details.cached_tokens >= 512, again.usage
+    assert again.usage.input_tokens_details.cached_tokens < again.usage.input_tokens, again.usage
+
+
+@check
 def a_stream_has_the_documented_events_and_the_same_text():
     args = dict(model=MODEL, input=PROMPT, max_output_tokens=24, temperature=0)
     whole = client.responses.create(**args).output_text
