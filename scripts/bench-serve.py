@@ -16,7 +16,7 @@ import statistics
 import time
 import urllib.request
 
-from serve_process import serving
+from serve_process import serving, stream_chunks
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper.",
@@ -27,25 +27,19 @@ PROMPTS = [
 
 
 def stream_one(url, model, prompt, max_tokens):
-    body = json.dumps({
+    body = {
         "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
         "temperature": 0.7, "seed": 1, "stream": True, "stream_options": {"include_usage": True},
-    }).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    }
     t0 = time.perf_counter()
     first = None
     tokens = 0
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for ch in chunk.get("choices", []):
-                if ch["delta"].get("content") and first is None:
-                    first = time.perf_counter()
+    for chunk in stream_chunks(url, "/v1/chat/completions", body):
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        for ch in chunk.get("choices", []):
+            if ch["delta"].get("content") and first is None:
+                first = time.perf_counter()
     end = time.perf_counter()
     first = first or end
     return {"ttft": first - t0, "tokens": tokens, "decode_s": end - first}

@@ -221,25 +221,7 @@ impl Keys {
     /// Checks an `Authorization` header value (see [`presented`]) and, for a valid key, takes one
     /// request from its bucket.
     pub fn check(&self, authorization: Option<&str>) -> Verdict {
-        let Some(presented) = authorization
-            .and_then(|h| {
-                h.strip_prefix("Bearer ")
-                    .or_else(|| h.strip_prefix("bearer "))
-            })
-            .map(str::trim)
-        else {
-            return Verdict::Unknown;
-        };
-        let d = digest(presented);
-        let mut found: Option<&Key> = None;
-        for k in &self.keys {
-            // Every key is compared, whatever matched before.
-            let eq: bool = k.digest.ct_eq(&d).into();
-            if eq && found.is_none() {
-                found = Some(k);
-            }
-        }
-        let Some(key) = found else {
+        let Some(key) = self.find(authorization) else {
             return Verdict::Unknown;
         };
         let grant = Grant {
@@ -250,6 +232,32 @@ impl Keys {
             None => Verdict::Allowed(grant),
             Some(rpm) => self.take(grant, rpm, Instant::now()),
         }
+    }
+
+    /// Whether an `Authorization` header value carries a known key, without taking a request
+    /// from its bucket (for a look at a request before the check that counts it).
+    pub fn knows(&self, authorization: Option<&str>) -> bool {
+        self.find(authorization).is_some()
+    }
+
+    /// The key an `Authorization` header value carries, compared in constant time.
+    fn find(&self, authorization: Option<&str>) -> Option<&Key> {
+        let presented = authorization
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
+            .map(str::trim)?;
+        let d = digest(presented);
+        let mut found: Option<&Key> = None;
+        for k in &self.keys {
+            // Every key is compared, whatever matched before.
+            let eq: bool = k.digest.ct_eq(&d).into();
+            if eq && found.is_none() {
+                found = Some(k);
+            }
+        }
+        found
     }
 
     /// Whether any key may administer the cluster.

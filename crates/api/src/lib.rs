@@ -25,6 +25,7 @@ pub mod metrics;
 mod ollama;
 pub mod output;
 pub mod responses;
+pub mod routing;
 pub mod scheduler;
 pub mod server;
 pub mod testkit;
@@ -82,8 +83,8 @@ pub struct ServeOptions {
     pub queue: usize,
     /// Context window per sequence.
     pub n_ctx: Option<usize>,
-    /// Accepted API keys.
-    pub keys: Option<auth::Keys>,
+    /// Keys, stored responses and metrics, shared with the other models served beside it.
+    pub shared: Shared,
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// Other names the model answers to.
@@ -92,6 +93,8 @@ pub struct ServeOptions {
     pub defaults: types::SamplingDefaults,
     /// Bytes for the prefix cache's blocks of earlier prompts (0: no prefix cache).
     pub cache_mem: usize,
+    /// A chat template's source, used in place of the model's own.
+    pub chat_template: Option<String>,
 }
 
 /// The prefix cache's default budget: 1 GiB holds about 45,000 prompt positions of the
@@ -115,7 +118,10 @@ pub fn check_bind(
 pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
     let file = GgufFile::open(&opts.model_path)?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
-    let template = ChatTemplate::from_gguf(file.metadata())?;
+    let template = match opts.chat_template {
+        Some(source) => Some(ChatTemplate::for_model(file.metadata(), source)?),
+        None => ChatTemplate::from_gguf(file.metadata())?,
+    };
     let model = Model::load_full(&file)?;
     let n_ctx = opts
         .n_ctx
@@ -131,7 +137,7 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
         EngineOptions {
             model_id: opts.model_id,
             queue: opts.queue,
-            keys: opts.keys,
+            shared: opts.shared,
             max_body: opts.max_body,
             info,
             aliases: opts.aliases,
@@ -195,8 +201,8 @@ pub struct EngineOptions {
     pub model_id: String,
     /// Requests that may wait for a slot before 429.
     pub queue: usize,
-    /// Accepted API keys.
-    pub keys: Option<auth::Keys>,
+    /// Keys, stored responses and metrics, shared with the other models served beside it.
+    pub shared: Shared,
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// What the model is.
@@ -229,7 +235,9 @@ pub fn start_engine(
         .max()
         .unwrap_or(0)
         .max(8);
-    let metrics = Arc::new(metrics::Metrics::new());
+    let shared = opts.shared;
+    let label = shared.several.then_some(opts.model_id.as_str());
+    let metrics = Arc::new(metrics::Metrics::register(&shared.registry, label));
     let scheduler = scheduler::Scheduler::start(
         engine,
         Arc::clone(&tokenizer),
@@ -244,27 +252,59 @@ pub fn start_engine(
         call_markers,
         scheduler,
         n_ctx,
-        keys: opts.keys,
+        keys: shared.keys,
         metrics,
         max_body: opts.max_body,
         info: opts.info,
-        responses: responses::Store::default(),
+        responses: shared.responses,
         aliases: opts.aliases,
         defaults: opts.defaults,
         created: server::unix_now(),
         max_token_bytes,
-        prepare: Arc::new(tokio::sync::Semaphore::new(
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-        )),
+        prepare: shared.prepare,
     }))
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves.
+/// What the models served behind one address share: the keys (one rate limit per key however
+/// many models it uses), stored responses (a conversation may change models), one metrics
+/// registry (each model's metrics labelled `model="ID"` when there are several) and the
+/// permits for preparing requests (one per core).
+#[derive(Debug, Clone)]
+pub struct Shared {
+    keys: Option<Arc<auth::Keys>>,
+    responses: Arc<responses::Store>,
+    registry: Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
+    prepare: Arc<tokio::sync::Semaphore>,
+    several: bool,
+}
+
+impl Shared {
+    /// For `models` models served together, with these keys.
+    pub fn new(keys: Option<auth::Keys>, models: usize) -> Shared {
+        Shared {
+            keys: keys.map(Arc::new),
+            responses: Arc::default(),
+            registry: metrics::Metrics::registry(),
+            prepare: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
+            several: models > 1,
+        }
+    }
+
+    /// Whether requests need a key.
+    pub fn has_keys(&self) -> bool {
+        self.keys.is_some()
+    }
+}
+
+/// Serves `models` on `listener` until `shutdown` resolves, each request going to the model it
+/// names.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: Arc<server::AppState>,
+    models: Vec<Arc<server::AppState>>,
     http: &listen::HttpOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    listen::serve(listener, server::router(state), http, shutdown).await
+    listen::serve(listener, routing::router(models), http, shutdown).await
 }

@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Labels of the request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -19,7 +20,8 @@ pub struct RequestLabels {
 /// Every metric the server keeps.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    /// The registry these metrics are in (with every other model's, when several are served).
+    registry: Arc<Mutex<Registry>>,
     /// Requests by endpoint and status.
     pub requests: Family<RequestLabels, Counter>,
     /// Prompt tokens processed.
@@ -55,7 +57,22 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh set of metrics, registered under the `strata_` prefix.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("strata");
+        Metrics::register(&Metrics::registry(), None)
+    }
+
+    /// An empty registry of strata's metrics, for [`Metrics::register`].
+    pub fn registry() -> Arc<Mutex<Registry>> {
+        Arc::new(Mutex::new(Registry::with_prefix("strata")))
+    }
+
+    /// A set of metrics in `shared`, labelled `model="ID"` when a model id is given (several
+    /// models behind one address report into one registry).
+    pub fn register(shared: &Arc<Mutex<Registry>>, model: Option<&str>) -> Metrics {
+        let mut root = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let registry = match model {
+            Some(id) => root.sub_registry_with_label(("model".into(), id.to_string().into())),
+            None => &mut *root,
+        };
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "http_requests",
@@ -128,8 +145,9 @@ impl Metrics {
             "Blocks dropped from the prefix cache to stay within its budget, since start",
             prefix_cache_evictions.clone(),
         );
+        drop(root);
         Metrics {
-            registry,
+            registry: Arc::clone(shared),
             engine_panics,
             cached_tokens,
             prefix_cache_bytes,
@@ -167,7 +185,8 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
     }
 }

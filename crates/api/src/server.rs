@@ -48,7 +48,7 @@ pub struct AppState {
     /// Context window per sequence.
     pub n_ctx: usize,
     /// Accepted keys (`None`: no authentication).
-    pub keys: Option<Keys>,
+    pub keys: Option<Arc<Keys>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Largest request body accepted, in bytes.
@@ -61,7 +61,7 @@ pub struct AppState {
     /// What the model is (Ollama's `/api/show` and `/api/tags` tell it).
     pub info: crate::ModelInfo,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
-    pub responses: crate::responses::Store,
+    pub responses: Arc<crate::responses::Store>,
     /// Other names the model answers to (clients with hard-coded model names).
     pub aliases: Vec<String>,
     /// Sampling settings for requests that do not give them.

@@ -93,7 +93,7 @@ pub fn tiny_state() -> Result<Arc<AppState>, StartError> {
         EngineOptions {
             model_id: MODEL_ID.into(),
             queue: 8,
-            keys: None,
+            shared: crate::Shared::new(None, 1),
             max_body: 1 << 20,
             info: crate::ModelInfo::from_gguf(&file),
             aliases: vec!["tiny-alias".into()],

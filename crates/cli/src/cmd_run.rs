@@ -11,7 +11,7 @@ use clap::Args;
 use strata_engine::{GenerateRequest, GenerationStats, Generator, SamplingParams};
 use strata_kernels::attn::Flavour;
 use strata_store::{Store, TerminalProgress};
-use strata_tokenizer::ChatMessage;
+use strata_tokenizer::{ChatMessage, ChatTemplate};
 
 /// Options shared by `run` and `chat`.
 #[derive(Debug, Args)]
@@ -28,6 +28,10 @@ pub(crate) struct ModelOpts {
     /// System prompt (chat template only).
     #[arg(long)]
     system: Option<String>,
+    /// Chat template to use instead of the model's (or for a model without one): a built-in
+    /// (`chatml`, `gemma`) or a Jinja file.
+    #[arg(long, value_name = "NAME|FILE")]
+    chat_template: Option<String>,
     /// Most tokens to generate.
     #[arg(long, short = 'n', default_value_t = 256)]
     max_tokens: usize,
@@ -150,6 +154,9 @@ impl ModelOpts {
         if self.ctx_size == Some(0) {
             bail!("--ctx-size must be at least 1");
         }
+        if let Some(spec) = &self.chat_template {
+            template_source(spec)?;
+        }
         Ok(())
     }
 
@@ -175,6 +182,20 @@ impl ModelOpts {
 
     /// Loads the model in this process, or starts a sharded instance with `--ranks N`.
     fn load_backend(&self) -> Result<Backend> {
+        let mut backend = self.load_model()?;
+        if let Some(spec) = &self.chat_template {
+            let path = resolve_model(&self.model)?;
+            let file = strata_gguf::GgufFile::open(&path)?;
+            let tpl = ChatTemplate::for_model(file.metadata(), template_source(spec)?)?;
+            match &mut backend {
+                Backend::Local(g) => g.set_template(tpl),
+                Backend::Sharded(s) => s.generator.set_template(tpl),
+            }
+        }
+        Ok(backend)
+    }
+
+    fn load_model(&self) -> Result<Backend> {
         if self.shard.ranks <= 1 {
             if self.shard.listen.is_some() {
                 bail!("--listen needs --ranks of 2 or more");
@@ -207,6 +228,27 @@ impl ModelOpts {
         g.set_flavour(self.numerics.flavour());
         Ok(g)
     }
+}
+
+/// The source of `--chat-template SPEC`: a built-in template's, or a file's; compiled once to
+/// report a mistake in it before any model is loaded.
+pub(crate) fn template_source(spec: &str) -> Result<String> {
+    let source = match ChatTemplate::builtin(spec) {
+        Some(s) => s.to_string(),
+        None => std::fs::read_to_string(spec).with_context(|| {
+            let names: Vec<&str> = strata_tokenizer::BUILTIN_TEMPLATES
+                .iter()
+                .map(|(n, _)| *n)
+                .collect();
+            format!(
+                "--chat-template {spec:?} is neither a built-in template ({}) nor a readable file",
+                names.join(", ")
+            )
+        })?,
+    };
+    ChatTemplate::new(source.as_str(), "", "")
+        .with_context(|| format!("--chat-template {spec:?} is not a valid Jinja template"))?;
+    Ok(source)
 }
 
 pub(crate) fn resolve_model(spec: &str) -> Result<PathBuf> {

@@ -14,9 +14,10 @@ use crate::cmd_run::resolve_model;
 /// Arguments of `strata serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// Model id from the catalog (fetched on first use) or a path to a GGUF file.
-    #[arg(long, default_value = strata_store::DEFAULT_MODEL_ID)]
-    model: String,
+    /// Model id from the catalog (fetched on first use) or a path to a GGUF file; repeat it to
+    /// serve several models, each request going to the model it names.
+    #[arg(long = "model", value_name = "MODEL", default_value = strata_store::DEFAULT_MODEL_ID)]
+    models: Vec<String>,
     /// Address to listen on. Anything but loopback needs --api-key-file or --insecure-no-auth.
     #[arg(long, default_value = "127.0.0.1:8000")]
     api_addr: SocketAddr,
@@ -44,8 +45,8 @@ pub(crate) struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
-    /// Another name the model answers to, `NAME` or `NAME=MODEL` (MODEL: the served model's id),
-    /// for clients with hard-coded model names; repeatable.
+    /// Another name a model answers to, `NAME=MODEL` (MODEL: a served model's id; `NAME` alone
+    /// when one model is served), for clients with hard-coded model names; repeatable.
     #[arg(long = "alias", value_name = "NAME[=MODEL]")]
     aliases: Vec<String>,
     /// Memory for the prefix cache, which keeps the keys and values of earlier prompts so a
@@ -53,6 +54,11 @@ pub(crate) struct ServeArgs {
     /// bytes, or with a unit (`512MiB`, `2GiB`); 0 turns it off.
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
     cache_mem: usize,
+    /// Chat template to use instead of the model's (or for a model without one, such as the
+    /// catalog's gemma3-270m): a built-in (`chatml`, `gemma`) or a Jinja file; `MODEL=...` for
+    /// one of several models (repeatable).
+    #[arg(long = "chat-template", value_name = "[MODEL=]NAME|FILE")]
+    chat_templates: Vec<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -134,21 +140,54 @@ pub(crate) fn parse_size(s: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
-/// The names of `--alias` flags, each checked to name the served model.
-fn aliases(flags: &[String], served: &str) -> Result<Vec<String>> {
-    flags
-        .iter()
-        .map(|a| {
-            let (name, model) = a.split_once('=').unwrap_or((a.as_str(), served));
-            if name.is_empty() {
-                bail!("--alias {a:?}: the alias is empty");
-            }
-            if model != served {
-                bail!("--alias {a:?}: this server serves {served:?}, not {model:?}");
-            }
-            Ok(name.to_string())
-        })
-        .collect()
+/// Each served model's aliases, from the `--alias` flags.
+fn aliases(flags: &[String], ids: &[String]) -> Result<Vec<Vec<String>>> {
+    let mut out = vec![Vec::new(); ids.len()];
+    for a in flags {
+        let (name, model) = match a.split_once('=') {
+            Some((name, model)) => (name, Some(model)),
+            None => (a.as_str(), None),
+        };
+        if name.is_empty() {
+            bail!("--alias {a:?}: the alias is empty");
+        }
+        let i = match model {
+            Some(m) => ids.iter().position(|i| i == m).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--alias {a:?}: this server serves {}, not {m:?}",
+                    ids.join(", ")
+                )
+            })?,
+            None if ids.len() == 1 => 0,
+            None => bail!("--alias {a:?}: name the model, --alias {a}=MODEL"),
+        };
+        if ids.iter().any(|i| i == name) || out.iter().flatten().any(|x| x == name) {
+            bail!("--alias {a:?}: {name:?} already names a served model");
+        }
+        out[i].push(name.to_string());
+    }
+    Ok(out)
+}
+
+/// Each served model's chat template source (`None`: the model's own), from the
+/// `--chat-template` flags.
+fn templates(flags: &[String], ids: &[String]) -> Result<Vec<Option<String>>> {
+    let mut out: Vec<Option<String>> = vec![None; ids.len()];
+    let mut every = None;
+    for f in flags {
+        // `MODEL=SPEC` for a served MODEL; anything else (a path may hold `=`) is for all.
+        let one = f
+            .split_once('=')
+            .and_then(|(m, spec)| Some((ids.iter().position(|i| i == m)?, spec)));
+        match one {
+            Some((i, spec)) => out[i] = Some(crate::cmd_run::template_source(spec)?),
+            None => every = Some(crate::cmd_run::template_source(f)?),
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|t| t.or_else(|| every.clone()))
+        .collect())
 }
 
 /// What every HTTP surface (`serve`, `node`) takes: who may reach it from a browser, and how
@@ -230,29 +269,47 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     };
     strata_api::check_bind(args.api_addr, keys.is_some(), args.insecure_no_auth)?;
     let http = args.http.options()?;
-    let path = resolve_model(&args.model)?;
+    let ids: Vec<String> = args.models.iter().map(|m| model_id(m)).collect();
+    if let Some(twice) = ids
+        .iter()
+        .enumerate()
+        .find(|(i, id)| ids[..*i].contains(id))
+    {
+        bail!("--model {:?} is given twice", twice.1);
+    }
+    let templates = templates(&args.chat_templates, &ids)?;
+    let mut aliases = aliases(&args.aliases, &ids)?;
+    let defaults = args.sampling.defaults()?;
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(t) => t,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let id = model_id(&args.model);
-    let aliases = aliases(&args.aliases, &id)?;
-    let defaults = args.sampling.defaults()?;
-    let state = strata_api::start(ServeOptions {
-        model_path: path.clone(),
-        model_id: id,
-        threads,
-        parallel: args.parallel,
-        queue: args.queue,
-        n_ctx: args.ctx_size,
-        keys,
-        max_body: args.max_body,
-        aliases,
-        defaults,
-        cache_mem: args.cache_mem,
-    })
-    .with_context(|| format!("loading {}", path.display()))?;
+    let paths = args
+        .models
+        .iter()
+        .map(|m| resolve_model(m))
+        .collect::<Result<Vec<_>>>()?;
+    let shared = strata_api::Shared::new(keys, ids.len());
+    let mut states = Vec::new();
+    for (i, (path, id)) in paths.iter().zip(&ids).enumerate() {
+        let state = strata_api::start(ServeOptions {
+            model_path: path.clone(),
+            model_id: id.clone(),
+            threads,
+            parallel: args.parallel,
+            queue: args.queue,
+            n_ctx: args.ctx_size,
+            shared: shared.clone(),
+            max_body: args.max_body,
+            aliases: std::mem::take(&mut aliases[i]),
+            defaults: defaults.clone(),
+            cache_mem: args.cache_mem,
+            chat_template: templates[i].clone(),
+        })
+        .with_context(|| format!("loading {}", path.display()))?;
+        states.push(state);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -263,18 +320,20 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}", args.api_addr))?;
         let addr = listener.local_addr()?;
-        eprintln!(
-            "strata: serving {} on http://{addr} ({} slots, context {}, {})",
-            state.model_id,
-            args.parallel,
-            state.n_ctx,
-            if state.keys.is_some() {
-                "API keys required"
-            } else {
-                "no API keys"
-            }
-        );
-        strata_api::serve(listener, state, &http, shutdown_signal()).await?;
+        for state in &states {
+            eprintln!(
+                "strata: serving {} on http://{addr} ({} slots, context {}, {})",
+                state.model_id,
+                args.parallel,
+                state.n_ctx,
+                if shared.has_keys() {
+                    "API keys required"
+                } else {
+                    "no API keys"
+                }
+            );
+        }
+        strata_api::serve(listener, states, &http, shutdown_signal()).await?;
         eprintln!("strata: stopped");
         Ok(())
     })

@@ -156,6 +156,11 @@ impl Generator {
         self.template.as_ref()
     }
 
+    /// Uses `template` in place of the model's own (or for a model without one).
+    pub fn set_template(&mut self, template: ChatTemplate) {
+        self.template = Some(template);
+    }
+
     /// Context size in tokens.
     pub fn n_ctx(&self) -> usize {
         self.cache.capacity()

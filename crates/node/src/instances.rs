@@ -201,7 +201,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),
         queue: 64,
-        keys: s.keys,
+        shared: strata_api::Shared::new(s.keys, 1),
         max_body: 4 << 20,
         info: strata_api::ModelInfo::default(),
         aliases: Vec::new(),
@@ -216,11 +216,12 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             parallel: 4,
             queue: opts.queue,
             n_ctx: Some(context),
-            keys: opts.keys,
+            shared: opts.shared,
             max_body: opts.max_body,
             aliases: opts.aliases,
             defaults: opts.defaults,
             cache_mem: strata_api::DEFAULT_CACHE_MEM,
+            chat_template: None,
         })
         .map_err(|e| err(&e));
     }

@@ -75,6 +75,11 @@ impl ShardedGenerator {
         self.template.as_ref()
     }
 
+    /// Uses `template` in place of the model's own (or for a model without one).
+    pub fn set_template(&mut self, template: ChatTemplate) {
+        self.template = Some(template);
+    }
+
     /// Rank 0.
     pub fn rank(&self) -> &Rank {
         &self.rank

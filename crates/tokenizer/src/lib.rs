@@ -29,7 +29,7 @@ mod vocab;
 
 pub use error::{Error, Result};
 pub use stream::StreamDecoder;
-pub use template::{ChatMessage, ChatTemplate, RenderOptions};
+pub use template::{BUILTIN_TEMPLATES, ChatMessage, ChatTemplate, RenderOptions};
 
 use strata_gguf::Metadata;
 

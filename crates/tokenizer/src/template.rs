@@ -108,7 +108,29 @@ fn token_text(md: &Metadata, key: &str) -> Result<String> {
     Ok(tokens.get(id).cloned().unwrap_or_default())
 }
 
+/// Templates strata carries for models whose GGUF has none: `(name, source)`.
+pub const BUILTIN_TEMPLATES: &[(&str, &str)] = &[
+    ("chatml", include_str!("../templates/chatml.jinja")),
+    ("gemma", include_str!("../templates/gemma.jinja")),
+];
+
 impl ChatTemplate {
+    /// The source of the built-in template `name` (see [`BUILTIN_TEMPLATES`]).
+    pub fn builtin(name: &str) -> Option<&'static str> {
+        BUILTIN_TEMPLATES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+    }
+
+    /// Compiles `source` in place of the model's own template, with the BOS and EOS texts the
+    /// model's metadata names.
+    pub fn for_model(md: &Metadata, source: impl Into<String>) -> Result<ChatTemplate> {
+        let bos = token_text(md, "tokenizer.ggml.bos_token_id")?;
+        let eos = token_text(md, "tokenizer.ggml.eos_token_id")?;
+        ChatTemplate::new(source, bos, eos)
+    }
+
     /// The model's default template (`tokenizer.chat_template`), or `None` if it has none.
     /// `bos_token`/`eos_token` are the texts of the BOS/EOS tokens the metadata names.
     pub fn from_gguf(md: &Metadata) -> Result<Option<ChatTemplate>> {
@@ -116,10 +138,7 @@ impl ChatTemplate {
         if md.get(KEY).is_none() {
             return Ok(None);
         }
-        let source = md.get_str(KEY)?;
-        let bos = token_text(md, "tokenizer.ggml.bos_token_id")?;
-        let eos = token_text(md, "tokenizer.ggml.eos_token_id")?;
-        ChatTemplate::new(source, bos, eos).map(Some)
+        ChatTemplate::for_model(md, md.get_str(KEY)?).map(Some)
     }
 
     /// Compiles a template from source (for templates supplied by a user or a model card).
@@ -254,5 +273,47 @@ mod tests {
             t.render_with::<ChatMessage>(&[], &opts).unwrap(),
             r#"[{"type": "function"}]"#
         );
+    }
+
+    #[test]
+    fn gemmas_builtin_template_writes_gemmas_turns() {
+        let t = tmpl(ChatTemplate::builtin("gemma").unwrap());
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", " Hi "),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("tool", "sunny"),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nsunny<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // A system prompt with no user turn after it gets a turn of its own; content given
+        // as parts is their text.
+        let parts = serde_json::json!([
+            {"role": "system", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+            {"role": "assistant", "content": "Hi."},
+        ]);
+        let msgs: Vec<serde_json::Value> = serde_json::from_value(parts).unwrap();
+        assert_eq!(
+            t.render_with(&msgs, &RenderOptions::new()).unwrap(),
+            "<start_of_turn>user\nAB<end_of_turn>\n<start_of_turn>model\nHi.<end_of_turn>\n"
+        );
+    }
+
+    #[test]
+    fn chatml_builtin_template_writes_any_role() {
+        let t = tmpl(ChatTemplate::builtin("chatml").unwrap());
+        let msgs = [
+            ChatMessage::new("system", "S"),
+            ChatMessage::new("tool", "T"),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>tool\nT<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(ChatTemplate::builtin("nope").is_none());
     }
 }

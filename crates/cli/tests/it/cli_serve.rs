@@ -262,11 +262,52 @@ fn tool_call_eval_meets_its_thresholds() {
     assert!(out.status.success() && stdout.contains("PASS"), "{stdout}");
 }
 
+/// Two models behind one address (the default model and Gemma 3 270M, which has no chat
+/// template in its GGUF and gets the built-in one): every API routes by the request's model,
+/// the lists name both, unknown models get each API's "not found", metrics carry the model.
+#[test]
+fn several_models_are_served_by_the_name_each_request_gives() {
+    let py = python();
+    let server = serve(&[
+        "--model",
+        "gemma3-270m",
+        "--chat-template",
+        "gemma3-270m=gemma",
+        "--alias",
+        "tiny-gemma=gemma3-270m",
+        "--ctx-size",
+        "2048",
+    ]);
+    let out = Command::new(&py)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../api/tests/py/several_models.py"
+        ))
+        .env("STRATA_URL", &server.url)
+        .env("STRATA_MODEL", MODEL)
+        .env("STRATA_SECOND", "gemma3-270m")
+        .env("STRATA_SECOND_ALIAS", "tiny-gemma")
+        .output()
+        .unwrap();
+    expect_all_passed(&out);
+}
+
 #[test]
 fn bad_aliases_and_sampling_defaults_are_refused_before_loading() {
     for (args, want) in [
         (&["--alias", "x=other-model"][..], "serves"),
         (&["--alias", "=smollm2-135m-instruct"][..], "empty"),
+        (&["--alias", MODEL][..], "already names"),
+        (&["--model", MODEL][..], "given twice"),
+        (
+            &["--model", "gemma3-270m", "--alias", "x"][..],
+            "name the model",
+        ),
+        (
+            &["--chat-template", "no-such-template"][..],
+            "neither a built-in",
+        ),
+        (&["--cache-mem", "lots"][..], "not a size"),
         (&["--temperature", "3"][..], "--temperature"),
         (&["--top-p", "0"][..], "--top-p"),
         (&["--top-k=-1"][..], "--top-k"),
