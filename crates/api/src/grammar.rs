@@ -22,15 +22,38 @@ use crate::tools::{self, Choice};
 use crate::types::Tool;
 
 /// JSON layout every constrained output uses: one space after `:` and `,`, no other
-/// whitespace, so a weak model cannot pad the output forever.
+/// whitespace, so a weak model cannot pad the output forever. Leniently: keywords the grammar
+/// cannot enforce (`propertyNames`, `uniqueItems`, `not`, `if`/`then`/`else`, `contains`,
+/// `dependentRequired`, unknown `format`s, `minProperties` over optional keys) are left to the
+/// check of the finished output ([`crate::tools::violations`]) instead of refusing the schema.
 fn compact(mut schema: Value) -> Value {
     if let Value::Object(m) = &mut schema {
         m.insert(
             "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+            json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "lenient": true,
+            }),
         );
     }
     schema
+}
+
+/// A grammar compiler's error as a client can act on it: its first line, without the
+/// position in strata's own grammar text (which the client never wrote).
+fn readable(e: String) -> String {
+    let first = e.lines().next().unwrap_or_default().trim();
+    // "at 2(7): failed to compile JSON schema: ..." names a line of the generated grammar.
+    let first = match first.split_once("): ") {
+        Some((at, rest)) if at.starts_with("at ") => rest,
+        _ => first,
+    };
+    first
+        .strip_prefix("failed to compile JSON schema: ")
+        .unwrap_or(first)
+        .to_string()
 }
 
 /// The largest grammar compiled for a request, in bytes of its text (the JSON schema, or the
@@ -139,10 +162,10 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| readable(e.to_string()))?;
         let mut m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
-            return Err(e);
+            return Err(readable(e));
         }
         m.compute_mask().map_err(|e| e.to_string())?;
         Ok(m)

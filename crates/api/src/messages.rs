@@ -570,12 +570,16 @@ pub(crate) async fn whole(
         content.push(json!({"type": "text", "text": a.out.content}));
     }
     for (i, c) in a.out.calls.iter().enumerate() {
-        content.push(json!({
+        let mut block = json!({
             "type": "tool_use",
             "id": tool_use_id(&a, i),
             "name": c.name,
             "input": c.arguments_object(),
-        }));
+        });
+        if let Some(e) = a.call_errors(i) {
+            block["schema_errors"] = json!(e);
+        }
+        content.push(block);
     }
     let (input, output) = ending.tokens;
     Ok(Json(json!({

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub prefix_cache_blocks: Gauge,
     /// Blocks dropped from the prefix cache to stay within its budget.
     pub prefix_cache_evictions: Gauge,
+    /// Finished calls or JSON answers that break a schema keyword the grammar cannot enforce.
+    pub schema_violations: Counter,
 }
 
 impl Default for Metrics {
@@ -145,8 +147,15 @@ impl Metrics {
             "Blocks dropped from the prefix cache to stay within its budget, since start",
             prefix_cache_evictions.clone(),
         );
+        let schema_violations = Counter::default();
+        registry.register(
+            "schema_violations",
+            "Finished tool calls or JSON answers that break a schema keyword the grammar cannot enforce",
+            schema_violations.clone(),
+        );
         drop(root);
         Metrics {
+            schema_violations,
             registry: Arc::clone(shared),
             engine_panics,
             cached_tokens,

@@ -498,6 +498,9 @@ pub(crate) struct Prepared {
     pub(crate) logprobs: Option<usize>,
     pub(crate) constraint: Option<Box<dyn Constraint>>,
     pub(crate) tools: bool,
+    /// Schemas whose keywords the grammar cannot all enforce, to check the finished output
+    /// against: a tool's parameters (by its name) or, named `None`, the answer's JSON text.
+    pub(crate) checks: Vec<(Option<String>, Value)>,
     /// The answer is a tool call, whatever the model writes (`tool_choice` required or named).
     pub(crate) forced_call: bool,
     pub(crate) stream: bool,
@@ -614,6 +617,18 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
         ));
     }
     let parallel = parallel && st.grammars.format().parallel();
+    let mut checks: Vec<(Option<String>, Value)> = Vec::new();
+    if choice != Choice::None {
+        for t in tools::picked(&all_tools, &choice) {
+            let p = tools::parameters(t);
+            if tools::needs_check(&p) {
+                checks.push((Some(t.function.name.clone()), p));
+            }
+        }
+    }
+    if let Some(schema) = format.as_ref().filter(|s| tools::needs_check(s)) {
+        checks.push((None, schema.clone()));
+    }
     let grammar_err = |param: &str| {
         let param = param.to_string();
         move |e: String| ApiError::invalid(param, format!("The schema cannot be used: {e}"))
@@ -643,6 +658,7 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
         logprobs,
         constraint,
         tools: choice != Choice::None,
+        checks,
         forced_call: matches!(choice, Choice::Required | Choice::Named(_)),
         stream: req.stream.unwrap_or(false),
         include_usage: req
@@ -783,6 +799,7 @@ pub(crate) fn prepare_completion_request(
         logprobs,
         constraint: None,
         tools: false,
+        checks: Vec::new(),
         forced_call: false,
         stream: req.stream.unwrap_or(false),
         include_usage: req
@@ -843,6 +860,8 @@ pub(crate) async fn run(
         },
         logprobs: p.logprobs.is_some(),
         forced_call: p.forced_call,
+        checks: p.checks,
+        schema_errors: Vec::new(),
         prompt_tokens: prompt_len,
         cached_tokens: 0,
         generated: 0,
@@ -876,6 +895,11 @@ pub(crate) struct Answer {
     logprobs: bool,
     /// The answer is a tool call (its first chunk's `content` is null, as OpenAI's is).
     pub(crate) forced_call: bool,
+    /// See [`Prepared::checks`].
+    checks: Vec<(Option<String>, Value)>,
+    /// What the finished output breaks of [`Answer::checks`]: per call (its index) or for the
+    /// text (`None`), the errors.
+    pub(crate) schema_errors: Vec<(Option<usize>, Vec<String>)>,
     pub(crate) prompt_tokens: usize,
     /// Prompt tokens restored from the prefix cache (known once the request has a slot).
     pub(crate) cached_tokens: usize,
@@ -917,6 +941,7 @@ impl Answer {
     ) -> (Vec<Piece>, Ending) {
         let rest = self.decoder.finish().unwrap_or_default();
         let pieces = self.out.finish(&rest);
+        self.check_output();
         let reason = if self.out.cut_call {
             // A call was cut short by the token budget; a streamed answer has sent part of it.
             "length"
@@ -938,6 +963,46 @@ impl Answer {
                 tokens: (prompt, completion),
             },
         )
+    }
+
+    /// Checks the finished calls and JSON text against the keywords the grammar left
+    /// unenforced; what breaks them is kept for the reply, counted and logged (never hidden).
+    fn check_output(&mut self) {
+        for (name, schema) in &self.checks {
+            let found = match name {
+                Some(n) => self
+                    .out
+                    .calls
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.name == *n)
+                    .map(|(i, c)| (Some(i), tools::violations(schema, &c.arguments_object())))
+                    .collect::<Vec<_>>(),
+                None => match serde_json::from_str::<Value>(&self.out.content) {
+                    Ok(v) => vec![(None, tools::violations(schema, &v))],
+                    // Text cut short by the budget is not JSON yet; the finish reason says so.
+                    Err(_) => Vec::new(),
+                },
+            };
+            for (at, errors) in found.into_iter().filter(|(_, e)| !e.is_empty()) {
+                self.st.metrics.schema_violations.inc();
+                eprintln!(
+                    "strata: {} breaks its schema: {}",
+                    name.as_deref()
+                        .map_or("a JSON answer".to_string(), |n| format!("a call of {n}")),
+                    errors.join("; ")
+                );
+                self.schema_errors.push((at, errors));
+            }
+        }
+    }
+
+    /// The schema errors of call `i`, if any.
+    pub(crate) fn call_errors(&self, i: usize) -> Option<&[String]> {
+        self.schema_errors
+            .iter()
+            .find(|(at, _)| *at == Some(i))
+            .map(|(_, e)| e.as_slice())
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -1087,6 +1152,9 @@ async fn whole(mut a: Answer, rx: mpsc::UnboundedReceiver<Event>) -> Result<Resp
                     let mut v = call_json(i, c, &a.id);
                     if let Some(o) = v.as_object_mut() {
                         o.remove("index");
+                        if let Some(e) = a.call_errors(i) {
+                            o.insert("schema_errors".into(), json!(e));
+                        }
                     }
                     v
                 })
@@ -1102,6 +1170,9 @@ async fn whole(mut a: Answer, rx: mpsc::UnboundedReceiver<Event>) -> Result<Resp
             }
             if !calls.is_empty() {
                 message["tool_calls"] = Value::Array(calls);
+            }
+            if let Some((_, e)) = a.schema_errors.iter().find(|(at, _)| at.is_none()) {
+                message["schema_errors"] = json!(e);
             }
             json!({
                 "id": a.id,

@@ -235,6 +235,53 @@ fn walk(schema: &mut Value, f: &mut dyn FnMut(&mut serde_json::Map<String, Value
     }
 }
 
+/// Keywords the grammar does not enforce (llguidance compiles them leniently, as warnings):
+/// output under a schema with any of them is checked once it is complete ([`violations`]).
+const UNENFORCED: [&str; 16] = [
+    "propertyNames",
+    "uniqueItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minContains",
+    "maxContains",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "minProperties",
+    "maxProperties",
+];
+
+/// Whether output under `schema` needs checking after it is generated: some keyword in it is
+/// one the grammar leaves to [`violations`].
+pub fn needs_check(schema: &Value) -> bool {
+    let mut found = false;
+    walk(&mut schema.clone(), &mut |m| {
+        found |= m.keys().any(|k| UNENFORCED.contains(&k.as_str()));
+    });
+    found
+}
+
+/// How `value` breaks `schema`, one line per error naming where (a JSON pointer into the
+/// value) and what; at most 8. Empty when it is valid.
+pub fn violations(schema: &Value, value: &Value) -> Vec<String> {
+    match jsonschema::validator_for(schema) {
+        Ok(v) => v
+            .iter_errors(value)
+            .take(8)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                format!("{}: {e}", if at.is_empty() { "/" } else { &at })
+            })
+            .collect(),
+        Err(e) => vec![format!("the schema could not be checked: {e}")],
+    }
+}
+
 /// `schema` with every object that lists its properties but does not say whether it takes
 /// others closed to others (`additionalProperties: false`), as llama.cpp's JSON-schema grammar
 /// and OpenAI's strict mode read it: otherwise a weak model may add keys until its budget

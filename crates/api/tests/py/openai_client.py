@@ -195,6 +195,59 @@ def tool_calls_required_named_and_auto_are_schema_valid():
 
 
 @check
+def keywords_the_grammar_cannot_enforce_are_accepted_and_checked_after():
+    # As pydantic (uniqueItems for set[...]) and Claude Code (propertyNames) send them: the
+    # schema is accepted, the grammar enforces what it can, and the finished arguments are
+    # checked against the whole schema; what breaks it is reported with the call.
+    params = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]},
+                     "uniqueItems": True, "maxItems": 3},
+            "labels": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+                       "additionalProperties": {"type": "string"}, "maxProperties": 2},
+            "mode": {"type": "string", "not": {"const": "off"}, "format": "strata-unknown"},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["tags", "mode"],
+        "if": {"properties": {"mode": {"const": "fast"}}},
+        "then": {"required": ["count"]},
+        "dependentRequired": {"labels": ["count"]},
+    }
+    tool = {"type": "function", "function": {"name": "tag_item", "description": "Tag an item", "parameters": params}}
+    checker = jsonschema.Draft202012Validator(params)
+    calls = broken = 0
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Tag this item a, a and b; mode fast."}],
+            tools=[tool], tool_choice="required", max_tokens=100, temperature=1.0, seed=seed)
+        for call in r.choices[0].message.tool_calls or []:
+            calls += 1
+            errors = list(checker.iter_errors(json.loads(call.function.arguments)))
+            reported = (call.model_extra or {}).get("schema_errors")
+            assert bool(errors) == bool(reported), (call.function.arguments, errors, reported)
+            broken += bool(errors)
+    assert calls >= 4, calls
+    # The same for a JSON answer under response_format.
+    rf = {"type": "json_schema", "json_schema": {"name": "tags", "schema": params}}
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tag it a and b."}],
+                                       response_format=rf, max_tokens=100, temperature=0)
+    if r.choices[0].finish_reason == "stop":
+        errors = list(checker.iter_errors(json.loads(r.choices[0].message.content)))
+        assert bool(errors) == bool((r.choices[0].message.model_extra or {}).get("schema_errors")), errors
+    # A schema that cannot work is a 400 naming the problem in the schema's terms, not the
+    # server's grammar.
+    bad = dict(params, properties={"a": {"$ref": "#/$defs/Missing"}})
+    status, body = raw("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": bad}}], "tool_choice": "required"})
+    message = json.loads(body)["error"]["message"]
+    assert status == 400 and "Missing" in message, (status, message)
+    assert "%json" not in message and "start:" not in message and "\n" not in message, message
+    print(f"     {calls} calls, {broken} breaking a keyword the grammar cannot enforce, each reported")
+
+
+@check
 def streamed_tool_calls_arrive_as_deltas():
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo in fahrenheit?"}], tools=TOOLS,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, temperature=0)
