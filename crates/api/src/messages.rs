@@ -604,6 +604,9 @@ enum Open {
     Call(usize),
 }
 
+/// How often a stream with nothing to say sends a `ping`.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Streams the answer as Anthropic's events: `message_start`, `ping`, each content block's
 /// start, deltas and stop, `message_delta` with the stop reason and usage, `message_stop`.
 pub(crate) fn stream(
@@ -640,7 +643,18 @@ pub(crate) fn stream(
         loop {
             let ev = match early.take() {
                 Some(ev) => ev,
-                None => rx.recv().await,
+                None => loop {
+                    // A long prompt takes minutes on a small machine: pings, as Anthropic's
+                    // API sends them, keep clients from taking the silence for a dead stream.
+                    tokio::select! {
+                        ev = rx.recv() => break ev,
+                        () = tokio::time::sleep(PING_EVERY) => {
+                            if !send(json!({"type": "ping"})) {
+                                return;
+                            }
+                        }
+                    }
+                },
             };
             let (pieces, ending) = match a.step(ev) {
                 Ok(step) => step,
