@@ -640,6 +640,9 @@ pub(crate) fn stream(
             return;
         }
         let mut blocks = Blocks::default();
+        // One timer for the whole stream, pushed back by every event (not one per token).
+        let mut idle =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
         loop {
             let ev = match early.take() {
                 Some(ev) => ev,
@@ -647,8 +650,11 @@ pub(crate) fn stream(
                     // A long prompt takes minutes on a small machine: pings, as Anthropic's
                     // API sends them, keep clients from taking the silence for a dead stream.
                     tokio::select! {
-                        ev = rx.recv() => break ev,
-                        () = tokio::time::sleep(PING_EVERY) => {
+                        ev = rx.recv() => {
+                            idle.reset();
+                            break ev;
+                        }
+                        _ = idle.tick() => {
                             if !send(json!({"type": "ping"})) {
                                 return;
                             }

@@ -515,7 +515,10 @@ fn run(
             // The new sequence's first chunk, if this round has room for it.
             continue_prefills(batch, active, &mut budget, tok, n_ctx, m);
         }
-        if let Some(stats) = batch.prefix_stats() {
+        // Blocks are kept only by prefill passes: nothing to show after a round without one.
+        if budget < PREFILL_CHUNK
+            && let Some(stats) = batch.prefix_stats()
+        {
             m.show_prefix_cache(&stats);
         }
         run_forced(batch, active, tok, n_ctx, m);
