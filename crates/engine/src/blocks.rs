@@ -74,15 +74,35 @@ impl AttnJob {
     }
 }
 
-/// Masks keys `window` or more positions before `query_pos` (exp(-inf) = 0), keeping the
-/// row's layout so the softmax sums in ggml's blocks.
-fn mask_window(sc: &mut [f32], query_pos: usize, window: Option<usize>) {
+/// Masks keys `window` or more positions before `query_pos` (exp(-inf) = 0) in a score row
+/// that starts at position `first`, keeping the row's layout so the softmax sums in ggml's
+/// blocks.
+fn mask_window(sc: &mut [f32], first: usize, query_pos: usize, window: Option<usize>) {
     if let Some(w) = window {
-        for (p, v) in sc.iter_mut().enumerate() {
+        for (p, v) in (first..).zip(sc.iter_mut()) {
             if query_pos - p >= w {
                 *v = f32::NEG_INFINITY;
             }
         }
+    }
+}
+
+/// The first key position a query at `query_pos` needs scored: 0 without a window; with one,
+/// the window's start rounded down to a whole [`attn::MAX_STEP`]. Every position before it
+/// is masked, so its probability is exactly zero: skipping whole blocks of them changes no
+/// softmax block sum (ggml sums blocks of 8 or 16 from position 0, and a block of zeros adds
+/// 0 in f64) and no accumulator of the weighted sum (every order's step divides
+/// `MAX_STEP`, so each position keeps its lane, and a zero weight leaves a lane as it was).
+/// The output is bit for bit that of scoring the whole row, at the window's cost instead of
+/// the context's (Gemma 3's window layers: 512 positions of a 32k context).
+fn window_start(query_pos: usize, window: Option<usize>) -> usize {
+    #[cfg(test)]
+    if tests::WHOLE_ROWS.load(std::sync::atomic::Ordering::Relaxed) {
+        return 0;
+    }
+    match window {
+        Some(w) => (query_pos + 1).saturating_sub(w) / attn::MAX_STEP * attn::MAX_STEP,
+        None => 0,
     }
 }
 
@@ -767,14 +787,19 @@ impl Blocks<'_, '_> {
             let sc =
                 unsafe { std::slice::from_raw_parts_mut(score_base.get().add(tid * slot), slot) };
             let qg = &q[(t * n_q + h0) * hd..(t * n_q + h1) * hd];
-            let keys = cache.keys(li, kvh, len);
-            attn::scores_grouped(order, qg, hd, keys, len, scale, sc, stride);
-            for (i, row) in sc.chunks_exact_mut(stride).take(g).enumerate() {
+            // Rows hold positions `first..lenp` at their own offsets (`first` is a multiple
+            // of every order's step, so `lenp - first` stays whole steps).
+            let first = window_start(query_pos, window);
+            let keys = &cache.keys(li, kvh, len)[first * hd..];
+            let sc = &mut sc[first..];
+            attn::scores_grouped(order, qg, hd, keys, len - first, scale, sc, stride);
+            for (i, row) in sc.chunks_mut(stride).take(g).enumerate() {
+                let (len, lenp) = (len - first, lenp - first);
                 let row = &mut row[..lenp];
                 if let Some(cap) = softcap {
                     ops::softcap(&mut row[..len], cap);
                 }
-                mask_window(&mut row[..len], query_pos, window);
+                mask_window(&mut row[..len], first, query_pos, window);
                 let sink = sinks.map(|k| k[job.q0 + h0 + i]);
                 ops::softmax(&mut row[..len], sink, flavour);
                 // llama.cpp converts the probabilities to f16 before the product with V.
@@ -788,7 +813,7 @@ impl Blocks<'_, '_> {
                 std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * vd), g * vd)
             };
             let (vt, vs) = (cache.values_t(li, kvh), cache.value_stride());
-            attn::weighted_sum_grouped(order, sc, stride, vt, vs, vd, lenp, o);
+            attn::weighted_sum_grouped(order, sc, stride, &vt[first..], vs, vd, lenp - first, o);
         });
     }
 
@@ -1239,6 +1264,95 @@ impl CombineMode {
                 gather_embd: false,
                 reduce: !spec.is_full_width(cfg),
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use strata_gguf::{GgmlType, GgufFile};
+    use strata_kernels::attn::Flavour;
+
+    use crate::synth::{SynthSpec, synth};
+    use crate::{Arch, Generator};
+
+    /// Scores every position of a window layer's rows, as before windows were skipped. Other
+    /// tests running meanwhile take the same path, which by the claim under test gives them
+    /// the same bits.
+    pub(super) static WHOLE_ROWS: AtomicBool = AtomicBool::new(false);
+
+    /// Prompt logits and the logits of `steps` greedy decode steps.
+    fn run(
+        path: &std::path::Path,
+        flavour: Flavour,
+        prompt: &[u32],
+        steps: usize,
+    ) -> Vec<Vec<f32>> {
+        let mut g = Generator::load(path, 2, Some(1024)).unwrap();
+        g.set_flavour(flavour);
+        let mut out = vec![g.prompt_logits(prompt).unwrap()];
+        for _ in 0..steps {
+            let t = strata_kernels::ops::argmax(out.last().unwrap()) as u32;
+            out.push(g.decode_logits(t).unwrap().to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn skipping_the_keys_before_a_window_changes_no_bit() {
+        let base = strata_store::Store::from_env()
+            .unwrap()
+            .ensure("smollm2-135m-instruct")
+            .unwrap();
+        let base = GgufFile::open(&base).unwrap();
+        // Head widths of 64 and 256 (the grouped SIMD kernels of both orders), windows that
+        // are and are not whole steps; prompts long enough that whole steps fall out of the
+        // window in prefill (batch order) and in decoding (single-token order).
+        // gpt-oss adds sinks to the softmax.
+        for (arch, head_dim, window) in [
+            (Arch::Gemma3, 64, 40),
+            (Arch::Gemma2, 256, 128),
+            (Arch::GptOss, 64, 100),
+        ] {
+            let spec = SynthSpec {
+                arch,
+                layers: 2,
+                embd: 256,
+                ff: 512,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: Some(head_dim),
+                ty: GgmlType::Q8_0,
+                tensor_types: Vec::new(),
+                seed: 5,
+                sliding_window: Some(window),
+                chat_template: None,
+                experts: (arch == Arch::GptOss).then_some((4, 2)),
+            };
+            let path = std::env::temp_dir().join(format!(
+                "strata-window-{arch:?}-{}.gguf",
+                std::process::id()
+            ));
+            std::fs::write(&path, synth(&spec, &base).unwrap()).unwrap();
+            let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7919) % 4000 + 100).collect();
+            for flavour in [Flavour::Avx512, Flavour::Avx2] {
+                WHOLE_ROWS.store(false, Ordering::Relaxed);
+                let skipped = run(&path, flavour, &prompt, 40);
+                WHOLE_ROWS.store(true, Ordering::Relaxed);
+                let whole = run(&path, flavour, &prompt, 40);
+                WHOLE_ROWS.store(false, Ordering::Relaxed);
+                for (i, (a, b)) in skipped.iter().zip(&whole).enumerate() {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(a) == bits(b),
+                        "{arch:?} hd {head_dim} window {window} {flavour:?}: logits {i} differ"
+                    );
+                }
+            }
+            let _ = std::fs::remove_file(&path);
         }
     }
 }

@@ -41,7 +41,8 @@ pub struct SynthSpec {
     /// Noise seed.
     pub seed: u64,
     /// A sliding window on the family's window layers (`attention.sliding_window`): Gemma 2's
-    /// (16 when not given), or OLMo 3's, which comes with YaRN scaling as OLMo 3 has it.
+    /// and gpt-oss's (16 when not given), Gemma 3's, or OLMo 3's, which comes with YaRN
+    /// scaling as OLMo 3 has it.
     pub sliding_window: Option<usize>,
     /// A chat template to carry instead of the family's (to try a model's own template).
     pub chat_template: Option<String>,
@@ -444,6 +445,10 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             .kv(&k("rope.scaling.yarn_beta_slow"), Value::F32(1.0))
             .kv(&k("rope.scaling.yarn_log_multiplier"), Value::F32(1.0))
             .kv(&k("attention.temperature_scale"), Value::F32(0.1));
+    }
+    if let (Arch::Gemma3, Some(window)) = (s.arch, s.sliding_window) {
+        // Gemma 3's window on five layers of every six (the file's default pattern).
+        w.kv(&k("attention.sliding_window"), Value::U32(window as u32));
     }
     if let (Arch::Olmo2, Some(window)) = (s.arch, s.sliding_window) {
         // OLMo 3: window layers rotate plainly, the global ones with YaRN (over an original

@@ -323,10 +323,13 @@ pub fn padded_len(order: DotOrder, len: usize) -> usize {
 /// Which grouped SIMD kernel reproduces `order` for heads of width `hd`, if any.
 #[cfg(target_arch = "x86_64")]
 fn grouped_simd(order: DotOrder, hd: usize) -> Option<DotOrder> {
+    // Head widths past the last whole step would need ggml's f64 tail (single tokens) or
+    // are not whole vectors (batches): those take the portable path.
     let fits = match order {
         DotOrder::Batch8 => hd.is_multiple_of(8),
         DotOrder::Single8 => hd.is_multiple_of(32),
-        DotOrder::Single | DotOrder::Batch => false,
+        DotOrder::Batch => hd.is_multiple_of(16),
+        DotOrder::Single => hd.is_multiple_of(64),
     };
     (crate::isa().avx2 && hd > 0 && fits).then_some(order)
 }

@@ -1,7 +1,11 @@
 //! AVX2 kernels of attention for the query heads that share one KV head
-//! ([`crate::attn::scores_grouped`], [`crate::attn::weighted_sum_grouped`]), in the two orders
-//! of an AVX2 build of llama.cpp: tinyBLAS's for batches (one 8-lane accumulator, `hsum`) and
-//! `ggml_vec_dot_f16`'s for single tokens (four 8-lane accumulators over 32-element steps).
+//! ([`crate::attn::scores_grouped`], [`crate::attn::weighted_sum_grouped`]), in the orders of
+//! both builds of llama.cpp: tinyBLAS's for batches (one accumulator of 8 lanes with AVX2, 16
+//! with AVX-512, then a horizontal sum) and `ggml_vec_dot_f16`'s for single tokens (four
+//! accumulators of 8 or 16 lanes over 32- or 64-element steps). A 16-lane AVX-512 accumulator
+//! is kept as two 8-lane halves ([`V16`]): the multiply-adds are lane-wise, so the sums are
+//! the same bit for bit, and one generic kernel per order serves (and is tested on) AVX2 and
+//! AVX-512 machines.
 //!
 //! Both products are the same shape: `G` vectors (the heads' queries, or their probabilities)
 //! dotted with each of `n` rows (keys, or transposed value rows). Every output keeps its
@@ -13,6 +17,93 @@
 use std::arch::x86_64::*;
 
 use crate::x86::hsum8;
+
+/// One accumulator of a llama.cpp build: 8 lanes (`__m256`, AVX2) or 16 (AVX-512's
+/// `__m512`, kept as two halves), with the two reductions its builds use.
+trait Lanes: Copy {
+    /// Elements per accumulator.
+    const WIDTH: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    /// `x * y + self`, lane by lane, each rounded once.
+    unsafe fn fmadd(self, x: Self, y: Self) -> Self;
+    unsafe fn add(self, o: Self) -> Self;
+    /// tinyBLAS's horizontal sum (batches).
+    unsafe fn reduce_batch(self) -> f32;
+    /// `ggml_vec_dot_f16`'s reduction of its four accumulators (single tokens).
+    unsafe fn reduce_single(s: &[Self; 4]) -> f32;
+}
+
+impl Lanes for __m256 {
+    const WIDTH: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, x: Self, y: Self) -> Self {
+        _mm256_fmadd_ps(x, y, self)
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        _mm256_add_ps(self, o)
+    }
+    #[inline(always)]
+    unsafe fn reduce_batch(self) -> f32 {
+        hsum8(self)
+    }
+    /// As [`crate::x86_ops::dot_single8`]: `(s0 + s2) + (s1 + s3)`, halves, then two
+    /// horizontal adds.
+    #[inline(always)]
+    unsafe fn reduce_single(s: &[Self; 4]) -> f32 {
+        let x = s[0].add(s[2]).add(s[1].add(s[3]));
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+}
+
+/// A 16-lane AVX-512 accumulator as two 8-lane halves (lanes 0-7, 8-15): the multiply-adds
+/// are lane-wise, so the sums are an AVX-512 build's bit for bit on any AVX2 machine.
+#[derive(Clone, Copy)]
+struct V16(__m256, __m256);
+
+impl Lanes for V16 {
+    const WIDTH: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        V16(_mm256_setzero_ps(), _mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        V16(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, x: Self, y: Self) -> Self {
+        V16(
+            _mm256_fmadd_ps(x.0, y.0, self.0),
+            _mm256_fmadd_ps(x.1, y.1, self.1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        V16(_mm256_add_ps(self.0, o.0), _mm256_add_ps(self.1, o.1))
+    }
+    /// `_mm512_reduce_add_ps` as GCC expands it: halves, quarters, then pairs.
+    #[inline(always)]
+    unsafe fn reduce_batch(self) -> f32 {
+        hsum8(_mm256_add_ps(self.1, self.0))
+    }
+    /// `(s0 + s2) + (s1 + s3)`, then the 16-lane reduction.
+    #[inline(always)]
+    unsafe fn reduce_single(s: &[Self; 4]) -> f32 {
+        s[0].add(s[2]).add(s[1].add(s[3])).reduce_batch()
+    }
+}
 
 /// `G` vectors and `n` rows: what both grouped products read and write.
 #[derive(Clone, Copy)]
@@ -54,125 +145,134 @@ impl Dots {
     }
 }
 
-/// Batch order: `out(h, r) = hsum8(sum over 8-element steps of x_h * row_r) * scale`, `R` rows
-/// at a time.
+/// Batch order: `out(h, r) = reduce_batch(sum over L-wide steps of x_h * row_r) * scale`, `R`
+/// rows at a time.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `len` must be a multiple of 8 and every vector, row and
-/// output inside its buffer.
+/// AVX2 and FMA must be available; `len` must be a multiple of `L::WIDTH` and every vector,
+/// row and output inside its buffer.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn batch8_tile<const G: usize, const R: usize>(d: Dots) {
+unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
     let mut r0 = 0;
     while r0 + R <= d.n {
-        let mut acc = [[_mm256_setzero_ps(); R]; G];
+        let mut acc = [[L::zero(); R]; G];
         let mut i = 0;
         while i < d.len {
             for r in 0..R {
-                let row = _mm256_loadu_ps(d.rows.add((r0 + r) * d.rs + i));
+                let row = L::load(d.rows.add((r0 + r) * d.rs + i));
                 for (h, a) in acc.iter_mut().enumerate() {
-                    a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(d.x.add(h * d.xs + i)), row, a[r]);
+                    a[r] = a[r].fmadd(L::load(d.x.add(h * d.xs + i)), row);
                 }
             }
-            i += 8;
+            i += L::WIDTH;
         }
         for (h, a) in acc.iter().enumerate() {
             for (r, &v) in a.iter().enumerate() {
-                *d.out.add(h * d.os + r0 + r) = hsum8(v) * d.scale;
+                *d.out.add(h * d.os + r0 + r) = v.reduce_batch() * d.scale;
             }
         }
         r0 += R;
     }
     if r0 < d.n {
         // The last rows, one at a time.
-        batch8_tile::<G, 1>(d.rows_from(r0));
+        batch_tile::<L, G, 1>(d.rows_from(r0));
     }
 }
 
-/// [`batch8_tile`] for `g` heads, with as many rows per tile as keep the accumulators (at most
-/// twelve) in registers.
+/// [`batch_tile`] for `g` heads, with as many rows per tile as keep the accumulators (at most
+/// twelve registers) in registers.
 ///
 /// # Safety
-/// As for [`batch8_tile`], with `g` in `1..=4`.
+/// As for [`batch_tile`], with `g` in `1..=4`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_batch8(g: usize, d: Dots) {
-    match g {
-        1 => batch8_tile::<1, 4>(d),
-        2 => batch8_tile::<2, 4>(d),
-        3 => batch8_tile::<3, 4>(d),
-        4 => batch8_tile::<4, 3>(d),
+unsafe fn dots_batch<L: Lanes>(g: usize, d: Dots) {
+    match (L::WIDTH, g) {
+        (8, 1) => batch_tile::<L, 1, 4>(d),
+        (8, 2) => batch_tile::<L, 2, 4>(d),
+        (8, 3) => batch_tile::<L, 3, 4>(d),
+        (8, 4) => batch_tile::<L, 4, 3>(d),
+        (_, 1) => batch_tile::<L, 1, 4>(d),
+        (_, 2) => batch_tile::<L, 2, 3>(d),
+        (_, 3) => batch_tile::<L, 3, 2>(d),
+        (_, 4) => {
+            batch_tile::<L, 2, 3>(d);
+            batch_tile::<L, 2, 3>(d.heads_from(2));
+        }
         _ => unreachable!("groups are split into at most four heads, got {g}"),
     }
 }
 
-/// `ggml_vec_dot_f16`'s AVX2 reduction of its four accumulators (as in
-/// [`crate::x86_ops::dot_single8`]): `(s0 + s2) + (s1 + s3)`, halves, then two horizontal adds.
-#[inline(always)]
-unsafe fn reduce_single8(s: &[__m256; 4]) -> f32 {
-    let x = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
-    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    let t1 = _mm_hadd_ps(t0, t0);
-    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
-}
-
-/// Single-token order: `out(h, r) = dot_single8(x_h, row_r) * scale`, a row at a time.
+/// Single-token order: `out(h, r) = reduce_single(four accumulators over 4L-wide steps of x_h *
+/// row_r) * scale`, a row at a time.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `len` must be a multiple of 32 and every vector, row and
-/// output inside its buffer.
+/// AVX2 and FMA must be available; `len` must be a multiple of `4 * L::WIDTH` and every
+/// vector, row and output inside its buffer.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn single8_tile<const G: usize>(d: Dots) {
+unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
+    let step = 4 * L::WIDTH;
     for r in 0..d.n {
         let row = d.rows.add(r * d.rs);
-        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        let mut acc = [[L::zero(); 4]; G];
         let mut i = 0;
         while i < d.len {
             // Transposed value rows are short streams that start cold (keys are one long
             // stream, for which this changes little): fetch the next row alongside this one.
             let next = d.rows.wrapping_add((r + 1) * d.rs + i) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(next);
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
+            for line in (0..4 * step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line));
+            }
             for j in 0..4 {
-                let y = _mm256_loadu_ps(row.add(i + 8 * j));
+                let y = L::load(row.add(i + L::WIDTH * j));
                 for (h, a) in acc.iter_mut().enumerate() {
-                    let x = _mm256_loadu_ps(d.x.add(h * d.xs + i + 8 * j));
-                    a[j] = _mm256_fmadd_ps(x, y, a[j]);
+                    a[j] = a[j].fmadd(L::load(d.x.add(h * d.xs + i + L::WIDTH * j)), y);
                 }
             }
-            i += 32;
+            i += step;
         }
         for (h, a) in acc.iter().enumerate() {
-            *d.out.add(h * d.os + r) = reduce_single8(a) * d.scale;
+            *d.out.add(h * d.os + r) = L::reduce_single(a) * d.scale;
         }
     }
 }
 
-/// [`single8_tile`] for `g` heads (four as two pairs: twelve accumulators at most).
+/// [`single_tile`] for `g` heads: four accumulators per head, at most twelve registers (8-lane
+/// heads in pairs, 16-lane heads one at a time).
 ///
 /// # Safety
-/// As for [`single8_tile`], with `g` in `1..=4`.
+/// As for [`single_tile`], with `g` in `1..=4`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_single8(g: usize, d: Dots) {
-    match g {
-        1 => single8_tile::<1>(d),
-        2 => single8_tile::<2>(d),
-        3 => single8_tile::<3>(d),
-        4 => {
-            single8_tile::<2>(d);
-            single8_tile::<2>(d.heads_from(2));
+unsafe fn dots_single<L: Lanes>(g: usize, d: Dots) {
+    if L::WIDTH == 8 {
+        match g {
+            1 => single_tile::<L, 1>(d),
+            2 => single_tile::<L, 2>(d),
+            3 => single_tile::<L, 3>(d),
+            4 => {
+                single_tile::<L, 2>(d);
+                single_tile::<L, 2>(d.heads_from(2));
+            }
+            _ => unreachable!("groups are split into at most four heads, got {g}"),
         }
-        _ => unreachable!("groups are split into at most four heads, got {g}"),
+    } else {
+        for h in 0..g {
+            single_tile::<L, 1>(d.heads_from(h));
+        }
     }
 }
 
-/// The grouped product in `order` (one the kernels take: `Batch8` or `Single8`).
+/// The grouped product in `order`.
 ///
 /// # Safety
-/// As for [`dots_batch8`] or [`dots_single8`].
+/// As for [`batch_tile`] or [`single_tile`] with the order's lanes (the element count a
+/// multiple of 8 for `Batch8`, 16 for `Batch`, 32 for `Single8`, 64 for `Single`).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dots(order: crate::attn::DotOrder, g: usize, d: Dots) {
+    use crate::attn::DotOrder;
     match order {
-        crate::attn::DotOrder::Batch8 => dots_batch8(g, d),
-        crate::attn::DotOrder::Single8 => dots_single8(g, d),
-        other => unreachable!("no grouped kernel for {other:?}"),
+        DotOrder::Batch8 => dots_batch::<__m256>(g, d),
+        DotOrder::Batch => dots_batch::<V16>(g, d),
+        DotOrder::Single8 => dots_single::<__m256>(g, d),
+        DotOrder::Single => dots_single::<V16>(g, d),
     }
 }
