@@ -415,3 +415,221 @@ fn tool_calls_are_written_in_each_familys_syntax() {
         .unwrap();
     expect_all_passed(&out);
 }
+
+/// Claude Code, pinned: the agent client the Anthropic API is meant for.
+const CLAUDE_CODE: &str = "@anthropic-ai/claude-code@2.1.197";
+
+/// The `claude` command of [`CLAUDE_CODE`], installed with npm under the cache directory on
+/// first use.
+fn claude_code() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = home.join(".cache/strata/test-claude-code");
+    let bin = dir.join("node_modules/.bin/claude");
+    let ready = dir.join(format!(".installed-{}", CLAUDE_CODE.replace('/', "_")));
+    if !ready.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+            .arg(&dir)
+            .arg(CLAUDE_CODE)
+            .status()
+            .expect("npm (Node.js) is needed to install Claude Code")
+            .success();
+        assert!(ok, "installing {CLAUDE_CODE}");
+        std::fs::write(&ready, b"").unwrap();
+    }
+    bin
+}
+
+/// Runs `claude -p PROMPT ARGS` against `url` in `work` (with a HOME of its own, so no user
+/// settings apply) and returns its stream-json transcript, one JSON value per line.
+fn claude(
+    url: &str,
+    work: &std::path::Path,
+    max_output: u32,
+    prompt: &str,
+    args: &[&str],
+) -> Vec<serde_json::Value> {
+    let home = work.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out = Command::new("timeout")
+        // Claude Code retries silently when nothing answers: bound it.
+        .args(["900", claude_code().to_str().unwrap(), "-p", prompt])
+        .args(args)
+        .args(["--output-format", "stream-json", "--verbose"])
+        .current_dir(work)
+        .env("HOME", &home)
+        .env("ANTHROPIC_BASE_URL", url)
+        .env("ANTHROPIC_API_KEY", "sk-test-key-1234")
+        .env("ANTHROPIC_MODEL", "claude-sonnet-4-5")
+        .env("ANTHROPIC_SMALL_FAST_MODEL", "claude-haiku-4-5")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", max_output.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(out.status.code(), Some(124), "claude -p timed out");
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The content blocks of the transcript's messages of `kind` ("assistant" or "user").
+fn blocks<'a>(
+    transcript: &'a [serde_json::Value],
+    kind: &'a str,
+) -> impl Iterator<Item = &'a serde_json::Value> + 'a {
+    transcript
+        .iter()
+        .filter(move |m| m["type"] == kind)
+        .filter_map(|m| m["message"]["content"].as_array())
+        .flatten()
+}
+
+/// The final `result` message of a transcript.
+fn result_of(transcript: &[serde_json::Value]) -> &serde_json::Value {
+    transcript
+        .iter()
+        .rev()
+        .find(|m| m["type"] == "result")
+        .expect("a result message")
+}
+
+/// A value of `/metrics`.
+fn metric(url: &str, name: &str) -> f64 {
+    let base = url.trim_end_matches("/v1");
+    let body = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+/// Claude Code itself against Gemma 3 270M (whose 32k context holds Claude Code's prompt),
+/// with a key and the model names Claude Code asks for given as aliases.
+///
+/// 1. Its whole default request (about 18,600 tokens: 24 tools, a system prompt in blocks,
+///    thinking, `max_tokens` beyond the context) streams back an answer that ends at the
+///    output limit Claude Code set: the protocol holds at full size.
+/// 2. With its Read tool only: the model's call (valid against Read's schema by
+///    construction) reaches Claude Code, which runs it. A 270M base model cannot do the task
+///    itself (it echoes its prompt, whose end leads into a call, and calls Read again each
+///    turn), so the run stops at `--max-turns 1` after the tools ran; what is checked is the
+///    protocol: a `tool_use` Claude Code accepts and runs, and no API error.
+#[test]
+fn claude_code_drives_a_tool_round_trip() {
+    let work = tempfile::tempdir().unwrap();
+    let keys = work.path().join("keys");
+    std::fs::write(&keys, "sk-test-key-1234 name=claude-code\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let server = serve_model(
+        "gemma3-270m",
+        &[
+            "--chat-template",
+            "gemma",
+            "--ctx-size",
+            "32768",
+            "--parallel",
+            "2",
+            "--temperature",
+            "0",
+            "--api-key-file",
+            keys.to_str().unwrap(),
+            "--alias",
+            "claude-sonnet-4-5",
+            "--alias",
+            "claude-haiku-4-5",
+        ],
+    );
+    let base = server.url.trim_end_matches("/v1").to_string();
+    let task = "Read the file note.txt and tell me the secret word.";
+
+    // 1. The default tools and system prompt.
+    let full = claude(&base, work.path(), 16, task, &["--max-turns", "1"]);
+    let prompt_tokens = metric(&server.url, "strata_prompt_tokens_total");
+    assert!(
+        prompt_tokens > 15_000.0,
+        "Claude Code's default request has about 18,600 tokens, strata saw {prompt_tokens}"
+    );
+    let texts: Vec<&str> = blocks(&full, "assistant")
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    assert!(!texts.is_empty(), "no answer in {full:?}");
+    // The only error Claude Code may report is its own output limit being reached.
+    for t in &texts {
+        assert!(
+            !t.contains("API Error") || t.contains("output token maximum"),
+            "{t}"
+        );
+    }
+
+    // 2. A tool round trip. Greedy output is a function of the request, and Claude Code's
+    // request of the prompt (its billing line hashes it): with this prompt and path, the
+    // model's echo of its instructions reaches a call within the output limit.
+    let fixed = std::path::Path::new("/tmp/strata-claude-code");
+    let _ = std::fs::remove_dir_all(fixed);
+    std::fs::create_dir_all(fixed).unwrap();
+    std::fs::write(fixed.join("note.txt"), "The secret word is: pelican\n").unwrap();
+    let trip = claude(
+        &base,
+        fixed,
+        2000,
+        "Read the file /tmp/strata-claude-code/note.txt and tell me the secret word.",
+        &[
+            "--tools",
+            "Read",
+            "--allowedTools",
+            "Read",
+            "--system-prompt",
+            "You are a coding agent. Answer the user's request with the tools you have.",
+            "--max-turns",
+            "1",
+        ],
+    );
+    let calls: Vec<&serde_json::Value> = blocks(&trip, "assistant")
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert!(!calls.is_empty(), "no tool_use in {trip:?}");
+    for c in &calls {
+        assert_eq!(c["name"], "Read", "{c}");
+        assert!(c["input"]["file_path"].is_string(), "{c}");
+    }
+    let results: Vec<&serde_json::Value> = blocks(&trip, "user")
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    assert!(
+        results.iter().any(|r| r["tool_use_id"] == calls[0]["id"]),
+        "Claude Code ran no call: {trip:?}"
+    );
+    for t in blocks(&trip, "assistant").filter_map(|b| b["text"].as_str()) {
+        assert!(!t.contains("API Error"), "{t}");
+    }
+    let result = result_of(&trip);
+    assert!(
+        matches!(
+            result["terminal_reason"].as_str(),
+            Some("completed" | "max_turns")
+        ),
+        "{result}"
+    );
+    // Claude Code continues an answer cut at its output limit with the answer so far: those
+    // requests restore the first one's blocks.
+    assert!(
+        metric(&server.url, "strata_cached_prompt_tokens_total") > 0.0,
+        "no request restored anything from the prefix cache"
+    );
+    let _ = std::fs::remove_dir_all(fixed);
+}
