@@ -125,7 +125,7 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
     let model = Model::load_full(&file)?;
     let n_ctx = opts
         .n_ctx
-        .unwrap_or(model.config().n_ctx_train.min(8192))
+        .unwrap_or(model.config().default_context())
         .max(2);
     let info = ModelInfo::from_gguf(&file);
     let batch = Batch::new(model, opts.threads.max(1), opts.parallel.max(1), n_ctx)?

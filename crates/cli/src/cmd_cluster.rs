@@ -339,11 +339,11 @@ fn print_status(s: &Status) {
     for i in &s.instances {
         match &i.placement {
             Some(p) => println!(
-                "  {} {} (epoch {}): {:?} on {} -> {:.1} tok/s predicted",
+                "  {} {} (epoch {}): {} ({}) -> {:.0} tok/s predicted",
                 i.id,
                 i.request.model,
                 i.epoch,
-                p.strategy,
+                p.strategy.describe(p.nodes.len()),
                 p.nodes.join(", "),
                 p.predicted_decode_tok_s
             ),
@@ -460,8 +460,8 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
             let p: strata_cluster::Placement = serde_json::from_value(answer["placement"].clone())?;
             println!("{}", p.explanation);
             println!(
-                "plan: {:?} on {} -> {:.1} tok/s predicted (nothing loaded: --dry-run)",
-                p.strategy,
+                "plan: {} ({}) -> {:.0} tok/s predicted (nothing loaded: --dry-run)",
+                p.strategy.describe(p.nodes.len()),
                 p.nodes.join(", "),
                 p.predicted_decode_tok_s
             );
@@ -476,10 +476,10 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&spec)?);
     } else if let Some(p) = &spec.placement {
         println!(
-            "{}: {} as {:?} on {} ({:.1} tok/s predicted){}",
+            "{}: {} on {} ({}; {:.0} tok/s predicted){}",
             spec.id,
             spec.request.model,
-            p.strategy,
+            p.strategy.describe(p.nodes.len()),
             p.nodes.join(", "),
             p.predicted_decode_tok_s,
             if a.no_wait { ", loading" } else { ", ready" }

@@ -15,18 +15,33 @@ use strata_cluster::{Link, ModelFacts, Node, Request, StrategyChoice, place};
 use strata_gguf::GgufFile;
 use strata_parallel::{CombineStyle, Strategy, make_plan};
 
+/// The cluster file's format, for `--help`.
+const CLUSTER_FORMAT: &str = "\
+The cluster file (--cluster) is JSON: the nodes with their free memory and measured memory
+bandwidth, and the links between them (bytes, bytes per second, seconds):
+
+  {\"nodes\": [{\"id\": \"a\", \"memory_available\": 16000000000, \"mem_bandwidth\": 3e10},
+             {\"id\": \"b\", \"memory_available\": 16000000000, \"mem_bandwidth\": 3e10}],
+   \"links\": [{\"a\": \"a\", \"b\": \"b\", \"latency\": 5e-6, \"bandwidth\": 1e10}]}
+
+A running cluster's own figures are in `strata devices --json` and `strata status --json`.
+Without --cluster, the plan is for this machine alone, its memory bandwidth measured now.";
+
 /// `strata plan`.
 #[derive(Debug, Args)]
+#[command(after_long_help = CLUSTER_FORMAT)]
 pub(crate) struct PlanArgs {
     /// Model id from the catalog or a path to a GGUF file.
     #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
     model: String,
-    /// The cluster, as JSON (see `strata plan --help`); default: this machine.
+    /// The cluster, as JSON (its format is at the end of `strata plan --help`); default: this
+    /// machine.
     #[arg(long)]
     cluster: Option<PathBuf>,
-    /// Context positions to reserve KV cache for.
-    #[arg(long, default_value_t = 4096)]
-    ctx_size: usize,
+    /// Context positions to reserve KV cache for (default: the model's, at most 8192, as
+    /// `serve`, `run` and `load` use).
+    #[arg(long)]
+    ctx_size: Option<usize>,
     /// Force a strategy.
     #[arg(long, value_enum)]
     strategy: Option<crate::cmd_shard::StrategyArg>,
@@ -49,15 +64,29 @@ struct ClusterFile {
 }
 
 pub(crate) fn plan(a: PlanArgs) -> Result<()> {
+    if a.ctx_size == Some(0) {
+        anyhow::bail!("--ctx-size must be at least 1");
+    }
     let path = crate::cmd_run::resolve_model(&a.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let facts = ModelFacts::from_gguf(&file)?;
+    let mut facts = ModelFacts::from_gguf(&file)?;
+    // The name the user gave: a catalog id, or the file's name (a GGUF's `general.name` is
+    // often a training run's label).
+    facts.name = match path.file_name() {
+        Some(n) if strata_store::is_path_spec(&a.model) => n.to_string_lossy().into_owned(),
+        _ => a.model.clone(),
+    };
     let cluster = match &a.cluster {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            serde_json::from_str::<ClusterFile>(&text)
-                .with_context(|| format!("parsing the cluster file {}", p.display()))?
+            serde_json::from_str::<ClusterFile>(&text).with_context(|| {
+                format!(
+                    "parsing the cluster file {} (its format is at the end of `strata plan \
+                     --help`)",
+                    p.display()
+                )
+            })?
         }
         None => ClusterFile {
             nodes: vec![this_machine()],
@@ -65,7 +94,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
         },
     };
     let req = Request {
-        context: a.ctx_size,
+        context: a.ctx_size.unwrap_or(facts.default_context),
         strategy: a.strategy.map(|s| match s {
             crate::cmd_shard::StrategyArg::Tensor => StrategyChoice::Tensor,
             crate::cmd_shard::StrategyArg::Pipeline => StrategyChoice::Pipeline,
@@ -75,48 +104,44 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
         nodes: a.nodes.clone(),
     };
     let p = place(&facts, &cluster.nodes, &cluster.links, &req)?;
-    let shards = if p.nodes.len() > 1 {
-        let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
-        let strategy = match p.strategy {
-            StrategyChoice::Single | StrategyChoice::Tensor => Strategy::Tensor,
-            StrategyChoice::Pipeline => Strategy::Pipeline,
-            StrategyChoice::Hybrid { tp } => Strategy::Hybrid { tp },
-            StrategyChoice::Expert => Strategy::Expert,
-        };
-        let plan = make_plan(
-            &file,
-            &cfg,
-            strategy,
-            p.nodes.len(),
-            Some(&p.weights),
-            CombineStyle::Gather,
-        )?;
-        Some((plan.describe(&cfg), plan))
-    } else {
-        None
+    let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
+    let strategy = match p.strategy {
+        StrategyChoice::Single | StrategyChoice::Tensor => Strategy::Tensor,
+        StrategyChoice::Pipeline => Strategy::Pipeline,
+        StrategyChoice::Hybrid { tp } => Strategy::Hybrid { tp },
+        StrategyChoice::Expert => Strategy::Expert,
     };
+    // One node's shard is the whole model; the plan says so in the same terms.
+    let shards = make_plan(
+        &file,
+        &cfg,
+        strategy,
+        p.nodes.len(),
+        Some(&p.weights),
+        CombineStyle::Gather,
+    )?;
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "model": facts,
+                "context": req.context,
+                "cluster": cluster,
                 "placement": p,
-                "shards": shards.as_ref().map(|s| &s.1),
+                "shards": shards,
             }))?
         );
         return Ok(());
     }
     println!("{}", p.explanation);
     println!(
-        "placement: {:?} on {} -> {:.1} tok/s predicted",
-        p.strategy,
+        "placement: {} ({}) -> {:.0} tok/s predicted for one stream",
+        p.strategy.describe(p.nodes.len()),
         p.nodes.join(", "),
         p.predicted_decode_tok_s
     );
-    if let Some((text, _)) = shards {
-        for (line, node) in text.lines().zip(&p.nodes) {
-            println!("  {node}: {line}");
-        }
+    for (line, node) in shards.describe(&cfg).lines().zip(&p.nodes) {
+        println!("  {node}: {line}");
     }
     Ok(())
 }
@@ -137,7 +162,9 @@ fn this_machine() -> Node {
     Node {
         id: hostname(),
         memory_available: available,
-        mem_bandwidth: strata_kernels::membw::read_bandwidth(&pool, 256 << 20, 2),
+        // The best of several passes: one or two vary with whatever else ran just before, and
+        // the prediction with them.
+        mem_bandwidth: strata_kernels::membw::read_bandwidth(&pool, 256 << 20, 8),
     }
 }
 

@@ -329,7 +329,7 @@ pub(crate) fn launch(
         model_path: path.to_path_buf(),
         model_bytes: file.bytes().len() as u64,
         threads: opts.threads(),
-        n_ctx: n_ctx.unwrap_or(cfg.n_ctx_train.min(8192)).max(1),
+        n_ctx: n_ctx.unwrap_or(cfg.default_context()).max(1),
         max_seqs,
         numerics: numerics_name(numerics).to_string(),
     };

@@ -52,6 +52,10 @@ pub struct ModelFacts {
     pub n_ff: usize,
     /// Attention output width (query heads x head width).
     pub q_width: usize,
+    /// The context a request that names none gets (the trained one, at most 8192), as
+    /// `serve` and `run` use.
+    #[serde(default)]
+    pub default_context: usize,
 }
 
 impl ModelFacts {
@@ -94,6 +98,7 @@ impl ModelFacts {
             n_embd: cfg.n_embd,
             n_ff: cfg.n_ff,
             q_width: cfg.attn_out_width(),
+            default_context: cfg.default_context(),
         })
     }
 }
@@ -139,6 +144,33 @@ pub enum StrategyChoice {
     },
     /// A mixture of experts split by expert across the nodes (attention tensor-parallel).
     Expert,
+}
+
+impl StrategyChoice {
+    /// The strategy in plain words, on `n` nodes.
+    pub fn describe(self, n: usize) -> String {
+        match self {
+            StrategyChoice::Single => "one node".into(),
+            StrategyChoice::Tensor => format!("tensor parallel over {n} nodes"),
+            StrategyChoice::Pipeline => format!("a pipeline of {n} nodes"),
+            StrategyChoice::Hybrid { tp } => format!(
+                "a pipeline of {} stages, each {tp} nodes tensor parallel",
+                n / tp.max(1)
+            ),
+            StrategyChoice::Expert => format!("experts split over {n} nodes"),
+        }
+    }
+
+    /// The strategy's name as `--strategy` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyChoice::Single => "single",
+            StrategyChoice::Tensor => "tensor",
+            StrategyChoice::Pipeline => "pipeline",
+            StrategyChoice::Hybrid { .. } => "hybrid",
+            StrategyChoice::Expert => "expert",
+        }
+    }
 }
 
 /// What is asked.
@@ -510,6 +542,23 @@ pub fn place(
         }
         None => all,
     };
+    if let Some(s) = req.strategy
+        && s != StrategyChoice::Single
+        && pool.len() < 2
+    {
+        // Splitting needs somewhere to split to: say so rather than quietly run on one node.
+        return Err(PlacementError::Infeasible(format!(
+            "--strategy {} splits a model over two or more nodes, and {} has one ({}); \
+             leave --strategy out to run it there, or describe more nodes",
+            s.name(),
+            if req.nodes.is_some() {
+                "the --nodes list"
+            } else {
+                "the cluster"
+            },
+            pool[0].id
+        )));
+    }
     let available = pool
         .iter()
         .fold(0u64, |a, n| a.saturating_add(n.memory_available));
@@ -623,17 +672,26 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
         ));
     }
     s.push_str(&format!(
-        ". {:?} predicts {:.1} tok/s",
-        p.strategy, p.predicted_decode_tok_s
+        ". On {}, one stream is predicted to decode {:.0} tok/s",
+        p.strategy.describe(p.nodes.len()),
+        p.predicted_decode_tok_s
     ));
     let others: Vec<String> = p
         .considered
         .iter()
         .filter(|(st, _)| *st != p.strategy)
-        .map(|(st, t)| format!("{st:?} {t:.1}"))
+        .map(|(st, t)| format!("{} {t:.0}", st.describe(p.nodes.len())))
         .collect();
     if !others.is_empty() {
-        s.push_str(&format!(" (vs {})", others.join(", ")));
+        s.push_str(&format!(
+            " (the same nodes as {}: {})",
+            if others.len() == 1 {
+                "the other strategy"
+            } else {
+                "other strategies"
+            },
+            others.join(", ")
+        ));
     }
     if p.strategy == StrategyChoice::Expert {
         s.push_str(

@@ -23,6 +23,7 @@ fn model() -> ModelFacts {
         n_head: 32,
         n_embd: 2048,
         n_ff: 8192,
+        default_context: 4096,
         q_width: 2048,
     }
 }
@@ -292,6 +293,7 @@ fn moe_model() -> ModelFacts {
         n_head: 32,
         n_embd: 2048,
         n_ff: 6144,
+        default_context: 4096,
         q_width: 4096,
     }
 }

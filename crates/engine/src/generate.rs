@@ -113,13 +113,13 @@ impl std::fmt::Debug for Generator {
 
 impl Generator {
     /// Loads the model at `path` with `threads` compute threads and a context of `n_ctx`
-    /// positions (default: the trained context, capped at 8192).
+    /// positions (default: [`ModelConfig::default_context`]).
     pub fn load(path: &Path, threads: usize, n_ctx: Option<usize>) -> Result<Generator> {
         let file = GgufFile::open(path)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
         let template = ChatTemplate::from_gguf(file.metadata())?;
         let model = Model::load_full(&file)?;
-        let n_ctx = n_ctx.unwrap_or(model.config().n_ctx_train.min(8192)).max(1);
+        let n_ctx = n_ctx.unwrap_or(model.config().default_context()).max(1);
         let cache = model.new_cache(n_ctx)?;
         Ok(Generator {
             model,

@@ -27,7 +27,10 @@ pub mod synth;
 mod weights;
 
 pub use batch::{Batch, SlotId};
-pub use config::{FfnAct, ModelConfig, SlidingWindow, held_bytes, streamed_bytes};
+pub use config::{
+    DEFAULT_CONTEXT_CAP, FfnAct, ModelConfig, SlidingWindow, default_context, held_bytes,
+    streamed_bytes,
+};
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;

@@ -690,11 +690,14 @@ async fn leader_load(
     let names = names(&snap);
     let r = req.clone();
     let peers = peers_of(shared);
-    let (placement, _) =
+    let (placement, facts) =
         tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, &peers))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
+    // Every rank, and every later re-placement, uses the context this placement was made for.
+    let mut req = req;
+    req.context = Some(req.context.unwrap_or(facts.default_context));
     let spec = InstanceSpec {
         id: format!("i-{}", crate::key::encode_hex(&rand::random::<[u8; 3]>())),
         epoch: 1,

@@ -75,9 +75,6 @@ pub struct Hosted {
     pub status: String,
 }
 
-/// The default context of a loaded instance.
-pub const DEFAULT_CONTEXT: usize = 4096;
-
 /// Places `req` on the topology; the answer names nodes by id.
 pub fn plan(
     req: &LoadRequest,
@@ -104,7 +101,7 @@ pub fn plan(
         &topo.nodes,
         &topo.links,
         &placement::Request {
-            context: req.context.unwrap_or(DEFAULT_CONTEXT),
+            context: req.context.unwrap_or(facts.default_context),
             strategy: req.strategy,
             nodes,
         },
@@ -197,7 +194,12 @@ pub struct Rank0Start<'a> {
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
     let err = |e: &dyn std::fmt::Display| Error::Instance(e.to_string());
     let path = resolve(&s.spec.request.model, &s.peers)?;
-    let context = s.spec.request.context.unwrap_or(DEFAULT_CONTEXT);
+    // The leader fills in the model's default when it places a request without one.
+    let context = s
+        .spec
+        .request
+        .context
+        .unwrap_or(strata_engine::DEFAULT_CONTEXT_CAP);
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),
         queue: 64,
