@@ -26,9 +26,11 @@ pub(crate) struct BenchArgs {
 #[derive(Debug, Subcommand)]
 enum BenchCmd {
     /// Single-node prefill and decode tok/s against llama.cpp and the memory roofline.
+    #[command(allow_negative_numbers = true)]
     Engine(EngineArgs),
     /// Sharded speed: 1 process vs 2 ranks (tensor, pipeline; shm, tcp), a link-latency sweep,
     /// and llama.cpp's RPC backend.
+    #[command(allow_negative_numbers = true)]
     Scaling(crate::cmd_bench_scaling::ScalingArgs),
 }
 
@@ -39,20 +41,20 @@ pub(crate) struct EngineArgs {
     #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
     model: String,
     /// Thread counts to measure, comma-separated.
-    #[arg(long, short = 't', value_delimiter = ',', default_values_t = [1usize, 2])]
+    #[arg(long, short = 't', value_delimiter = ',', default_values_t = [1usize, 2], value_parser = crate::args::at_least_one)]
     threads: Vec<usize>,
     /// Prompt tokens of the prefill test (llama-bench `-p`).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = crate::args::at_least_one)]
     pp: usize,
     /// Generated tokens of the decode test (llama-bench `-n`).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = crate::args::at_least_one)]
     tg: usize,
     /// Tokens already in the context when each test starts (llama-bench `-d`): decode and
     /// prefill speed at depth, where attention over the cache costs as much as the weights.
-    #[arg(long, short = 'd', default_value_t = 0)]
+    #[arg(long, short = 'd', default_value_t = 0, value_parser = crate::args::count)]
     depth: usize,
     /// Rounds per thread count (strata then llama-bench, interleaved); medians are reported.
-    #[arg(long, short = 'r', default_value_t = 5)]
+    #[arg(long, short = 'r', default_value_t = 5, value_parser = crate::args::at_least_one)]
     repetitions: usize,
     #[command(flatten)]
     llama: LlamaOpts,
@@ -172,6 +174,8 @@ fn engine(a: EngineArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut bytes_per_token = 0usize;
     for &t in &a.threads {
+        // A run takes tens of seconds per thread count: say what is being measured.
+        eprintln!("strata: loading the model for {t} thread(s), warming up");
         let mut g = Generator::load(&path, t, Some(a.depth + a.pp.max(a.tg) + 8))
             .with_context(|| format!("loading {}", path.display()))?;
         bytes_per_token = g.model().streamed_bytes_per_token();
@@ -185,7 +189,18 @@ fn engine(a: EngineArgs) -> Result<()> {
         g.time_decode(&gen_tokens, a.tg.min(16))?;
         let (mut pp, mut tg) = (Vec::new(), Vec::new());
         let (mut lpp, mut ltg) = (Vec::new(), Vec::new());
-        for _ in 0..a.repetitions {
+        for round in 1..=a.repetitions {
+            eprintln!(
+                "strata: {t} thread(s), round {round}/{}: {} and {}{}",
+                a.repetitions,
+                label(format!("pp{}", a.pp)),
+                label(format!("tg{}", a.tg)),
+                if llama.is_some() {
+                    ", then llama-bench"
+                } else {
+                    ""
+                }
+            );
             let secs = g.time_prefill_at(&context, &prompt)?.as_secs_f64();
             pp.push(a.pp as f64 / secs.max(1e-9));
             let secs = g.time_decode_at(&context, &gen_tokens, a.tg)?.as_secs_f64();

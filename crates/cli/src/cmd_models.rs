@@ -71,7 +71,7 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
     match args.cmd {
         ModelsCmd::List { json } => list(&store, json),
         ModelsCmd::Pull { id } => {
-            let card = store.catalog().card(&id)?;
+            let card = card(&store, &id, "pull")?;
             let mut progress = TerminalProgress::stderr();
             let pulled = store.pull(card, &mut |event| progress.handle(event));
             progress.finish();
@@ -80,13 +80,14 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCmd::Verify { id } => {
+            card(&store, &id, "verify")?;
             let path = store.verify(&id)?;
             let card = store.catalog().card(&id)?;
             println!("ok {id} sha256 {} {}", card.sha256, path.display());
             Ok(())
         }
         ModelsCmd::Rm { id } => {
-            let imported = store.catalog().card(&id)?.is_import();
+            let imported = card(&store, &id, "rm")?.is_import();
             if store.remove(&id)? {
                 let card = if imported { " and its import card" } else { "" };
                 println!("removed {id}{card}");
@@ -98,6 +99,7 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCmd::Path { id } => {
+            card(&store, &id, "path")?;
             let path = store.path(&id)?;
             if !store.is_present(&id)? {
                 if store.catalog().card(&id)?.is_import() {
@@ -112,6 +114,21 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCmd::Import { path, id } => import(&mut store, &path, id),
+    }
+}
+
+/// `id`'s card, or an error in `strata models CMD`'s own words: these commands take ids only
+/// (the store's own message tells `run` and `serve` users to give a path instead).
+fn card<'a>(store: &'a Store, id: &str, cmd: &str) -> anyhow::Result<&'a strata_store::ModelCard> {
+    match store.catalog().card(id) {
+        Ok(card) => Ok(card),
+        Err(strata_store::Error::UnknownModel { known, .. }) => anyhow::bail!(
+            "`strata models {cmd}` takes a model id, and '{id}' is none (known: {}; \
+             `strata models list` shows them); a GGUF file joins the store with \
+             `strata models import PATH`",
+            known.join(", ")
+        ),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -20,10 +20,10 @@ pub(crate) struct ModelOpts {
     #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
     model: String,
     /// Compute threads (default: all cores).
-    #[arg(long, short = 't')]
+    #[arg(long, short = 't', value_parser = crate::args::at_least_one)]
     threads: Option<usize>,
     /// Context size in tokens (default: the model's, at most 8192).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::at_least_one)]
     ctx_size: Option<usize>,
     /// System prompt (chat template only).
     #[arg(long)]
@@ -33,13 +33,13 @@ pub(crate) struct ModelOpts {
     #[arg(long, value_name = "NAME|FILE")]
     chat_template: Option<String>,
     /// Most tokens to generate.
-    #[arg(long, short = 'n', default_value_t = 256)]
+    #[arg(long, short = 'n', default_value_t = 256, value_parser = crate::args::at_least_one)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = crate::args::count)]
     top_k: usize,
     /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 1.0)]

@@ -31,19 +31,19 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     insecure_no_auth: bool,
     /// Sequences decoded together in one batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one)]
     parallel: usize,
     /// Requests that may wait for a free sequence slot; more get 429.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::args::at_least_one)]
     queue: usize,
     /// Context window per sequence (default: the model's, at most 8192).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::at_least_one)]
     ctx_size: Option<usize>,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::at_least_one)]
     threads: Option<usize>,
     /// Largest request body in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, value_parser = crate::args::at_least_one)]
     max_body: usize,
     /// Another name a model answers to, `NAME=MODEL` (MODEL: a served model's id; `NAME` alone
     /// when one model is served), for clients with hard-coded model names; repeatable.
@@ -204,7 +204,7 @@ pub(crate) struct HttpArgs {
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
     /// Most HTTP connections open at once (default: half the descriptor limit); more get 503.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::args::at_least_one)]
     max_connections: Option<usize>,
     /// Seconds a client may take to send a request's headers (and an idle connection stays open).
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
@@ -262,6 +262,12 @@ fn model_id(spec: &str) -> String {
 pub(crate) fn serve(args: ServeArgs) -> Result<()> {
     if args.parallel == 0 || args.queue == 0 {
         bail!("--parallel and --queue must be at least 1");
+    }
+    if args.ctx_size == Some(0) {
+        bail!("--ctx-size must be at least 1");
+    }
+    if args.max_body == 0 {
+        bail!("--max-body must be at least 1 byte");
     }
     let keys = match &args.api_key_file {
         Some(f) => Some(Keys::from_file(f, args.rate_limit)?),

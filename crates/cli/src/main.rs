@@ -3,6 +3,7 @@
 //! Flags are parsed here and turned into typed library calls; this is the only crate that uses
 //! `anyhow`, and every error reaches the user as one line on stderr with a non-zero exit.
 
+mod args;
 mod cmd_bench;
 mod cmd_bench_scaling;
 mod cmd_cluster;
@@ -34,6 +35,7 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Chat(cmd_run::ChatArgs),
     /// Serve the OpenAI-compatible HTTP API with the model loaded on this node.
+    #[command(allow_negative_numbers = true)]
     Serve(cmd_serve::ServeArgs),
     /// Manage downloaded models.
     Models(cmd_models::ModelsArgs),
@@ -64,7 +66,23 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A bad value is one line naming the flag and what it takes; clap's usage block and
+        // "For more information" tip add nothing to that. Other parse errors (a missing
+        // argument, a misspelt flag) keep clap's whole message, whose tips help.
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue
+            ) =>
+        {
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: a bad value"));
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let result = match cli.cmd {
         Command::Run(args) => cmd_run::run(args),
         Command::Chat(args) => cmd_run::chat(args),

@@ -79,10 +79,12 @@ pub fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
             }
         }
     }
-    let resolved = store
-        .resolve_with(spec, &mut |_| {})
-        .map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
-    Ok(resolved.path)
+    let mut progress = strata_store::TerminalProgress::stderr();
+    let resolved = store.resolve_with(spec, &mut |ev| progress.handle(ev));
+    progress.finish();
+    Ok(resolved
+        .map_err(|e| Error::Instance(format!("{spec}: {e}")))?
+        .path)
 }
 
 /// `spec` as a file inside one of `dirs`, after symbolic links are followed.
@@ -171,15 +173,19 @@ fn fetch_from(
         at: 0,
     };
     let origin = format!("node {peer}");
+    let mut progress =
+        strata_store::TerminalProgress::stderr_as(&format!("copying {id} from {origin}"));
     let origin = Path::new(&origin);
-    match local {
-        Some(card) => store.install_from(card, &mut reader, origin, &mut |_| {}),
+    let mut report = |ev: strata_store::PullEvent<'_>| progress.handle(ev);
+    let installed = match local {
+        Some(card) => store.install_from(card, &mut reader, origin, &mut report),
         None => {
             let card = peer_import_card(&head, id)?;
-            store.install_import(&card, &mut reader, origin, &mut |_| {})
+            store.install_import(&card, &mut reader, origin, &mut report)
         }
-    }
-    .map_err(|e| Error::Instance(e.to_string()))
+    };
+    progress.finish();
+    installed.map_err(|e| Error::Instance(e.to_string()))
 }
 
 /// The card in a peer's head, if it is a valid import card for exactly `id`. Its strings name

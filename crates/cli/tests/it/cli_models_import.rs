@@ -378,6 +378,14 @@ fn a_node_loads_a_model_imported_only_on_its_peer() {
         sha256_of(&a_home.join("models/peer-model/peer-model.gguf"))
     );
     assert!(b.log().contains("got peer-model from node"), "{}", b.log());
+    // Its log is a file, not a terminal: the copy is reported in lines as it goes.
+    assert!(
+        b.log().contains("copying peer-model from node")
+            && b.log().contains("100 % of")
+            && b.log().contains("installed "),
+        "{}",
+        b.log()
+    );
     // b keeps the card: the model is b's import now too, listed and servable.
     let card = std::fs::read_to_string(b_model.join("card.toml")).unwrap();
     assert!(card.contains("imported_from"), "{card}");

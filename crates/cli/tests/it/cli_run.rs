@@ -145,22 +145,38 @@ fn bad_options_are_refused_in_one_line_before_any_model_loads() {
     // A model path that does not exist: an error about it would mean the options were checked
     // after the load began.
     let missing = "/nonexistent/strata-test-model.gguf";
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--temperature", "-1", "hi"], "--temperature must be >= 0"),
         (&["--temperature=-1", "hi"], "--temperature must be >= 0"),
         (&["--top-p", "2", "hi"], "--top-p must be in (0, 1]"),
         (
             &["--max-tokens", "0", "hi"],
-            "--max-tokens must be at least 1",
+            "'--max-tokens <MAX_TOKENS>': takes a whole number, 1 or more",
         ),
-        (&["--threads", "0", "hi"], "--threads must be at least 1"),
-        (&["--ctx-size", "0", "hi"], "--ctx-size must be at least 1"),
+        (
+            &["--max-tokens", "-1", "hi"],
+            "'--max-tokens <MAX_TOKENS>': takes a whole number, 1 or more",
+        ),
+        (
+            &["--threads", "0", "hi"],
+            "'--threads <THREADS>': takes a whole number",
+        ),
+        (
+            &["--ctx-size", "0", "hi"],
+            "'--ctx-size <CTX_SIZE>': takes a whole number",
+        ),
         (&["  "], "the prompt is empty"),
         (&[], "no prompt"),
     ];
-    for (args, want) in cases {
+    refused_in_one_line(&["run", "-m", missing], &cases);
+}
+
+/// Each `(args, want)`: `strata PREFIX ARGS` fails with one line of stderr containing `want`
+/// and never reaches the (missing) model file.
+fn refused_in_one_line(prefix: &[&str], cases: &[(&[&str], &str)]) {
+    for &(args, want) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(["run", "-m", missing])
+            .args(prefix)
             .args(args)
             .output()
             .expect("running strata");
@@ -173,6 +189,50 @@ fn bad_options_are_refused_in_one_line_before_any_model_loads() {
             "{args:?} loaded first: {stderr}"
         );
     }
+}
+
+#[test]
+fn serve_bench_and_models_refuse_bad_options_in_their_own_words() {
+    let missing = "/nonexistent/strata-test-model.gguf";
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &["serve", "--model", missing, "--temperature", "-1"],
+            "--temperature must be between 0 and 2",
+        ),
+        (
+            &["serve", "--model", missing, "--ctx-size", "0"],
+            "'--ctx-size <CTX_SIZE>': takes a whole number, 1 or more",
+        ),
+        (
+            &["serve", "--model", missing, "--max-body", "0"],
+            "'--max-body <MAX_BODY>': takes a whole number, 1 or more",
+        ),
+        (
+            &["serve", "--model", missing, "--parallel", "-2"],
+            "'--parallel <PARALLEL>': takes a whole number, 1 or more",
+        ),
+        (
+            &["serve", "--model", missing, "--cache-mem", "-5"],
+            "is not a size",
+        ),
+        (
+            &["bench", "engine", "-m", missing, "--depth", "-1"],
+            "'--depth <DEPTH>': takes a whole number, 0 or more",
+        ),
+        (
+            &["bench", "engine", "-m", missing, "--pp", "0"],
+            "'--pp <PP>': takes a whole number, 1 or more",
+        ),
+        (
+            &["models", "pull", "nope"],
+            "`strata models pull` takes a model id, and 'nope' is none",
+        ),
+        (
+            &["models", "rm", "nope"],
+            "`strata models rm` takes a model id",
+        ),
+    ];
+    refused_in_one_line(&[], &cases);
 }
 
 #[test]
