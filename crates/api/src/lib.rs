@@ -95,6 +95,8 @@ pub struct ServeOptions {
     pub cache_mem: usize,
     /// A chat template's source, used in place of the model's own.
     pub chat_template: Option<String>,
+    /// Which llama.cpp build's arithmetic to reproduce (`None`: the one this CPU would get).
+    pub flavour: Option<strata_kernels::attn::Flavour>,
 }
 
 /// The prefix cache's default budget: 1 GiB holds about 45,000 prompt positions of the
@@ -122,7 +124,10 @@ pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
         Some(source) => Some(ChatTemplate::for_model(file.metadata(), source)?),
         None => ChatTemplate::from_gguf(file.metadata())?,
     };
-    let model = Model::load_full(&file)?;
+    let mut model = Model::load_full(&file)?;
+    if let Some(flavour) = opts.flavour {
+        model.set_flavour(flavour);
+    }
     let n_ctx = opts
         .n_ctx
         .unwrap_or(model.config().default_context())

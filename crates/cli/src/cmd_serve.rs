@@ -59,6 +59,10 @@ pub(crate) struct ServeArgs {
     /// one of several models (repeatable).
     #[arg(long = "chat-template", value_name = "[MODEL=]NAME|FILE")]
     chat_templates: Vec<String>,
+    /// Which llama.cpp build to reproduce bit for bit, as `strata run --numerics`: `native`,
+    /// `avx512` or `avx2` (pinning one gives the same greedy answers on every machine).
+    #[arg(long, value_enum, default_value_t = crate::cmd_run::Numerics::Native)]
+    numerics: crate::cmd_run::Numerics,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -312,6 +316,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             defaults: defaults.clone(),
             cache_mem: args.cache_mem,
             chat_template: templates[i].clone(),
+            flavour: Some(args.numerics.flavour()),
         })
         .with_context(|| format!("loading {}", path.display()))?;
         states.push(state);

@@ -224,6 +224,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             defaults: opts.defaults,
             cache_mem: strata_api::DEFAULT_CACHE_MEM,
             chat_template: None,
+            flavour: None,
         })
         .map_err(|e| err(&e));
     }
