@@ -237,16 +237,11 @@ pub struct SlidingWindow {
 /// 128k would otherwise reserve gigabytes of KV cache per sequence on a small machine.
 pub const DEFAULT_CONTEXT_CAP: usize = 8192;
 
-/// [`ModelConfig::default_context`] of a model trained on `n_ctx_train` positions.
-pub fn default_context(n_ctx_train: usize) -> usize {
-    n_ctx_train.clamp(1, DEFAULT_CONTEXT_CAP)
-}
-
 impl ModelConfig {
     /// The context every command uses when none is given (`run`, `serve`, `load`, `plan`):
     /// the trained context, at most [`DEFAULT_CONTEXT_CAP`].
     pub fn default_context(&self) -> usize {
-        default_context(self.n_ctx_train)
+        self.n_ctx_train.clamp(1, DEFAULT_CONTEXT_CAP)
     }
 
     /// Whether layer `il` uses the sliding window.

@@ -28,8 +28,7 @@ mod weights;
 
 pub use batch::{Batch, SlotId};
 pub use config::{
-    DEFAULT_CONTEXT_CAP, FfnAct, ModelConfig, SlidingWindow, default_context, held_bytes,
-    streamed_bytes,
+    DEFAULT_CONTEXT_CAP, FfnAct, ModelConfig, SlidingWindow, held_bytes, streamed_bytes,
 };
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};

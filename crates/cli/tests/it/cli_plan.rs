@@ -13,13 +13,7 @@ fn plan(cluster: &str, extra: &[&str]) -> std::process::Output {
     let file = dir.path().join("cluster.json");
     std::fs::write(&file, cluster).unwrap();
     Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args([
-            "plan",
-            "--cluster",
-            file.to_str().unwrap(),
-            "--ctx-size",
-            "2048",
-        ])
+        .args(["plan", "--cluster", file.to_str().unwrap()])
         .args(extra)
         .output()
         .unwrap()
@@ -32,7 +26,7 @@ const TWO_SMALL_NODES: &str = r#"{"nodes": [
 
 #[test]
 fn two_nodes_over_a_fast_link_get_tensor_parallelism() {
-    let out = plan(TWO_SMALL_NODES, &["--json"]);
+    let out = plan(TWO_SMALL_NODES, &["--ctx-size", "2048", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -43,7 +37,7 @@ fn two_nodes_over_a_fast_link_get_tensor_parallelism() {
     assert_eq!(v["placement"]["nodes"].as_array().unwrap().len(), 2);
     assert!(v["placement"]["predicted_decode_tok_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["shards"]["ranks"].as_array().unwrap().len(), 2);
-    let text = plan(TWO_SMALL_NODES, &[]);
+    let text = plan(TWO_SMALL_NODES, &["--ctx-size", "2048"]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.contains("On tensor parallel over 2 nodes"), "{text}");
     // The alternative the planner rejected, with its own prediction.
@@ -59,16 +53,7 @@ fn two_nodes_over_a_fast_link_get_tensor_parallelism() {
 #[test]
 fn one_node_plans_say_what_they_assume() {
     let one = r#"{"nodes": [{"id": "a", "memory_available": 2000000000, "mem_bandwidth": 3e10}]}"#;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cluster.json");
-    std::fs::write(&file, one).unwrap();
-    let run = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(["plan", "--cluster", file.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let run = |extra: &[&str]| plan(one, extra);
     let out = run(&["--json"]);
     assert!(
         out.status.success(),
@@ -112,7 +97,7 @@ fn one_node_plans_say_what_they_assume() {
 #[test]
 fn a_cluster_too_small_is_refused_with_the_shortfall() {
     let tiny = r#"{"nodes": [{"id": "a", "memory_available": 90000000, "mem_bandwidth": 3e10}]}"#;
-    let out = plan(tiny, &[]);
+    let out = plan(tiny, &["--ctx-size", "2048"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing"), "{err}");

@@ -81,12 +81,18 @@ const CLIENTS: [&str; 4] = [
     "jsonschema==4.26.0",
 ];
 
+/// `~/.cache/strata/NAME`: where the test clients are installed once and kept.
+fn test_cache_dir(name: &str) -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".cache/strata")
+        .join(name)
+}
+
 /// A Python with the official clients ([`CLIENTS`]), in a venv kept under the cache directory.
 fn python() -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let venv = home.join(".cache/strata/test-venv-clients");
+    let venv = test_cache_dir("test-venv-clients");
     let py = venv.join("bin/python");
     let ready = venv.join(format!(".installed-{}", CLIENTS.join("-")));
     if !ready.exists() {
@@ -422,10 +428,7 @@ const CLAUDE_CODE: &str = "@anthropic-ai/claude-code@2.1.197";
 /// The `claude` command of [`CLAUDE_CODE`], installed with npm under the cache directory on
 /// first use.
 fn claude_code() -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = home.join(".cache/strata/test-claude-code");
+    let dir = test_cache_dir("test-claude-code");
     let bin = dir.join("node_modules/.bin/claude");
     let ready = dir.join(format!(".installed-{}", CLAUDE_CODE.replace('/', "_")));
     if !ready.exists() {
