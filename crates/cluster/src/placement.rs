@@ -16,10 +16,10 @@ use strata_engine::ModelConfig;
 use strata_gguf::GgufFile;
 
 /// Memory a rank needs beyond its share of weights and cache (binary, buffers, tokenizer).
-const NODE_OVERHEAD: u64 = 64 << 20;
+pub(crate) const NODE_OVERHEAD: u64 = 64 << 20;
 
 /// What the planner needs to know about a model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelFacts {
     /// Display name.
     pub name: String,
@@ -40,6 +40,17 @@ pub struct ModelFacts {
     pub n_used: usize,
     /// Of which the LM head.
     pub head_bytes: u64,
+    /// Of the held bytes, a mixture's routed experts (0 for a dense model, and in facts from
+    /// older nodes).
+    #[serde(default)]
+    pub expert_bytes: u64,
+    /// Weights, counted (0 in facts from older nodes).
+    #[serde(default)]
+    pub params: u64,
+    /// Weights a token uses: all of a dense model's, a mixture's shared parts and chosen
+    /// experts (0 in facts from older nodes).
+    #[serde(default)]
+    pub token_params: u64,
     /// KV-cache bytes per context position, whole model.
     pub kv_bytes_per_token: u64,
     /// Decoder layers.
@@ -68,6 +79,16 @@ impl ModelFacts {
         }
     }
 
+    /// Weights a token uses, for its FLOPs (two per weight); facts without the count take
+    /// one weight per byte read, the rate of an 8-bit model.
+    pub fn active_params(&self) -> f64 {
+        if self.token_params == 0 {
+            self.read_per_token()
+        } else {
+            self.token_params as f64
+        }
+    }
+
     /// Facts read from a GGUF file.
     pub fn from_gguf(file: &GgufFile) -> strata_engine::Result<ModelFacts> {
         let cfg = ModelConfig::from_gguf(file)?;
@@ -76,6 +97,24 @@ impl ModelFacts {
         let layers: u64 = layers.iter().sum();
         let (read, _) = strata_engine::streamed_bytes(file, &cfg);
         let read: u64 = read.iter().sum();
+        // Weights counted from the tensor shapes: a token multiplies by every matrix but the
+        // embedding table (one row looked up, unless it doubles as the LM head) and, of a
+        // mixture's routed experts, the chosen share.
+        let used = cfg
+            .moe
+            .map_or(1.0, |m| m.n_used as f64 / m.n_expert.max(1) as f64);
+        let tied = file.tensor("output.weight").is_none();
+        let (mut params, mut token_params, mut expert_bytes) = (0u64, 0.0f64, 0u64);
+        for t in file.tensors() {
+            let n = t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
+            params = params.saturating_add(n);
+            if t.name.contains("_exps") {
+                expert_bytes = expert_bytes.saturating_add(t.n_bytes);
+                token_params += n as f64 * used;
+            } else if t.name != "token_embd.weight" || tied {
+                token_params += n as f64;
+            }
+        }
         Ok(ModelFacts {
             name: file
                 .metadata()
@@ -88,6 +127,9 @@ impl ModelFacts {
             n_expert: cfg.moe.map_or(0, |m| m.n_expert),
             n_used: cfg.moe.map_or(0, |m| m.n_used),
             head_bytes: head,
+            expert_bytes,
+            params,
+            token_params: token_params as u64,
             // strata keeps keys and values as f32.
             kv_bytes_per_token: (4
                 * cfg.n_layer
@@ -103,15 +145,31 @@ impl ModelFacts {
     }
 }
 
-/// A node as measured.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A node as measured (or, for hardware not at hand, as its class is known to perform).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Node {
     /// Stable node id.
     pub id: String,
     /// Memory the node can give to models, bytes.
     pub memory_available: u64,
-    /// Measured memory read bandwidth, bytes per second.
+    /// Measured memory read bandwidth, bytes per second: what decoding runs at.
     pub mem_bandwidth: f64,
+    /// Matrix-multiply throughput a prefill reaches, FLOP/s (0: unknown, and no prefill
+    /// prediction).
+    #[serde(default)]
+    pub flops: f64,
+    /// What every exchange costs this node per peer beyond the link itself, seconds: posting
+    /// a message and noticing its arrival (microseconds on a CPU spinning on shared memory,
+    /// tens of microseconds where a GPU must finish its queued work first).
+    #[serde(default)]
+    pub message_overhead: f64,
+    /// Power drawn while serving, watts (0: unknown).
+    #[serde(default)]
+    pub power_watts: f64,
+    /// Accelerators inside the node working as one tensor-parallel group over their own
+    /// fabric (0 or 1: one); their exchanges cost `message_overhead` per peer each.
+    #[serde(default)]
+    pub devices: usize,
 }
 
 /// A measured link between two nodes (symmetric).
@@ -173,11 +231,36 @@ impl StrategyChoice {
     }
 }
 
+/// How a tensor-parallel group puts its partial results together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Combine {
+    /// Row-parallel projections and four all-gathers a layer: bit for bit one process's
+    /// output (what strata's cluster loads use).
+    #[default]
+    Gather,
+    /// Partial sums and two all-reduces a layer (as vLLM and MLX do): half the exchanges.
+    Reduce,
+}
+
+impl Combine {
+    /// Exchanges per layer of a tensor-parallel group.
+    pub fn exchanges_per_layer(self) -> usize {
+        match self {
+            Combine::Gather => 4,
+            Combine::Reduce => 2,
+        }
+    }
+}
+
 /// What is asked.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     /// Context positions to reserve KV cache for.
     pub context: usize,
+    /// How tensor-parallel groups combine their results (older requests: gather).
+    #[serde(default)]
+    pub combine: Combine,
     /// Force a strategy (default: the fastest predicted).
     pub strategy: Option<StrategyChoice>,
     /// Use exactly these nodes (default: the fewest that fit).
@@ -191,6 +274,9 @@ pub struct Placement {
     pub nodes: Vec<String>,
     /// The parallelism.
     pub strategy: StrategyChoice,
+    /// How its tensor-parallel groups combine results (older placements: gather).
+    #[serde(default)]
+    pub combine: Combine,
     /// Each rank's relative share of the work.
     pub weights: Vec<f64>,
     /// Predicted single-stream decode speed, tokens per second.
@@ -314,99 +400,190 @@ fn shares(m: &ModelFacts, nodes: &[&Node], context: usize) -> Option<Vec<f64>> {
     }
 }
 
-/// Seconds per token of one tensor-parallel group holding `bytes` of weights per token.
-fn tensor_time(
-    c: &Cluster<'_>,
-    m: &ModelFacts,
-    group: &[&Node],
-    shares: &[f64],
-    layers: f64,
-) -> f64 {
-    let sum: f64 = shares.iter().sum();
-    let compute = group
-        .iter()
-        .zip(shares)
-        .map(|(n, s)| s / sum * layers * m.read_per_token() / n.mem_bandwidth)
-        .fold(0.0, f64::max);
-    if group.len() == 1 {
-        return compute;
-    }
-    let k = group.len() as f64;
-    // Four all-gathers per layer; each rank sends its block to every other rank.
-    let bytes_per_layer = 4.0 * (m.q_width + m.n_ff + 2 * m.n_embd) as f64 * (k - 1.0) / k;
-    let mut worst = 0.0f64;
-    for (i, a) in group.iter().enumerate() {
-        for b in &group[i + 1..] {
-            let (lat, bw) = c.link(&a.id, &b.id);
-            worst = worst.max(4.0 * lat + bytes_per_layer / bw);
-        }
-    }
-    compute + worst * layers * m.n_layer as f64
+/// The work of one step: `streams` sequences (or a prefill chunk of that many tokens) whose
+/// attention reads `depth` cached positions each.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Load {
+    /// Tokens the step computes (sequences decoding together, or a prefill chunk's tokens).
+    pub streams: usize,
+    /// Cached positions each token's attention reads.
+    pub depth: usize,
 }
 
-/// Seconds per token of expert parallelism over `group`: each rank reads its share of the
-/// per-token bytes (the attention and dense parts split as under tensor parallelism, the
-/// experts by count, each chosen `n_used / n_expert` of the time), and every layer makes three
-/// exchanges (the attention heads', the model width's, and the all-gather of the chosen
-/// experts' outputs: `n_used` model-width rows per token, plus the shared expert's row).
-fn expert_time(c: &Cluster<'_>, m: &ModelFacts, group: &[&Node], shares: &[f64]) -> f64 {
-    let sum: f64 = shares.iter().sum();
-    let compute = group
-        .iter()
-        .zip(shares)
-        .map(|(n, s)| s / sum * m.read_per_token() / n.mem_bandwidth)
-        .fold(0.0, f64::max);
-    if group.len() == 1 {
-        return compute;
-    }
-    let k = group.len() as f64;
-    let rows = (m.n_used + 1) as f64;
-    let bytes_per_layer = 4.0 * (m.q_width as f64 + (1.0 + rows) * m.n_embd as f64) * (k - 1.0) / k;
-    let mut worst = 0.0f64;
-    for (i, a) in group.iter().enumerate() {
-        for b in &group[i + 1..] {
-            let (lat, bw) = c.link(&a.id, &b.id);
-            worst = worst.max(3.0 * lat + bytes_per_layer / bw);
-        }
-    }
-    compute + worst * m.n_layer as f64
+impl Load {
+    /// One stream at the start of its context: what single-stream decode predictions use.
+    pub const ONE: Load = Load {
+        streams: 1,
+        depth: 0,
+    };
 }
 
-/// Predicted seconds per decoded token of `strategy` over `nodes` (rank order) with `weights`.
+/// Prices steps of one placement: the model, the cluster, how tensor groups combine.
+struct Cost<'c, 'a> {
+    c: &'c Cluster<'a>,
+    m: &'c ModelFacts,
+    combine: Combine,
+}
+
+impl Cost<'_, '_> {
+    /// Weight bytes one step of `streams` tokens reads, whole model: the shared parts once,
+    /// and of a mixture's experts those any token picked (`1 - (1 - used/experts)^streams`
+    /// of them, routing taken as uniform).
+    fn step_bytes(&self, streams: usize) -> f64 {
+        let m = self.m;
+        let read = m.read_per_token();
+        if m.expert_bytes == 0 || m.n_expert == 0 {
+            return read;
+        }
+        let p = m.n_used as f64 / m.n_expert as f64;
+        let experts = m.expert_bytes as f64;
+        let fixed = (read - experts * p).max(0.0);
+        fixed + experts * (1.0 - (1.0 - p).powi(streams.min(1 << 20) as i32))
+    }
+
+    /// Seconds `node` takes for `frac` of the model's work on `load`: bound by its memory
+    /// bandwidth (weights and cache read) or its compute, whichever is slower.
+    fn compute(&self, node: &Node, frac: f64, layers: f64, load: Load) -> f64 {
+        let m = self.m;
+        // A node of several devices splits its work among them and combines, as a
+        // tensor-parallel group does, over a fabric whose latency its overhead covers.
+        let inside = if node.devices > 1 {
+            let per_layer = self.combine.exchanges_per_layer() as f64;
+            per_layer
+                * layers
+                * m.n_layer as f64
+                * (node.devices - 1) as f64
+                * node.message_overhead
+        } else {
+            0.0
+        };
+        let n = load.streams as f64;
+        let kv = m.kv_bytes_per_token as f64 * load.depth as f64 * n;
+        let mem = frac * (self.step_bytes(load.streams) + kv) / node.mem_bandwidth;
+        if node.flops <= 0.0 {
+            return mem + inside;
+        }
+        // Two FLOPs per weight a token uses, and attention's two products over the cache.
+        let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64;
+        let flops = frac * n * (2.0 * m.active_params() + attn);
+        mem.max(flops / node.flops) + inside
+    }
+
+    /// Seconds of one exchange among `group` carrying `bytes` from each rank: the slowest
+    /// link's latency and transfer, plus each node's per-peer overhead.
+    fn exchange(&self, group: &[&Node], bytes: f64) -> f64 {
+        let k = group.len();
+        let overhead = group.iter().map(|n| n.message_overhead).fold(0.0, f64::max);
+        let mut worst = 0.0f64;
+        for (i, a) in group.iter().enumerate() {
+            for b in &group[i + 1..] {
+                let (lat, bw) = self.c.link(&a.id, &b.id);
+                worst = worst.max(lat + bytes / bw);
+            }
+        }
+        worst + (k - 1) as f64 * overhead
+    }
+
+    /// Seconds of one tensor-parallel group doing `layers` (a fraction) of every layer.
+    fn tensor(&self, group: &[&Node], shares: &[f64], layers: f64, load: Load) -> f64 {
+        let m = self.m;
+        let sum: f64 = shares.iter().sum();
+        let compute = group
+            .iter()
+            .zip(shares)
+            .map(|(n, s)| self.compute(n, s / sum * layers, layers, load))
+            .fold(0.0, f64::max);
+        if group.len() == 1 {
+            return compute;
+        }
+        let k = group.len() as f64;
+        let n = load.streams as f64;
+        // Gather: each rank sends its block of every layer's four products to every other
+        // rank. Reduce: each all-reduce moves 2(k-1)/k of the model width (a ring).
+        let (exchanges, bytes) = match self.combine {
+            Combine::Gather => (
+                4.0,
+                4.0 * n * (m.q_width + m.n_ff + 2 * m.n_embd) as f64 / 4.0 * (k - 1.0) / k,
+            ),
+            Combine::Reduce => (2.0, 4.0 * n * m.n_embd as f64 * 2.0 * (k - 1.0) / k),
+        };
+        compute + exchanges * layers * m.n_layer as f64 * self.exchange(group, bytes)
+    }
+
+    /// Seconds of expert parallelism over `group`: each rank reads its share of the
+    /// per-token bytes (the attention and dense parts split as under tensor parallelism, the
+    /// experts by count), and every layer makes three exchanges (the attention heads', the
+    /// model width's, and the all-gather of the chosen experts' outputs: `n_used` model-width
+    /// rows per token, plus the shared expert's row).
+    fn expert(&self, group: &[&Node], shares: &[f64], load: Load) -> f64 {
+        let m = self.m;
+        let sum: f64 = shares.iter().sum();
+        let compute = group
+            .iter()
+            .zip(shares)
+            .map(|(n, s)| self.compute(n, s / sum, 1.0, load))
+            .fold(0.0, f64::max);
+        if group.len() == 1 {
+            return compute;
+        }
+        let k = group.len() as f64;
+        let rows = (m.n_used + 1) as f64;
+        let bytes = 4.0 * load.streams as f64 * (m.q_width as f64 + (1.0 + rows) * m.n_embd as f64)
+            / 3.0
+            * (k - 1.0)
+            / k;
+        compute + 3.0 * m.n_layer as f64 * self.exchange(group, bytes)
+    }
+
+    /// Predicted seconds of one step of `strategy` over `nodes` (rank order) with `weights`.
+    /// A pipeline keeps up to one micro-batch per stage in flight: its step is the longer of
+    /// one micro-batch's trip through every stage and the busiest stage's time for all of
+    /// them.
+    fn step(&self, nodes: &[&Node], strategy: StrategyChoice, weights: &[f64], load: Load) -> f64 {
+        let tp = match strategy {
+            StrategyChoice::Single => return self.compute(nodes[0], 1.0, 1.0, load),
+            StrategyChoice::Tensor => nodes.len(),
+            StrategyChoice::Pipeline => 1,
+            StrategyChoice::Hybrid { tp } => tp.max(1),
+            StrategyChoice::Expert => return self.expert(nodes, weights, load),
+        };
+        let n_stages = (nodes.len() / tp).max(1);
+        let in_flight = load.streams.clamp(1, n_stages);
+        let micro = Load {
+            streams: load.streams.div_ceil(in_flight),
+            depth: load.depth,
+        };
+        let total_w: f64 = weights.iter().sum();
+        let mut stages = Vec::with_capacity(n_stages);
+        for s in 0..n_stages {
+            let group = &nodes[s * tp..(s + 1) * tp];
+            let w = &weights[s * tp..(s + 1) * tp];
+            let frac = w.iter().sum::<f64>() / total_w;
+            stages.push(self.tensor(group, w, frac, micro));
+        }
+        let mut trip: f64 = stages.iter().sum();
+        // Hand-offs: hidden state to each next stage, candidates back to rank 0.
+        if n_stages > 1 {
+            let hidden = (4 * self.m.n_embd * micro.streams) as f64;
+            for s in 0..n_stages {
+                let a = nodes[s * tp];
+                let b = nodes[((s + 1) % n_stages) * tp];
+                trip += self.exchange(&[a, b], hidden);
+            }
+        }
+        let busiest = stages.iter().copied().fold(0.0, f64::max);
+        trip.max(in_flight as f64 * busiest)
+    }
+}
+
+/// Predicted seconds per token of one stream (the planner's ranking figure).
 fn seconds_per_token(
-    c: &Cluster<'_>,
-    m: &ModelFacts,
+    cost: &Cost<'_, '_>,
     nodes: &[&Node],
     strategy: StrategyChoice,
     weights: &[f64],
 ) -> f64 {
-    let tp = match strategy {
-        StrategyChoice::Single => return m.read_per_token() / nodes[0].mem_bandwidth,
-        StrategyChoice::Tensor => nodes.len(),
-        StrategyChoice::Pipeline => 1,
-        StrategyChoice::Hybrid { tp } => tp,
-        StrategyChoice::Expert => return expert_time(c, m, nodes, weights),
-    };
-    let stages: Vec<usize> = (0..nodes.len() / tp).collect();
-    let total_w: f64 = weights.iter().sum();
-    let mut t = 0.0;
-    for &s in &stages {
-        let group = &nodes[s * tp..(s + 1) * tp];
-        let w = &weights[s * tp..(s + 1) * tp];
-        let frac = w.iter().sum::<f64>() / total_w;
-        t += tensor_time(c, m, group, w, frac);
-    }
-    // Hand-offs: hidden state to each next stage, candidates back to rank 0.
-    if stages.len() > 1 {
-        let hidden = (4 * m.n_embd) as f64;
-        for s in 0..stages.len() {
-            let a = &nodes[s * tp].id;
-            let b = &nodes[((s + 1) % stages.len()) * tp].id;
-            let (lat, bw) = c.link(a, b);
-            t += lat + hidden / bw;
-        }
-    }
-    t
+    cost.step(nodes, strategy, weights, Load::ONE)
 }
 
 /// Predicted decode tokens per second of a placement on a cluster.
@@ -416,6 +593,18 @@ pub fn predict_decode(
     links: &[Link],
     placement: &Placement,
 ) -> Option<f64> {
+    predict_step(model, nodes, links, placement, Load::ONE).map(|t| 1.0 / t)
+}
+
+/// Predicted seconds of one step of `load` on a placement (`None` if the placement names a
+/// node the cluster lacks).
+pub fn predict_step(
+    model: &ModelFacts,
+    nodes: &[Node],
+    links: &[Link],
+    placement: &Placement,
+    load: Load,
+) -> Option<f64> {
     let c = Cluster::new(nodes, links);
     let order: Option<Vec<&Node>> = placement
         .nodes
@@ -423,7 +612,12 @@ pub fn predict_decode(
         .map(|id| c.nodes.get(id.as_str()).copied())
         .collect();
     let order = order?;
-    Some(1.0 / seconds_per_token(&c, model, &order, placement.strategy, &placement.weights))
+    let cost = Cost {
+        c: &c,
+        m: model,
+        combine: placement.combine,
+    };
+    Some(cost.step(&order, placement.strategy, &placement.weights, load))
 }
 
 /// Groups of nodes joined by links fast enough for tensor parallelism to pay: connected
@@ -523,6 +717,11 @@ pub fn place(
         return Err(PlacementError::NoNodes);
     }
     let c = Cluster::new(nodes, links);
+    let cost = Cost {
+        c: &c,
+        m: model,
+        combine: req.combine,
+    };
     // Sorted by id: the input order never matters.
     let all: Vec<&Node> = c.nodes.values().copied().collect();
     let pool: Vec<&Node> = match &req.nodes {
@@ -598,7 +797,7 @@ pub fn place(
                 let Some(weights) = shares(model, &order, req.context) else {
                     continue;
                 };
-                let t = seconds_per_token(&c, model, &order, strategy, &weights);
+                let t = seconds_per_token(&cost, &order, strategy, &weights);
                 let tok_s = 1.0 / t;
                 let better = best
                     .as_ref()
@@ -607,6 +806,7 @@ pub fn place(
                     best = Some(Placement {
                         nodes: order.iter().map(|n| n.id.clone()).collect(),
                         strategy,
+                        combine: req.combine,
                         weights,
                         predicted_decode_tok_s: tok_s,
                         considered: Vec::new(),
@@ -638,7 +838,7 @@ pub fn place(
     for (s, order) in candidates(&c, model, &chosen_sorted) {
         if let Some(w) = shares(model, &order, req.context) {
             p.considered
-                .push((s, 1.0 / seconds_per_token(&c, model, &order, s, &w)));
+                .push((s, 1.0 / seconds_per_token(&cost, &order, s, &w)));
         }
     }
     p.explanation = explain(model, &p, &chosen, req);

@@ -25,6 +25,7 @@ fn model() -> ModelFacts {
         n_ff: 8192,
         default_context: 4096,
         q_width: 2048,
+        ..ModelFacts::default()
     }
 }
 
@@ -33,6 +34,7 @@ fn node(id: &str, mem_gb: f64, bw_gbs: f64) -> Node {
         id: id.into(),
         memory_available: (mem_gb * GB as f64) as u64,
         mem_bandwidth: bw_gbs * 1e9,
+        ..Node::default()
     }
 }
 
@@ -295,6 +297,7 @@ fn moe_model() -> ModelFacts {
         n_ff: 6144,
         default_context: 4096,
         q_width: 4096,
+        ..ModelFacts::default()
     }
 }
 

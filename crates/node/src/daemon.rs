@@ -156,6 +156,8 @@ pub fn topology(s: &Snapshot) -> Topology {
             id: st.profile.id.clone(),
             memory_available: st.profile.memory_available,
             mem_bandwidth: st.profile.mem_bandwidth,
+            flops: st.profile.matmul_gflops * 1e9,
+            ..placement::Node::default()
         })
         .collect();
     let mut pairs: BTreeMap<(String, String), placement::Link> = BTreeMap::new();
