@@ -238,7 +238,7 @@ impl Card {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return bad(format!("{name} is 0"));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads cannot share {} key/value heads evenly",
                 self.heads, self.kv_heads

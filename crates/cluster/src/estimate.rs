@@ -7,7 +7,8 @@
 //! parts, and of a mixture the experts any of the step's tokens picked, routing taken as
 //! uniform) plus each stream's cache, at the node's bandwidth; prefill is the same step over a
 //! chunk of the prompt, so it is compute-bound wherever the node's compute is known; a
-//! pipeline keeps one micro-batch per stage in flight; KV room is what the nodes' memory holds
+//! pipeline keeps one micro-batch of streams per stage in flight, and a prompt's chunks go
+//! through it one after another; KV room is what the nodes' memory holds
 //! beyond the weights and a fixed overhead per node.
 
 use serde::{Deserialize, Serialize};
@@ -90,7 +91,12 @@ pub fn estimate(
     let one = 1.0 / step(Load::ONE)?;
     let streams = work.streams.clamp(1, fit.clamp(1, 1 << 20) as usize);
     let depth = work.prompt.min(work.context);
-    let many = streams as f64 / step(Load { streams, depth })?;
+    let many = streams as f64
+        / step(Load {
+            streams,
+            depth,
+            sequences: streams,
+        })?;
     // Prefill: chunks of the prompt, each attending on average to half the prompt.
     let known = used.iter().all(|n| n.flops > 0.0);
     let (prefill, ttft) = if known && work.prompt > 0 {
@@ -98,6 +104,7 @@ pub fn estimate(
         let t = step(Load {
             streams: chunk,
             depth: work.prompt / 2,
+            sequences: 1,
         })?;
         let rate = chunk as f64 / t;
         (Some(rate), Some(work.prompt as f64 / rate + 1.0 / one))

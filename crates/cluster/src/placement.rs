@@ -298,7 +298,8 @@ pub enum PlacementError {
     UnknownNode(String),
     /// Not enough memory, even on every node together.
     #[error(
-        "{model} needs {needed} bytes (weights, KV cache for the context, per-node overhead) but the nodes offer {available}: {missing} bytes missing"
+        "{model} needs {} (weights, KV cache for the context, per-node overhead), the nodes offer {}: {} missing",
+        gb(*needed), gb(*available), gb(*missing)
     )]
     DoesNotFit {
         /// The model.
@@ -313,6 +314,11 @@ pub enum PlacementError {
     /// The forced strategy cannot run on these nodes.
     #[error("{0}")]
     Infeasible(String),
+}
+
+/// Bytes in decimal gigabytes, as memory is sold.
+fn gb(bytes: u64) -> String {
+    format!("{:.1} GB", bytes as f64 / 1e9)
 }
 
 struct Cluster<'a> {
@@ -400,14 +406,18 @@ fn shares(m: &ModelFacts, nodes: &[&Node], context: usize) -> Option<Vec<f64>> {
     }
 }
 
-/// The work of one step: `streams` sequences (or a prefill chunk of that many tokens) whose
-/// attention reads `depth` cached positions each.
+/// The work of one step: `streams` tokens (sequences decoding together, or a prefill chunk)
+/// whose attention reads `depth` cached positions each, from `sequences` independent
+/// sequences.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Load {
     /// Tokens the step computes (sequences decoding together, or a prefill chunk's tokens).
     pub streams: usize,
     /// Cached positions each token's attention reads.
     pub depth: usize,
+    /// Independent sequences among the tokens: a pipeline overlaps different sequences'
+    /// steps, never one sequence's (its next chunk waits for this one).
+    pub sequences: usize,
 }
 
 impl Load {
@@ -415,6 +425,7 @@ impl Load {
     pub const ONE: Load = Load {
         streams: 1,
         depth: 0,
+        sequences: 1,
     };
 }
 
@@ -536,7 +547,7 @@ impl Cost<'_, '_> {
     }
 
     /// Predicted seconds of one step of `strategy` over `nodes` (rank order) with `weights`.
-    /// A pipeline keeps up to one micro-batch per stage in flight: its step is the longer of
+    /// A pipeline keeps up to one micro-batch of sequences per stage in flight: its step is the longer of
     /// one micro-batch's trip through every stage and the busiest stage's time for all of
     /// them.
     fn step(&self, nodes: &[&Node], strategy: StrategyChoice, weights: &[f64], load: Load) -> f64 {
@@ -548,10 +559,11 @@ impl Cost<'_, '_> {
             StrategyChoice::Expert => return self.expert(nodes, weights, load),
         };
         let n_stages = (nodes.len() / tp).max(1);
-        let in_flight = load.streams.clamp(1, n_stages);
+        let in_flight = load.sequences.min(load.streams).clamp(1, n_stages);
         let micro = Load {
             streams: load.streams.div_ceil(in_flight),
             depth: load.depth,
+            sequences: load.sequences.div_ceil(in_flight),
         };
         let total_w: f64 = weights.iter().sum();
         let mut stages = Vec::with_capacity(n_stages);
@@ -863,7 +875,9 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
             m.n_expert
         ));
     }
-    if nodes.len() == 1 {
+    if req.nodes.is_some() {
+        s.push_str(&format!("the nodes asked for are {}", p.nodes.join(", ")));
+    } else if nodes.len() == 1 {
         s.push_str(&format!("it fits on {} alone", nodes[0].id));
     } else {
         s.push_str(&format!(

@@ -99,16 +99,45 @@ impl GgufFile {
         // mmap-based loader); the model store only ever installs files by atomic rename, so it
         // never rewrites a file in place.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_backing(path.to_path_buf(), Backing::Mmap(map))
+        Self::from_backing(path.to_path_buf(), Backing::Mmap(map), true)
+    }
+
+    /// Reads only the header of the file at `path` (metadata and tensor shapes), which may
+    /// be cut off anywhere after it: enough to plan with, never to run. Tensor data reads as
+    /// empty.
+    pub fn open_header(path: &Path) -> Result<GgufFile> {
+        use std::io::Read;
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        // Headers are a few MB (the vocabulary); read more while the parse runs short.
+        let mut buf = Vec::new();
+        let mut want = 8u64 << 20;
+        loop {
+            let have = buf.len() as u64;
+            (&mut file)
+                .take(want - have)
+                .read_to_end(&mut buf)
+                .map_err(io)?;
+            let ended = (buf.len() as u64) < want;
+            match parse::parse_header(&buf, false) {
+                Err(Error::Truncated { .. }) if !ended => want = want.saturating_mul(4),
+                Err(e) => return Err(e),
+                Ok(_) => break,
+            }
+        }
+        Self::from_backing(path.to_path_buf(), Backing::Owned(buf), false)
     }
 
     /// Validates an in-memory GGUF image.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
-        Self::from_backing(PathBuf::from("<memory>"), Backing::Owned(bytes))
+        Self::from_backing(PathBuf::from("<memory>"), Backing::Owned(bytes), true)
     }
 
-    fn from_backing(path: PathBuf, backing: Backing) -> Result<GgufFile> {
-        let header = parse::parse_header(backing.bytes())?;
+    fn from_backing(path: PathBuf, backing: Backing, whole: bool) -> Result<GgufFile> {
+        let header = parse::parse_header(backing.bytes(), whole)?;
         Ok(GgufFile {
             inner: Arc::new(Inner {
                 path,

@@ -184,7 +184,10 @@ fn read_value(c: &mut Cursor<'_>, key: &str) -> Result<Value> {
 }
 
 /// Parses and validates the header of a GGUF image held in `buf`.
-pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
+/// Parses the header of `buf`. With `whole`, every tensor's data must lie inside `buf`;
+/// without it `buf` may end anywhere after the header (a file cut after its header, read to
+/// plan with, never to run).
+pub(crate) fn parse_header(buf: &[u8], whole: bool) -> Result<Header> {
     let mut c = Cursor { buf, pos: 0 };
     let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
     if magic != MAGIC {
@@ -247,7 +250,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     }
 
     let data_offset = (c.pos as u64).next_multiple_of(alignment);
-    let file_len = buf.len() as u64;
+    let file_len = if whole { buf.len() as u64 } else { u64::MAX };
     // A file without tensors (e.g. a vocabulary-only GGUF) may end without the padding.
     if data_offset > file_len && !raw.is_empty() {
         return Err(Error::Truncated {

@@ -174,3 +174,28 @@ mod mutation {
         }
     }
 }
+
+/// A file cut after its header plans (shapes and metadata read) but holds no data; cut
+/// inside the header, it is still an error.
+#[test]
+fn a_header_without_its_tensors_opens_for_planning_only() {
+    let b = small_file();
+    let whole = GgufFile::from_bytes(b.clone()).unwrap();
+    let dir = std::env::temp_dir().join(format!("strata-gguf-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cut.gguf");
+    let data = whole.data_offset() as usize;
+    std::fs::write(&path, &b[..data]).unwrap();
+    assert!(
+        GgufFile::open(&path).is_err(),
+        "a cut file must not open to run"
+    );
+    let f = GgufFile::open_header(&path).unwrap();
+    assert_eq!(f.metadata().get_u32("llama.block_count").unwrap(), 2);
+    let q = f.require_tensor("q").unwrap();
+    assert_eq!(q.n_bytes, 68);
+    assert!(f.tensor_data(q).is_empty());
+    std::fs::write(&path, &b[..data / 2]).unwrap();
+    assert!(GgufFile::open_header(&path).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -104,6 +104,8 @@ pub fn plan(
             context: req.context.unwrap_or(facts.default_context),
             strategy: req.strategy,
             nodes,
+            // Cluster loads combine by all-gathers: bit for bit one process's output.
+            combine: placement::Combine::Gather,
         },
     )
     .map_err(|e| Error::Instance(e.to_string()))?;

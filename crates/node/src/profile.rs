@@ -78,7 +78,7 @@ pub fn measure_speed(threads: usize) -> Speed {
 }
 
 /// Q8_0 weights times 32 activation rows: the prefill-shaped work, bound by compute.
-fn matmul_gflops(pool: &ThreadPool) -> f64 {
+pub fn matmul_gflops(pool: &ThreadPool) -> f64 {
     const ROWS: usize = 1024;
     const COLS: usize = 1024;
     const N: usize = 32;

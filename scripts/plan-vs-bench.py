@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The planner against strata's own measurements on this machine.
+
+Runs (or reads) `strata bench scaling --json` and asks `strata plan --json` to predict every
+configuration it measured: one process on 1 and 2 threads, two single-threaded ranks with
+each strategy over shared memory and TCP, and the emulated-latency sweep. Prints one Markdown
+table with the error of each prediction.
+
+    S=~/.cache/strata-ci-target/release/strata
+    python3 scripts/plan-vs-bench.py --strata $S [--bench scaling.json] [--model ID]
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+def plan(strata, model, *args):
+    out = subprocess.run(
+        [strata, "plan", "-m", model, "--json", "--prompt", "128", *args],
+        check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--bench", help="a saved `strata bench scaling --json` (default: run it)")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--bound", type=float, default=0.15)
+    a = ap.parse_args()
+    if a.bench:
+        bench = json.load(open(a.bench))
+    else:
+        out = subprocess.run([a.strata, "bench", "scaling", "-m", a.model, "-r", "3", "--json"],
+                             check=True, capture_output=True, text=True)
+        bench = json.loads(out.stdout)
+    shm = plan(a.strata, a.model, "--nodes", "2x", "this-machine", "--threads", "1",
+               "--link", "loopback-shm")["cluster"]["links"][0]
+    rows = []
+    for r in bench["rows"]:
+        if r["plaintext"]:
+            continue
+        if r["ranks"] == 1:
+            args = ["--nodes", "this-machine", "--threads", str(r["threads_per_rank"])]
+        else:
+            strategy = "pipeline" if r["strategy"] == "pipeline" else r["strategy"].split("-")[0]
+            combine = "reduce" if r["strategy"] == "tensor-reduce" else "gather"
+            if r["latency_us"] == 0:
+                link = "loopback-" + r["transport"]
+            else:
+                # The emulator adds its latency to shared memory's own.
+                link = "%.2fus,%.3f" % (r["latency_us"] + shm["latency"] * 1e6,
+                                        shm["bandwidth"] * 8 / 1e9)
+            args = ["--nodes", "2x", "this-machine", "--threads", "1", "--link", link,
+                    "--strategy", strategy, "--combine", combine]
+        p = plan(a.strata, a.model, *args)
+        rows.append((r["config"], r["decode_tok_s"], p["decode_tok_s"],
+                     r["prefill_tok_s"], p["estimate"]["prefill_tok_s"]))
+    print("| configuration | decode measured | predicted | error | prefill measured | predicted | error |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    misses = []
+    for name, dm, dp, pm, pp in rows:
+        de, pe = dp / dm - 1, (pp / pm - 1) if pp else float("nan")
+        print(f"| {name} | {dm:.1f} | {dp:.1f} | {de*100:+.0f} % | {pm:.1f} | "
+              f"{pp or 0:.1f} | {pe*100:+.0f} % |")
+        if abs(de) > a.bound:
+            misses.append(f"{name}: decode {de*100:+.0f} %")
+    errs = [abs(dp / dm - 1) for _, dm, dp, _, _ in rows]
+    print(f"\ndecode: median error {statistics.median(errs)*100:.0f} %, "
+          f"{sum(e <= a.bound for e in errs)} of {len(errs)} within {a.bound*100:.0f} %")
+    for m in misses:
+        print("outside the bound:", m)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
