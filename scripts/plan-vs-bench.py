@@ -11,9 +11,12 @@ table with the error of each prediction.
 """
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 
 def plan(strata, model, *args):
@@ -33,31 +36,43 @@ def main():
     if a.bench:
         bench = json.load(open(a.bench))
     else:
-        out = subprocess.run([a.strata, "bench", "scaling", "-m", a.model, "-r", "3", "--json"],
+        out = subprocess.run([a.strata, "bench", "scaling", "-m", a.model, "-r", "5", "--json"],
                              check=True, capture_output=True, text=True)
         bench = json.loads(out.stdout)
-    shm = plan(a.strata, a.model, "--nodes", "2x", "this-machine", "--threads", "1",
-               "--link", "loopback-shm")["cluster"]["links"][0]
+    # This machine is measured once, so every prediction rests on the same figures: a node of
+    # one thread and one of two, and the loopback links over shared memory and TCP.
+    one = plan(a.strata, a.model, "--nodes", "2x", "this-machine", "--threads", "1",
+               "--link", "loopback-shm")["cluster"]
+    tcp = plan(a.strata, a.model, "--nodes", "2x", "this-machine", "--threads", "1",
+               "--link", "loopback-tcp")["cluster"]["links"][0]
+    two = plan(a.strata, a.model, "--nodes", "this-machine", "--threads", "2")["cluster"]
+    shm = one["links"][0]
+    tmp = tempfile.mkdtemp()
+
+    def cluster_file(nodes, links):
+        path = os.path.join(tmp, "cluster-%d.json" % len(os.listdir(tmp)))
+        json.dump({"nodes": nodes, "links": links}, open(path, "w"))
+        return path
+
     rows = []
     for r in bench["rows"]:
         if r["plaintext"]:
             continue
         if r["ranks"] == 1:
-            args = ["--nodes", "this-machine", "--threads", str(r["threads_per_rank"])]
+            src = one if r["threads_per_rank"] == 1 else two
+            args = ["--cluster", cluster_file(src["nodes"][:1], [])]
         else:
             strategy = "pipeline" if r["strategy"] == "pipeline" else r["strategy"].split("-")[0]
             combine = "reduce" if r["strategy"] == "tensor-reduce" else "gather"
-            if r["latency_us"] == 0:
-                link = "loopback-" + r["transport"]
-            else:
-                # The emulator adds its latency to shared memory's own.
-                link = "%.2fus,%.3f" % (r["latency_us"] + shm["latency"] * 1e6,
-                                        shm["bandwidth"] * 8 / 1e9)
-            args = ["--nodes", "2x", "this-machine", "--threads", "1", "--link", link,
+            link = dict(shm if r["transport"] == "shm" else tcp)
+            # The emulator adds its latency to the transport's own.
+            link["latency"] += r["latency_us"] * 1e-6
+            args = ["--cluster", cluster_file(one["nodes"], [link]),
                     "--strategy", strategy, "--combine", combine]
         p = plan(a.strata, a.model, *args)
         rows.append((r["config"], r["decode_tok_s"], p["decode_tok_s"],
                      r["prefill_tok_s"], p["estimate"]["prefill_tok_s"]))
+    shutil.rmtree(tmp)
     print("| configuration | decode measured | predicted | error | prefill measured | predicted | error |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     misses = []

@@ -133,3 +133,122 @@ pub fn estimate(
         kwh_per_million_tokens: joules.map(|j| j * 1e6 / 3.6e6),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::placement::{Request, StrategyChoice, place};
+
+    fn node(id: &str) -> Node {
+        Node {
+            id: id.into(),
+            memory_available: 100_000_000_000,
+            mem_bandwidth: 100e9,
+            flops: 10e12,
+            power_watts: 100.0,
+            ..Node::default()
+        }
+    }
+
+    fn dense() -> ModelFacts {
+        ModelFacts {
+            name: "dense".into(),
+            weight_bytes: 10_000_000_000,
+            token_bytes: 10_000_000_000,
+            params: 10_000_000_000,
+            token_params: 10_000_000_000,
+            kv_bytes_per_token: 100_000,
+            n_layer: 32,
+            n_head: 32,
+            n_embd: 4096,
+            n_ff: 14336,
+            q_width: 4096,
+            default_context: 4096,
+            ..ModelFacts::default()
+        }
+    }
+
+    fn plan(m: &ModelFacts, nodes: &[Node], strategy: StrategyChoice) -> Placement {
+        let links = crate::hardware::full_mesh(nodes, 5e-6, 10e9);
+        let req = Request {
+            context: 4096,
+            strategy: Some(strategy),
+            nodes: Some(nodes.iter().map(|n| n.id.clone()).collect()),
+            ..Request::default()
+        };
+        place(m, nodes, &links, &req).unwrap()
+    }
+
+    fn run(m: &ModelFacts, nodes: &[Node], p: &Placement, streams: usize) -> Estimate {
+        let links = crate::hardware::full_mesh(nodes, 5e-6, 10e9);
+        let work = Workload {
+            context: 4096,
+            prompt: 1024,
+            streams,
+        };
+        estimate(m, nodes, &links, p, &work).unwrap()
+    }
+
+    /// One node: 10 GB at 100 GB/s is 10 tok/s alone; 8 streams share the weight reads, so
+    /// the step barely slows and the aggregate is near 8x; prefill is compute-bound; KV room
+    /// and energy follow from memory and power.
+    #[test]
+    fn batching_shares_the_weight_reads_and_prefill_is_bound_by_compute() {
+        let m = dense();
+        let nodes = [node("a")];
+        let p = plan(&m, &nodes, StrategyChoice::Single);
+        let e = run(&m, &nodes, &p, 8);
+        assert!((e.decode_tok_s - 10.0).abs() < 0.01, "{}", e.decode_tok_s);
+        assert!(e.decode_aggregate_tok_s > 7.0 * e.decode_tok_s);
+        // 20 GFLOP a token at 10 TFLOP/s: at most 500 tok/s of prefill.
+        let pp = e.prefill_tok_s.unwrap();
+        assert!(pp < 500.0 && pp > 300.0, "{pp}");
+        let room = 100_000_000_000 - 10_000_000_000 - NODE_OVERHEAD;
+        assert_eq!(e.kv_room_bytes, room);
+        assert_eq!(e.contexts_that_fit, room / (100_000 * 4096));
+        let j = e.joules_per_token.unwrap();
+        assert!((j - 100.0 / e.decode_aggregate_tok_s).abs() < 1e-9);
+    }
+
+    /// A mixture's step reads more experts as streams grow, but never more than all of them.
+    #[test]
+    fn a_mixture_reads_more_experts_per_step_as_streams_grow() {
+        let m = ModelFacts {
+            moe: true,
+            n_expert: 64,
+            n_used: 4,
+            expert_bytes: 9_000_000_000,
+            token_bytes: 1_562_500_000,
+            token_params: 1_562_500_000,
+            ..dense()
+        };
+        let nodes = [node("a")];
+        let p = plan(&m, &nodes, StrategyChoice::Single);
+        let one = run(&m, &nodes, &p, 1);
+        let many = run(&m, &nodes, &p, 64);
+        // 64 streams touch nearly every expert: the step reads close to all 10 GB (0.1 s),
+        // plus each stream's 1024 cached positions (6.6 GB, 0.066 s).
+        let step = 64.0 / many.decode_aggregate_tok_s;
+        assert!(step > 0.155 && step < 0.17, "{step}");
+        assert!(many.decode_aggregate_tok_s < 64.0 * one.decode_tok_s);
+    }
+
+    /// A pipeline overlaps different sequences, never one prompt's chunks.
+    #[test]
+    fn a_pipeline_overlaps_streams_but_not_one_prompt() {
+        let m = dense();
+        let nodes = [node("a"), node("b")];
+        let p = plan(&m, &nodes, StrategyChoice::Pipeline);
+        let single = plan(&m, &nodes[..1], StrategyChoice::Single);
+        let e = run(&m, &nodes, &p, 2);
+        let alone = run(&m, &nodes[..1], &single, 2);
+        // One stream goes through both stages in turn: no faster than one node.
+        assert!(e.decode_tok_s <= alone.decode_tok_s * 1.001);
+        // Two streams keep both stages busy: about twice one stream.
+        assert!(e.decode_aggregate_tok_s > 1.8 * e.decode_tok_s);
+        // One prompt's chunks take the stages one after another.
+        let (pp, pp1) = (e.prefill_tok_s.unwrap(), alone.prefill_tok_s.unwrap());
+        assert!(pp <= pp1 * 1.001 && pp > pp1 * 0.9, "{pp} vs {pp1}");
+    }
+}

@@ -879,6 +879,12 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
         s.push_str(&format!("the nodes asked for are {}", p.nodes.join(", ")));
     } else if nodes.len() == 1 {
         s.push_str(&format!("it fits on {} alone", nodes[0].id));
+    } else if let Some(forced) = req.strategy {
+        s.push_str(&format!(
+            "--strategy {} splits it over {}",
+            forced.name(),
+            p.nodes.join(", ")
+        ));
     } else {
         s.push_str(&format!(
             "the fewest nodes that hold it are {}",
