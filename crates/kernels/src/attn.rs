@@ -167,7 +167,7 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
 
 /// Accumulates `sum_p w[p] * v_p` for value rows `v(p)` of width `out.len()` into `out`, in the
 /// lane order of `order`. `acc` is scratch of at least `64 * out.len()` floats.
-#[inline(always)]
+#[cfg(test)]
 fn weighted_sum_impl<'a>(
     order: DotOrder,
     w: &[f32],
@@ -190,7 +190,7 @@ fn weighted_sum_impl<'a>(
 }
 
 /// `acc[dst] = acc[a] + acc[b]`, element-wise over rows of `hd`.
-#[inline(always)]
+#[cfg(test)]
 fn add_rows(acc: &mut [f32], hd: usize, dst: usize, a: usize, b: usize) {
     for d in 0..hd {
         acc[dst * hd + d] = acc[a * hd + d] + acc[b * hd + d];
@@ -200,6 +200,7 @@ fn add_rows(acc: &mut [f32], hd: usize, dst: usize, a: usize, b: usize) {
 /// Reduces the accumulator slots of a weighted sum (row `s` of `acc` is slot `s`) into `out`,
 /// in the lane order of `order`, working in place on `acc`. Equivalent, element by element, to
 /// [`reduce16`] (batch) or [`reduce4x16`] (single) over the slots.
+#[cfg(test)]
 fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
     let hd = out.len();
     // Lanes of one vector register in the build's width: 16 (AVX-512) or 8 (AVX2).
@@ -260,52 +261,6 @@ pub fn dot_f16_order(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     dot_impl(order, q, k)
 }
 
-/// Scores of `q` against keys stored back to back (`keys[p * q.len()..]` for output `p`),
-/// each `dot_f16_order(order, q, key) * scale`.
-pub fn scores(order: DotOrder, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 {
-        let width = order.slots();
-        if order == DotOrder::Single8 && q.len().is_multiple_of(32) {
-            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-            return unsafe {
-                crate::x86_ops::scores_each(crate::x86_ops::dot_single8, q, keys, scale, out)
-            };
-        }
-        if order == DotOrder::Batch8 && q.len().is_multiple_of(8) {
-            // SAFETY: as above.
-            return unsafe { crate::x86_ops::scores_batch8(q, keys, scale, out) };
-        }
-        let simd = matches!(order, DotOrder::Single | DotOrder::Batch);
-        if simd && q.len().is_multiple_of(width) {
-            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-            return unsafe {
-                crate::x86_ops::scores(order == DotOrder::Single, q, keys, scale, out)
-            };
-        }
-    }
-    let hd = q.len();
-    for (p, o) in out.iter_mut().enumerate() {
-        *o = dot_f16_order(order, q, &keys[p * hd..(p + 1) * hd]) * scale;
-    }
-}
-
-/// [`weighted_sum_order`] over value rows stored back to back (`values[p * out.len()..]`).
-pub fn weighted_sum(order: DotOrder, w: &[f32], values: &[f32], acc: &mut [f32], out: &mut [f32]) {
-    let hd = out.len();
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 && order == DotOrder::Batch {
-        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-        return unsafe { crate::x86_ops::weighted_sum_batch(w, values, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 && order == DotOrder::Batch8 {
-        // SAFETY: as above.
-        return unsafe { crate::x86_ops::weighted_sum_batch8(w, values, out) };
-    }
-    weighted_sum_order(order, w, |p| &values[p * hd..(p + 1) * hd], acc, out)
-}
-
 /// The most query heads [`scores_grouped`] and [`weighted_sum_grouped`] take at once (their
 /// accumulators must fit in the sixteen AVX2 registers).
 pub const MAX_GROUP: usize = 4;
@@ -337,7 +292,7 @@ fn grouped_simd(order: DotOrder, hd: usize) -> Option<DotOrder> {
 /// Scores of the query heads in `q` (rows of `hd`, at most [`MAX_GROUP`]) that share the keys
 /// `keys` (positions `0..len`, rows of `hd`): `out[h * stride + p]` is
 /// `dot_f16_order(order, q_h, k_p) * scale`, bit for bit. Reading each key once for the whole
-/// group is what makes it faster than [`scores`] per head.
+/// group is what makes it faster than scoring head by head.
 ///
 /// # Panics
 /// If the sizes do not fit (`q` whole rows of at most [`MAX_GROUP`] heads, `keys` at least
@@ -394,8 +349,8 @@ pub fn scores_grouped(
 /// Weighted sums in `order` of the heads whose probabilities are the rows of `w` (row `h` at
 /// `w[h * ws..]`, at most [`MAX_GROUP`] rows, `padded_len(order, len)` long and zero past the
 /// head's real length) over transposed values (`vt`: row `d` at `vt[d * vs..]` holds column `d`
-/// of every position, finite past `len`): `out[h * hd..][..hd]` equals [`weighted_sum`] of that
-/// head over the same values laid out by position, bit for bit.
+/// of every position, finite past `len`): `out[h * hd..][..hd]` is `sum_p w[p] * v_p` of that
+/// head summed in `order`'s lanes (as ggml sums `V·p` one value row at a time), bit for bit.
 ///
 /// # Panics
 /// If the sizes do not fit (`lenp` a multiple of `order`'s step, `out` whole rows of at most
@@ -465,33 +420,10 @@ pub fn dot_f16_order_ref(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
     dot_impl(order, q, k)
 }
 
-/// `out = sum_p w[p] * v(p)`, summed in `order`; `acc` is scratch of `64 * out.len()` floats.
-pub fn weighted_sum_order<'a>(
-    order: DotOrder,
-    w: &[f32],
-    v: impl Fn(usize) -> &'a [f32],
-    acc: &mut [f32],
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa().avx2 {
-        let hd = out.len();
-        let slots = order.slots();
-        let acc = &mut acc[..slots * hd];
-        acc.fill(0.0);
-        for (p, &wp) in w.iter().enumerate() {
-            let slot = p % slots;
-            // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
-            unsafe { crate::x86_ops::axpy(wp, v(p), &mut acc[slot * hd..(slot + 1) * hd]) };
-        }
-        reduce_slots(order, acc, out);
-        return;
-    }
-    weighted_sum_impl(order, w, v, acc, out)
-}
-
-/// The scalar definition of [`weighted_sum_order`].
-pub fn weighted_sum_order_ref<'a>(
+/// `out = sum_p w[p] * v(p)` in `order`, one value row at a time: the definition the grouped
+/// kernel is checked against (`acc` is scratch of `64 * out.len()` floats).
+#[cfg(test)]
+pub(crate) fn weighted_sum_order_ref<'a>(
     order: DotOrder,
     w: &[f32],
     v: impl Fn(usize) -> &'a [f32],
@@ -524,7 +456,7 @@ mod tests {
             DotOrder::Batch,
             DotOrder::Batch8,
         ] {
-            weighted_sum_order(order, &w, |p| &vals[p], &mut acc, &mut out);
+            weighted_sum_order_ref(order, &w, |p| &vals[p], &mut acc, &mut out);
             let e0: f32 = (0..100).map(|p| w[p] * p as f32).sum();
             let e1: f32 = w.iter().sum();
             assert_eq!(out, [e0, e1]);

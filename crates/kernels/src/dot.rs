@@ -21,7 +21,7 @@ pub(crate) fn hsum8(a: &[f32; 8]) -> f32 {
 
 /// Dot product of `n` elements: weight row `w` in format `ty`, activation row `a` in
 /// [`crate::formats::act_type`]`(ty)`.
-pub fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_scalar(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     match ty {
         GgmlType::F32 => dot_f32(w, a, n),
         GgmlType::F16 => dot_half(false, w, a, n),
@@ -184,7 +184,7 @@ fn dot_half(bf: bool, w: &[u8], a: &[u8], n: usize) -> f32 {
 /// batches of two or more tokens when the weights were not repacked: one 8-lane accumulator per
 /// output. For the 32-element formats that is [`dot_lanes`]; for BF16 and F16 (only used when
 /// the row length is a multiple of 8) eight elements a step.
-pub fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let bf = match ty {
         GgmlType::BF16 => true,
         GgmlType::F16 => false,
@@ -212,7 +212,7 @@ pub fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 /// The order of llama.cpp's repacked 8-row kernels for Q4_0, IQ4_NL and MXFP4 (`gemv`/`gemm_*_8x8_q8_0`,
 /// which an AVX2 build runs for every batch size when the row count is a multiple of 8): each
 /// block's whole integer sum, times `d_w * d_a`, fused into one accumulator, block after block.
-pub fn dot_repacked(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_repacked(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let wb = ty.block_bytes();
     let mut acc = 0.0f32;
     let mut codes = [0i8; QK];

@@ -31,12 +31,12 @@ use crate::formats::rd_f16;
 use crate::kquants::{Q8_K_BYTES, QK_K, q4k_scales_mins};
 
 /// The 16 values of IQ4_NL / IQ4_XS codes (ggml's `kvalues_iq4nl`).
-pub const IQ4NL_VALUES: [i8; 16] = [
+pub(crate) const IQ4NL_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// Whether this module computes with `ty`.
-pub fn handles(ty: GgmlType) -> bool {
+pub(crate) fn handles(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::IQ4XS
@@ -44,7 +44,7 @@ pub fn handles(ty: GgmlType) -> bool {
 }
 
 /// Whether [`dot_tiled`] computes with `ty` (the formats of [`handles`] and Q4_K).
-pub fn tiles(ty: GgmlType) -> bool {
+pub(crate) fn tiles(ty: GgmlType) -> bool {
     handles(ty) || ty == GgmlType::Q4K
 }
 
@@ -206,7 +206,7 @@ fn min_sum(b: &KBlock, y: &[u8]) -> i32 {
 
 /// Dot product of one row of `ty` and one Q8_K row of `n` elements in the order of llama.cpp's
 /// AVX2 one-token kernel for the format.
-pub fn dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let bb = ty.block_bytes();
     let mut blk = KBlock::default();
     let mut acc = [0.0f32; 8];
@@ -252,7 +252,7 @@ pub(crate) fn block_dot(b: &KBlock, y: &[u8]) -> i32 {
 
 /// Dot product of one row of `ty` and one Q8_K row of `n` elements in the order of llama.cpp's
 /// tiled kernel.
-pub fn dot_tiled(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_tiled(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let bb = ty.block_bytes();
     let with_min = matches!(ty, GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K);
     let mut blk = KBlock::default();
@@ -273,7 +273,7 @@ pub fn dot_tiled(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// Dequantises a row of `ty` with ggml's `dequantize_row_*` float operations.
-pub fn dequantize(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequantize(ty: GgmlType, row: &[u8], out: &mut [f32]) {
     let mut blk = KBlock::default();
     for (x, o) in row
         .chunks_exact(ty.block_bytes())

@@ -16,13 +16,13 @@ use crate::dot::hsum8;
 use crate::formats::rd_f16;
 
 /// Elements of a super-block.
-pub const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 /// Bytes of a Q4_K block.
-pub const Q4_K_BYTES: usize = 144;
+pub(crate) const Q4_K_BYTES: usize = 144;
 /// Bytes of a Q6_K block.
-pub const Q6_K_BYTES: usize = 210;
+pub(crate) const Q6_K_BYTES: usize = 210;
 /// Bytes of a Q8_K block.
-pub const Q8_K_BYTES: usize = 292;
+pub(crate) const Q8_K_BYTES: usize = 292;
 
 fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
@@ -35,7 +35,7 @@ fn nearest_int(x: f32) -> i32 {
 }
 
 /// Quantises `x` (a multiple of 256 long) to Q8_K blocks exactly as `quantize_row_q8_K_ref`.
-pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+pub(crate) fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         let (mut max, mut amax) = (0.0f32, 0.0f32);
         for &v in xb {
@@ -112,7 +112,7 @@ fn q6k_scale(b: &[u8], s: usize) -> i32 {
 }
 
 /// Dot product of one Q4_K row and one Q8_K row of `n` elements, in AVX2 lane order.
-pub fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut acc_m = [0.0f32; 4];
     for (x, y) in w
@@ -158,7 +158,7 @@ pub fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// four-token kernel (`ggml_gemm_q4_K_8x8_q8_K`, which takes the first `4 * (n / 4)` tokens of a
 /// batch) does so per 64-element chunk (`per_chunk`). The two accumulators are subtracted at the
 /// end.
-pub fn dot_q4_k_repacked(w: &[u8], a: &[u8], n: usize, per_chunk: bool) -> f32 {
+pub(crate) fn dot_q4_k_repacked(w: &[u8], a: &[u8], n: usize, per_chunk: bool) -> f32 {
     let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
     for (x, y) in w
         .chunks_exact(Q4_K_BYTES)
@@ -197,7 +197,7 @@ pub fn dot_q4_k_repacked(w: &[u8], a: &[u8], n: usize, per_chunk: bool) -> f32 {
 }
 
 /// Dot product of one Q6_K row and one Q8_K row of `n` elements, in AVX2 lane order.
-pub fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc = [0.0f32; 8];
     for (x, y) in w
         .chunks_exact(Q6_K_BYTES)
@@ -235,7 +235,7 @@ pub fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// kernel (`ggml-cpu/tiled`), which it uses for batches of 8 or more tokens: per super-block
 /// the exact integer dot `S` becomes `d_w * S`, then accumulates with one fused multiply-add
 /// by the activation scale.
-pub fn dot_q6_k_tiled(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q6_k_tiled(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in w
         .chunks_exact(Q6_K_BYTES)
@@ -257,7 +257,7 @@ pub fn dot_q6_k_tiled(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// Dequantises a Q4_K row.
-pub fn dequantize_q4_k(row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequantize_q4_k(row: &[u8], out: &mut [f32]) {
     for (x, o) in row.chunks_exact(Q4_K_BYTES).zip(out.chunks_exact_mut(QK_K)) {
         let (d, dmin) = (rd_f16(x, 0), rd_f16(x, 2));
         let (sc, m) = q4k_scales_mins(x);
@@ -274,7 +274,7 @@ pub fn dequantize_q4_k(row: &[u8], out: &mut [f32]) {
 }
 
 /// Dequantises a Q6_K row.
-pub fn dequantize_q6_k(row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequantize_q6_k(row: &[u8], out: &mut [f32]) {
     for (x, o) in row.chunks_exact(Q6_K_BYTES).zip(out.chunks_exact_mut(QK_K)) {
         let d = rd_f16(x, 208);
         for (e, v) in o.iter_mut().enumerate() {

@@ -12,16 +12,16 @@
 #![warn(missing_docs)]
 
 pub mod attn;
-pub mod dot;
+pub(crate) mod dot;
 pub mod formats;
-pub mod kformats;
-pub mod kquants;
+pub(crate) mod kformats;
+pub(crate) mod kquants;
 mod matmul;
 pub mod membw;
 pub mod ops;
-pub mod packed;
+pub(crate) mod packed;
 mod pool;
-pub mod quantize;
+pub(crate) mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

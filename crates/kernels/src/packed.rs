@@ -23,10 +23,10 @@
 use strata_gguf::GgmlType;
 
 /// Rows interleaved together.
-pub const GROUP: usize = 4;
+pub(crate) const GROUP: usize = 4;
 
 /// Whether `ty` has a packed layout.
-pub fn packable(ty: GgmlType) -> bool {
+pub(crate) fn packable(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Q4_0
@@ -40,7 +40,7 @@ pub fn packable(ty: GgmlType) -> bool {
 }
 
 /// Bytes of one block of one group (four rows) of `ty`.
-pub fn group_block_bytes(ty: GgmlType) -> usize {
+pub(crate) fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 8 + 8 + 64,
         GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => 8 + 64,
@@ -81,7 +81,7 @@ fn q5_pair_bits(qh0: u32, qh1: u32) -> (u32, u32) {
 
 /// Repacks `rows` rows of `row_bytes` bytes each (format `ty`, `nb` blocks per row) into groups.
 /// Missing rows of the last group are zero (zero scales, so their products are zero).
-pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+pub(crate) fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
     let gbb = group_block_bytes(ty);
     let bb = ty.block_bytes();
     let row_bytes = nb * bb;
@@ -144,8 +144,9 @@ pub fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8> {
     out
 }
 
-/// Restores row `r` in the file layout (for tests and for reading a row of a packed matrix).
-pub fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u8]) {
+/// Restores row `r` in the file layout: the inverse the packing tests check against.
+#[cfg(test)]
+pub(crate) fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u8]) {
     let gbb = group_block_bytes(ty);
     let bb = ty.block_bytes();
     let qoff = quants_offset(ty);

@@ -40,7 +40,7 @@ const KVALUES_IQ4NL: [i8; 16] = [
 /// Quantises `x` to `ty` exactly as llama.cpp's `ggml_quantize_chunk` does without an importance
 /// matrix. `None` if `ty` is not one of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q5_1, IQ4_NL, IQ4_XS and
 /// BF16, or if `x` is not a whole number of `ty`'s blocks. Any input, finite or not, gives bytes.
-pub fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
+pub(crate) fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
     let block: fn(&[f32], &mut [u8]) = match ty {
         GgmlType::Q2K => q2_k,
         GgmlType::Q3K => q3_k,
