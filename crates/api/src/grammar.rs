@@ -59,7 +59,7 @@ fn readable(e: String) -> String {
 /// The largest grammar compiled for a request, in bytes of its text (the JSON schema, or the
 /// tool calls' grammar with every tool's parameters). Real tool sets are tens of KiB; compile
 /// time and memory grow with size, and a 3 MB `const` took seconds of engine time.
-pub const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+pub(crate) const MAX_GRAMMAR_BYTES: usize = 256 << 10;
 
 fn check_size(text: &str) -> Result<(), String> {
     if text.len() > MAX_GRAMMAR_BYTES {

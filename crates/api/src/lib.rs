@@ -14,22 +14,22 @@
 
 pub mod auth;
 pub mod browser;
-pub mod call_format;
+pub(crate) mod call_format;
 pub mod engine;
-pub mod error;
-pub mod grammar;
+pub(crate) mod error;
+pub(crate) mod grammar;
 mod harmony;
 pub mod listen;
 mod messages;
-pub mod metrics;
+pub(crate) mod metrics;
 mod ollama;
-pub mod output;
-pub mod responses;
-pub mod routing;
-pub mod scheduler;
+pub(crate) mod output;
+pub(crate) mod responses;
+pub(crate) mod routing;
+pub(crate) mod scheduler;
 pub mod server;
 pub mod testkit;
-pub mod tools;
+pub(crate) mod tools;
 pub mod types;
 
 use std::net::SocketAddr;

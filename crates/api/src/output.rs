@@ -14,7 +14,7 @@ use crate::tools::ParsedCall;
 
 /// One thing to tell the client.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
+pub(crate) enum Piece {
     /// More content text.
     Content(String),
     /// A tool call begins: its index in the answer and the function's name.
@@ -29,7 +29,7 @@ pub enum Piece {
 
 /// Turns decoded text into [`Piece`]s.
 #[derive(Debug, Default)]
-pub struct Output {
+pub(crate) struct Output {
     stops: Vec<String>,
     /// The call syntax, when tools are on.
     format: Option<CallFormat>,
@@ -75,7 +75,7 @@ pub struct Output {
 
 impl Output {
     /// Output cut at `stops`; with a call `format`, the calls written in it become calls.
-    pub fn new(stops: Vec<String>, format: Option<CallFormat>) -> Output {
+    pub(crate) fn new(stops: Vec<String>, format: Option<CallFormat>) -> Output {
         Output {
             stops,
             format,
@@ -84,14 +84,14 @@ impl Output {
     }
 
     /// Reads the text as harmony messages (gpt-oss): reasoning, answer and calls apart.
-    pub fn with_channels(mut self) -> Output {
+    pub(crate) fn with_channels(mut self) -> Output {
         self.channels = Some(Messages::default());
         self
     }
 
     /// Whether tools are on (a control token that marks calls must then reach [`Output::push`]
     /// as text; with tools off it stays out of the content, as every control token does).
-    pub fn reads_calls(&self) -> bool {
+    pub(crate) fn reads_calls(&self) -> bool {
         self.format.is_some()
     }
 
@@ -106,7 +106,7 @@ impl Output {
 
     /// Adds the text of a generated token (and its log-probabilities); returns what can be
     /// given out now.
-    pub fn push(&mut self, text: &str, logprob: Option<(u32, TokenLogprob)>) -> Vec<Piece> {
+    pub(crate) fn push(&mut self, text: &str, logprob: Option<(u32, TokenLogprob)>) -> Vec<Piece> {
         if self.stopped {
             return Vec::new();
         }
@@ -121,7 +121,7 @@ impl Output {
     }
 
     /// Generation ended (`text`: what the decoder still held); gives out the rest.
-    pub fn finish(&mut self, text: &str) -> Vec<Piece> {
+    pub(crate) fn finish(&mut self, text: &str) -> Vec<Piece> {
         if self.stopped {
             return Vec::new();
         }

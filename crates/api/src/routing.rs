@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::server::{self, AppState};
 
 /// The routes of `models` (at least one) behind one address.
-pub fn router(mut models: Vec<Arc<AppState>>) -> Router {
+pub(crate) fn router(mut models: Vec<Arc<AppState>>) -> Router {
     if models.len() == 1
         && let Some(only) = models.pop()
     {

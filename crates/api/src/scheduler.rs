@@ -580,7 +580,7 @@ fn run(
 /// block: a prompt always runs in chunks that end on multiples of it, however busy the
 /// server, so its logits never depend on what else was running, and a restored prefix gives
 /// those of a cold prefill.
-pub const PREFILL_CHUNK: usize = BLOCK;
+pub(crate) const PREFILL_CHUNK: usize = BLOCK;
 
 /// Runs the next chunks of prompts already admitted, oldest first, within `budget` tokens
 /// (a chunk that does not fit waits for the next round); a sequence whose prompt is complete

@@ -38,7 +38,7 @@ pub enum Choice {
 }
 
 /// Parses and checks `tool_choice` against the tools given.
-pub fn choice(tools: &[Tool], raw: Option<&Value>) -> Result<Choice, ApiError> {
+pub(crate) fn choice(tools: &[Tool], raw: Option<&Value>) -> Result<Choice, ApiError> {
     let bad = |m: &str| ApiError::invalid("tool_choice", m);
     let c = match raw {
         None | Some(Value::Null) => {
@@ -79,7 +79,7 @@ pub fn choice(tools: &[Tool], raw: Option<&Value>) -> Result<Choice, ApiError> {
 }
 
 /// Checks the tool definitions.
-pub fn validate(tools: &[Tool]) -> Result<(), ApiError> {
+pub(crate) fn validate(tools: &[Tool]) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         if t.kind != "function" {
             return Err(ApiError::invalid(
@@ -121,7 +121,7 @@ pub fn validate(tools: &[Tool]) -> Result<(), ApiError> {
 }
 
 /// The tools a call may name: all, or only the named one under [`Choice::Named`].
-pub fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator<Item = &'a Tool> {
+pub(crate) fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator<Item = &'a Tool> {
     tools.iter().filter(move |t| match choice {
         Choice::Named(n) => t.function.name == *n,
         _ => true,
@@ -130,12 +130,12 @@ pub fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator<Item =
 
 /// The schema a call's arguments are constrained by: [`parameters`] closed, bounded and with
 /// self-recursion unrolled ([`closed`], [`bounded`], [`unrolled`]).
-pub fn constrained(t: &Tool) -> Value {
+pub(crate) fn constrained(t: &Tool) -> Value {
     bounded(closed(unrolled(parameters(t))))
 }
 
 /// The JSON schema of a function's arguments (an empty object when it declares none).
-pub fn parameters(t: &Tool) -> Value {
+pub(crate) fn parameters(t: &Tool) -> Value {
     t.function
         .parameters
         .clone()
@@ -149,7 +149,7 @@ pub fn parameters(t: &Tool) -> Value {
 /// Each tool's parameters sit in the envelope's `$defs` under a name of their own, with their
 /// references rewritten to point into it: `#/$defs/Address` (pydantic's nested models) and `#`
 /// (a recursive schema) mean the tool's own schema, not the envelope around it.
-pub fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value {
+pub(crate) fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value {
     let shape = format.shape();
     let mut defs = serde_json::Map::new();
     let mut one = |i: usize, t: &Tool| {
@@ -258,7 +258,7 @@ const UNENFORCED: [&str; 16] = [
 
 /// Whether output under `schema` needs checking after it is generated: some keyword in it is
 /// one the grammar leaves to [`violations`].
-pub fn needs_check(schema: &Value) -> bool {
+pub(crate) fn needs_check(schema: &Value) -> bool {
     let mut found = false;
     walk(&mut schema.clone(), &mut |m| {
         found |= m.keys().any(|k| UNENFORCED.contains(&k.as_str()));
@@ -268,7 +268,7 @@ pub fn needs_check(schema: &Value) -> bool {
 
 /// How `value` breaks `schema`, one line per error naming where (a JSON pointer into the
 /// value) and what; at most 8. Empty when it is valid.
-pub fn violations(schema: &Value, value: &Value) -> Vec<String> {
+pub(crate) fn violations(schema: &Value, value: &Value) -> Vec<String> {
     match jsonschema::validator_for(schema) {
         Ok(v) => v
             .iter_errors(value)
@@ -287,7 +287,7 @@ pub fn violations(schema: &Value, value: &Value) -> Vec<String> {
 /// and OpenAI's strict mode read it: otherwise a weak model may add keys until its budget
 /// ends and never finish the call. An object without `properties` stays open: that is a
 /// free-form object by intent (`json_object`).
-pub fn closed(mut schema: Value) -> Value {
+pub(crate) fn closed(mut schema: Value) -> Value {
     walk(&mut schema, &mut |m| {
         if m.contains_key("properties")
             && !m.contains_key("additionalProperties")
@@ -302,17 +302,17 @@ pub fn closed(mut schema: Value) -> Value {
 
 /// The largest integer JSON carries exactly (2^53 - 1): the bound of an integer whose schema
 /// gives none.
-pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+pub(crate) const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
 /// The bound of a number whose schema gives none, and the finest step it is written in.
-pub const NUMBER_BOUND: f64 = 1e15;
+pub(crate) const NUMBER_BOUND: f64 = 1e15;
 
 /// `schema` with bounds on numbers that have none: integers within +-(2^53 - 1), other numbers
 /// within +-1e15 and written to at most six decimals. A weak model writing a number whose
 /// digits nothing bounds may write digits until its budget ends (`1111111…`); JSON numbers
 /// beyond these lose precision in most clients anyway. Bounds the schema gives are kept.
 /// Strings are not bounded: agents write whole files through string arguments.
-pub fn bounded(mut schema: Value) -> Value {
+pub(crate) fn bounded(mut schema: Value) -> Value {
     walk(&mut schema, &mut |m| {
         let types: Vec<&str> = match m.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
@@ -342,13 +342,13 @@ pub fn bounded(mut schema: Value) -> Value {
 }
 
 /// How deep a schema that refers to itself (`{"$ref": "#"}`) may nest in constrained output.
-pub const MAX_SELF_NESTING: usize = 3;
+pub(crate) const MAX_SELF_NESTING: usize = 3;
 
 /// `schema` with its references to itself (`#`) unrolled [`MAX_SELF_NESTING`] levels deep,
 /// the deepest level allowing nothing (`false`: an array of them stays empty). A weak model
 /// asked for a recursive structure otherwise nests until its budget ends and never finishes
 /// the call. References through `$defs` are left as they are.
-pub fn unrolled(schema: Value) -> Value {
+pub(crate) fn unrolled(schema: Value) -> Value {
     fn refers_to_root(v: &Value) -> bool {
         match v {
             Value::Object(m) => {
@@ -394,7 +394,7 @@ fn rebase_refs(mut schema: Value, at: &str) -> Value {
 }
 
 /// The default tool instructions for templates without tool support.
-pub fn default_prompt(tools: &[Tool]) -> String {
+pub(crate) fn default_prompt(tools: &[Tool]) -> String {
     let mut s = String::from("You can call these functions:\n");
     for t in tools {
         let mut f = json!({"name": t.function.name});
@@ -414,7 +414,7 @@ pub fn default_prompt(tools: &[Tool]) -> String {
 }
 
 /// An earlier call rendered as text, for templates without tool support.
-pub fn call_text(call: &ToolCall) -> String {
+pub(crate) fn call_text(call: &ToolCall) -> String {
     let args: Value = serde_json::from_str(&call.function.arguments)
         .unwrap_or(Value::String(call.function.arguments.clone()));
     format!(
@@ -425,7 +425,7 @@ pub fn call_text(call: &ToolCall) -> String {
 
 /// A call parsed from generated text.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
+pub(crate) struct ParsedCall {
     /// The function.
     pub name: String,
     /// The arguments, compact JSON text.
@@ -436,7 +436,7 @@ impl ParsedCall {
     /// The arguments as the JSON object Anthropic's `input` and Ollama's `arguments` are (the
     /// grammar makes them one; anything else, which only a call without a grammar could be,
     /// is `{}`).
-    pub fn arguments_object(&self) -> serde_json::Value {
+    pub(crate) fn arguments_object(&self) -> serde_json::Value {
         serde_json::from_str::<serde_json::Value>(&self.arguments)
             .ok()
             .filter(serde_json::Value::is_object)

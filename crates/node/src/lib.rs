@@ -19,7 +19,7 @@ pub mod instances;
 pub mod key;
 pub mod process;
 pub mod profile;
-pub mod transfer;
+pub(crate) mod transfer;
 
 pub use control::{Control, ControlConfig, LinkReport, NodeState, Snapshot};
 pub use error::{Error, Result};

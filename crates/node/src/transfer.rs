@@ -53,7 +53,7 @@ impl std::fmt::Debug for Peers {
 /// it lacks, or an id it does not know (a peer's import), a verified copy from the first peer
 /// that has one; else whatever the store does (download, or say the model is unknown). A path is
 /// used only inside one of the `model_dirs` (see [`allowed_path`]).
-pub fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
+pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
     if strata_store::is_path_spec(spec) {
         return allowed_path(spec, &peers.model_dirs);
     }
@@ -93,7 +93,7 @@ pub fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
 /// error whether it exists and how it starts. A path outside the directories is refused before
 /// anything is opened, with the same words whether the file exists or not; only a path inside
 /// them is looked at, and checked again once links are resolved.
-pub fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
+pub(crate) fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
     let refused = || {
         Error::Instance(if dirs.is_empty() {
             format!(
@@ -243,7 +243,7 @@ impl Read for Replies {
 
 /// Answers a peer's request for a model: the size and card, then the file, if it is an
 /// installed catalog model, built-in or imported (blocking; run it off the async threads).
-pub fn serve(q: &zenoh::query::Query) {
+pub(crate) fn serve(q: &zenoh::query::Query) {
     let key = q.key_expr().clone();
     let id = q
         .payload()
