@@ -1,8 +1,9 @@
 //! What the scheduler drives: a set of sequence slots that take a prompt, then one token per
 //! step, and give back a vocabulary-long row of logits for each. Two engines implement it: the
 //! engine's [`Batch`] (the whole model in this process, every live sequence in one forward pass)
-//! and [`Sharded`] (rank 0 of a model split across nodes, sequences stepped one after another
-//! through the ranks).
+//! and [`Sharded`] (rank 0 of a model split across nodes: every live sequence in one batched
+//! step through the ranks, split into one micro-batch per pipeline stage so the stages work at
+//! once).
 
 use strata_engine::prefix::{BLOCK, PrefixStats};
 use strata_engine::{Batch, SamplingParams, SlotId};
@@ -80,6 +81,9 @@ pub struct Sharded {
     lens: Vec<usize>,
     logits: Vec<f32>,
     cands: Vec<(u32, f32)>,
+    /// The current step as (slot, position, token), and its candidates per row.
+    batch: Vec<(usize, usize, u32)>,
+    rows: Vec<Vec<(u32, f32)>>,
 }
 
 impl Sharded {
@@ -93,6 +97,8 @@ impl Sharded {
             lens: vec![0; slots],
             logits: Vec::new(),
             cands: Vec::new(),
+            batch: Vec::new(),
+            rows: Vec::new(),
         }
     }
 
@@ -111,13 +117,10 @@ impl Sharded {
         self.rank
             .collect(&mut self.cands)
             .map_err(|e| e.to_string())?;
-        let dst = &mut self.logits[row * self.vocab..(row + 1) * self.vocab];
-        dst.fill(f32::NEG_INFINITY);
-        for &(id, l) in &self.cands {
-            if let Some(x) = dst.get_mut(id as usize) {
-                *x = l;
-            }
-        }
+        fill_row(
+            &mut self.logits[row * self.vocab..(row + 1) * self.vocab],
+            &self.cands,
+        );
         Ok(())
     }
 
@@ -138,6 +141,16 @@ impl Sharded {
     /// Tells every rank to stop (the instance is being unloaded).
     pub fn shutdown(&mut self) -> Result<(), String> {
         self.rank.shutdown().map_err(|e| e.to_string())
+    }
+}
+
+/// A row of logits from candidates: theirs where given, minus infinity elsewhere.
+fn fill_row(dst: &mut [f32], cands: &[(u32, f32)]) {
+    dst.fill(f32::NEG_INFINITY);
+    for &(id, l) in cands {
+        if let Some(x) = dst.get_mut(id as usize) {
+            *x = l;
+        }
     }
 }
 
@@ -183,16 +196,41 @@ impl Engine for Sharded {
                 return Err(format!("slot {slot} holds no sequence"));
             }
         }
-        // One step at a time: rank 0 keeps only the latest step's own candidates, so each is
-        // collected before the next is submitted.
+        // Every sequence in one batched step; a pipeline gets one micro-batch per stage, each
+        // submitted before the first is collected, so stage 2 works on the first while stage 1
+        // works on the second. Each row's arithmetic is a one-token step's, so a sequence's
+        // tokens do not depend on what it is batched with.
         self.logits.resize(steps.len() * self.vocab, 0.0);
-        for (row, &(slot, token)) in steps.iter().enumerate() {
-            let slot = slot.index();
+        self.batch.clear();
+        self.batch.extend(
+            steps
+                .iter()
+                .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
+        );
+        let per = steps
+            .len()
+            .div_ceil(self.rank.stages().clamp(1, steps.len()));
+        for micro in self.batch.chunks(per) {
             self.rank
-                .submit(slot, self.lens[slot], &[token], true, &raw, &[])
+                .submit_batch(micro, &raw)
                 .map_err(|e| e.to_string())?;
-            self.lens[slot] += 1;
-            self.collect_row(row)?;
+        }
+        let mut at = 0;
+        for micro in 0..self.batch.len().div_ceil(per) {
+            let n = per.min(self.batch.len() - micro * per);
+            self.rank
+                .collect_batch(n, &mut self.rows)
+                .map_err(|e| e.to_string())?;
+            for row in &self.rows[..n] {
+                fill_row(
+                    &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
+                    row,
+                );
+                at += 1;
+            }
+        }
+        for &(slot, _) in steps {
+            self.lens[slot.index()] += 1;
         }
         Ok(&mut self.logits[..steps.len() * self.vocab])
     }
@@ -218,6 +256,102 @@ impl Engine for Sharded {
     fn release(&mut self, slot: SlotId) {
         if let Some(b) = self.busy.get_mut(slot.index()) {
             *b = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use strata_engine::{Model, ModelConfig};
+    use strata_gguf::GgufFile;
+    use strata_kernels::attn::Flavour;
+    use strata_parallel::{
+        Assignment, CombineStyle, Strategy, local_pair, make_plan, numerics_name,
+    };
+
+    use super::*;
+
+    fn argmax(row: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate() {
+            if x > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    /// Sequences of different lengths join and leave a sharded instance's batched steps (all
+    /// live sequences in one step, a pipeline's in one micro-batch per stage), and every row
+    /// of logits is bit for bit what one process's batch gives the same sequence.
+    #[test]
+    fn sharded_batched_steps_match_one_process_per_sequence() {
+        let path = strata_store::Store::from_env()
+            .expect("store")
+            .ensure("smollm2-135m-instruct")
+            .expect("model");
+        let file = GgufFile::open(&path).unwrap();
+        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        let flavour = Flavour::native();
+        for strategy in [Strategy::Tensor, Strategy::Pipeline] {
+            let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
+            let a = Assignment {
+                plan,
+                model_path: path.clone(),
+                model_bytes: file.bytes().len() as u64,
+                threads: 1,
+                n_ctx: 96,
+                max_seqs: 4,
+                numerics: numerics_name(flavour).into(),
+            };
+            let (rank, worker) = local_pair(&file, &a).unwrap();
+            let mut sharded = Sharded::new(rank, cfg.n_vocab);
+            let mut model = Model::load_full(&file).unwrap();
+            model.set_flavour(flavour);
+            let mut local = Batch::new(model, 1, 4, 96).unwrap();
+
+            // Each sequence: its slot in either engine and its next token.
+            let mut live: Vec<(SlotId, SlotId, u32)> = Vec::new();
+            let join = |sharded: &mut Sharded, local: &mut Batch, prompt: &[u32]| {
+                let (s, _) = Engine::admit(sharded, prompt).unwrap();
+                let (l, cached) = Engine::admit(local, prompt).unwrap();
+                let a = Engine::extend(sharded, s, prompt).unwrap().to_vec();
+                let b = Engine::extend(local, l, &prompt[cached..])
+                    .unwrap()
+                    .to_vec();
+                assert_eq!(a, b, "{strategy:?}: prefill of {} tokens", prompt.len());
+                (s, l, argmax(&b))
+            };
+            live.push(join(&mut sharded, &mut local, &[1, 504, 3000, 25, 77]));
+            live.push(join(
+                &mut sharded,
+                &mut local,
+                &(200..212).collect::<Vec<_>>(),
+            ));
+            for step in 0..10 {
+                if step == 3 {
+                    live.push(join(&mut sharded, &mut local, &[9, 8, 7]));
+                }
+                if step == 6 {
+                    let (s, l, _) = live.remove(0);
+                    Engine::release(&mut sharded, s);
+                    Engine::release(&mut local, l);
+                }
+                let s_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.0, x.2)).collect();
+                let l_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.1, x.2)).collect();
+                let a = Engine::step(&mut sharded, &s_steps).unwrap().to_vec();
+                let b = Engine::step(&mut local, &l_steps).unwrap().to_vec();
+                let v = cfg.n_vocab;
+                for (i, seq) in live.iter_mut().enumerate() {
+                    let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
+                    let same = ra.iter().zip(rb).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{strategy:?}: step {step}, row {i} differs");
+                    seq.2 = argmax(rb);
+                }
+            }
+            sharded.shutdown().unwrap();
+            worker.join().unwrap().unwrap();
         }
     }
 }

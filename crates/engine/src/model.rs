@@ -296,6 +296,19 @@ impl Model {
         )
     }
 
+    /// Rows of a stage's input (tokens, or hidden states of the model's width); none is an
+    /// error.
+    fn input_rows(&self, input: &StageInput<'_>) -> Result<usize> {
+        let n = match input {
+            StageInput::Tokens(t) => t.len(),
+            StageInput::Hidden(h) => h.len() / self.cfg.n_embd,
+        };
+        if n == 0 {
+            return Err(Error::EmptyPrompt);
+        }
+        Ok(n)
+    }
+
     /// Runs one step over `n` tokens at positions `cache.len()..cache.len() + n`.
     ///
     /// After it, `scratch.logits()` holds the last token's logits (last stage) or
@@ -308,13 +321,7 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
-        let n = match input {
-            StageInput::Tokens(t) => t.len(),
-            StageInput::Hidden(h) => h.len() / self.cfg.n_embd,
-        };
-        if n == 0 {
-            return Err(Error::EmptyPrompt);
-        }
+        let n = self.input_rows(&input)?;
         let pos0 = cache.len();
         if pos0 + n > cache.capacity() {
             return Err(Error::ContextOverflow {
@@ -357,20 +364,41 @@ impl Model {
         scratch: &mut Scratch,
         tokens: &[u32],
     ) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if tokens.len() != caches.len() {
-            return Err(Error::InvalidShard(format!(
-                "a batch of {} tokens for {} sequences",
-                tokens.len(),
-                caches.len()
-            )));
-        }
         if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
             return Err(Error::InvalidShard(
-                "batched decoding needs the whole model in one process".into(),
+                "batched decoding without links needs the whole model in one process".into(),
             ));
+        }
+        self.forward_batch_shard(
+            pool,
+            caches,
+            scratch,
+            StageInput::Tokens(tokens),
+            &mut NoComm,
+        )
+    }
+
+    /// [`Model::forward_batch`] on a shard: row `i` of `input` (a token on the first stage,
+    /// a hidden state on later ones) is appended to sequence `caches[i]`, and the shard's
+    /// tensor-parallel group exchanges the whole batch's partial results through `comm`, one
+    /// exchange for every row. Each row's arithmetic is a one-token step's, so a sequence's
+    /// output does not depend on what it is batched with, sharded or not. After it,
+    /// `scratch.hidden()` holds every row's hidden state (earlier stages) or
+    /// `scratch.logits()` one row of this shard's logits per sequence (the last stage).
+    pub fn forward_batch_shard(
+        &self,
+        pool: &ThreadPool,
+        caches: &mut [&mut KvCache],
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
+        let n = self.input_rows(&input)?;
+        if n != caches.len() {
+            return Err(Error::InvalidShard(format!(
+                "a batch of {n} rows for {} sequences",
+                caches.len()
+            )));
         }
         for c in caches.iter() {
             if c.len() >= c.capacity() {
@@ -386,16 +414,7 @@ impl Model {
         // Every row's products in a one-token order too (llama.cpp picks other kernels for
         // batches of some formats).
         scratch.acts.set_rows_independent(true);
-        let res = self.step(
-            pool,
-            caches,
-            scratch,
-            &rows,
-            StageInput::Tokens(tokens),
-            order,
-            false,
-            &mut NoComm,
-        );
+        let res = self.step(pool, caches, scratch, &rows, input, order, false, comm);
         scratch.acts.set_rows_independent(false);
         scratch.rows = rows;
         res?;

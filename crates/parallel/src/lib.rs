@@ -16,4 +16,4 @@ mod rank;
 pub use error::{Error, Result};
 pub use generate::{CommFigures, ShardedGenerator};
 pub use plan::{CombineStyle, GroupParts, Plan, RankPlan, Strategy, make_plan, split};
-pub use rank::{Assignment, Rank, Shard, numerics_name};
+pub use rank::{Assignment, Rank, Shard, local_pair, numerics_name};

@@ -12,6 +12,8 @@ pub(crate) enum Kind {
     Step = 1,
     /// Leave the serving loop.
     Shutdown = 2,
+    /// One decode token for each of several sequences (`seqs`, at `poss`), run as one batch.
+    Batch = 3,
 }
 
 /// One step's header. Kept and reused by each rank, so decoding allocates nothing per token.
@@ -28,6 +30,10 @@ pub(crate) struct Header {
     pub(crate) params: SamplingParams,
     /// Recent tokens (for the penalties the last stage must account for).
     pub(crate) history: Vec<u32>,
+    /// A batch's sequence of each token (empty for other kinds).
+    pub(crate) seqs: Vec<u32>,
+    /// A batch's position of each token.
+    pub(crate) poss: Vec<u32>,
 }
 
 impl Default for Header {
@@ -40,6 +46,8 @@ impl Default for Header {
             tokens: Vec::new(),
             params: SamplingParams::default(),
             history: Vec::new(),
+            seqs: Vec::new(),
+            poss: Vec::new(),
         }
     }
 }
@@ -100,7 +108,7 @@ impl Header {
         out.extend_from_slice(&(p.top_k as u32).to_le_bytes());
         out.extend_from_slice(&(p.penalty_last_n as u32).to_le_bytes());
         out.extend_from_slice(&p.seed.to_le_bytes());
-        for list in [&self.tokens, &self.history] {
+        for list in [&self.tokens, &self.history, &self.seqs, &self.poss] {
             out.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for t in list.iter() {
                 out.extend_from_slice(&t.to_le_bytes());
@@ -115,6 +123,7 @@ impl Header {
         self.kind = match kind {
             1 => Kind::Step,
             2 => Kind::Shutdown,
+            3 => Kind::Batch,
             k => return Err(Error::Protocol(format!("unknown step kind {k}"))),
         };
         self.want = want != 0;
@@ -132,6 +141,18 @@ impl Header {
         p.seed = r.u64()?;
         r.ids(&mut self.tokens)?;
         r.ids(&mut self.history)?;
+        r.ids(&mut self.seqs)?;
+        r.ids(&mut self.poss)?;
+        if self.kind == Kind::Batch
+            && (self.seqs.len() != self.tokens.len() || self.poss.len() != self.tokens.len())
+        {
+            return Err(Error::Protocol(format!(
+                "a batch of {} tokens with {} sequences and {} positions",
+                self.tokens.len(),
+                self.seqs.len(),
+                self.poss.len()
+            )));
+        }
         Ok(r.0)
     }
 }
@@ -143,6 +164,48 @@ pub(crate) fn encode_candidates(c: &[(u32, f32)], out: &mut Vec<u8>) {
         out.extend_from_slice(&id.to_le_bytes());
         out.extend_from_slice(&l.to_le_bytes());
     }
+}
+
+/// Encodes one candidate list per batch row: the row count, then each row's length and pairs.
+pub(crate) fn encode_candidate_rows(rows: &[Vec<(u32, f32)>], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+    for row in rows {
+        out.extend_from_slice(&(row.len() as u32).to_le_bytes());
+        for (id, l) in row {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&l.to_le_bytes());
+        }
+    }
+}
+
+/// Appends each row's candidates in `buf` to `out[row]` (which must have as many rows).
+pub(crate) fn decode_candidate_rows(buf: &[u8], out: &mut [Vec<(u32, f32)>]) -> Result<()> {
+    let mut r = Reader(buf);
+    let rows = r.u32()? as usize;
+    if rows != out.len() {
+        return Err(Error::Protocol(format!(
+            "candidates for {rows} rows of a batch of {}",
+            out.len()
+        )));
+    }
+    for row in out.iter_mut() {
+        let n = r.u32()? as usize;
+        if n > r.0.len() / 8 {
+            return Err(Error::Protocol("malformed candidate rows".into()));
+        }
+        for _ in 0..n {
+            let id = r.u32()?;
+            let l = r.f32()?;
+            row.push((id, l));
+        }
+    }
+    if !r.0.is_empty() {
+        return Err(Error::Protocol(
+            "trailing bytes after candidate rows".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Appends the candidates in `buf` to `out`.
@@ -178,6 +241,8 @@ mod tests {
                 ..SamplingParams::default()
             },
             history: vec![5, 6],
+            seqs: Vec::new(),
+            poss: Vec::new(),
         };
         let mut buf = Vec::new();
         h.encode(&mut buf);
@@ -191,5 +256,33 @@ mod tests {
         for cut in [0, 1, 10, 50, buf.len() - 9] {
             assert!(back.decode(&buf[..cut]).is_err(), "{cut}");
         }
+        // A batch names a sequence and a position for every token.
+        let mut b = h.clone();
+        b.kind = Kind::Batch;
+        b.seqs = vec![0, 2, 1];
+        b.poss = vec![4, 9, 0];
+        b.encode(&mut buf);
+        back.decode(&buf).expect("batch");
+        assert_eq!(
+            (back.kind, &back.seqs, &back.poss),
+            (Kind::Batch, &b.seqs, &b.poss)
+        );
+        b.poss.pop();
+        b.encode(&mut buf);
+        assert!(back.decode(&buf).is_err());
+    }
+
+    #[test]
+    fn candidate_rows_round_trip_and_refuse_a_wrong_row_count() {
+        let rows = vec![vec![(1, 0.5), (7, -1.0)], vec![], vec![(3, 2.0)]];
+        let mut buf = Vec::new();
+        encode_candidate_rows(&rows, &mut buf);
+        let mut back = vec![Vec::new(); 3];
+        decode_candidate_rows(&buf, &mut back).expect("decode");
+        assert_eq!(back, rows);
+        let mut two = vec![Vec::new(); 2];
+        assert!(decode_candidate_rows(&buf, &mut two).is_err());
+        let mut three = vec![Vec::new(); 3];
+        assert!(decode_candidate_rows(&buf[..buf.len() - 1], &mut three).is_err());
     }
 }

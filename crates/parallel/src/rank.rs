@@ -21,7 +21,10 @@ use strata_kernels::attn::Flavour;
 use strata_net::Communicator;
 
 use crate::plan::{GroupParts, Plan};
-use crate::proto::{Header, Kind, decode_candidates, encode_candidates};
+use crate::proto::{
+    Header, Kind, decode_candidate_rows, decode_candidates, encode_candidate_rows,
+    encode_candidates,
+};
 use crate::{Error, Result};
 
 /// What rank 0 tells every worker after the mesh is up.
@@ -132,6 +135,8 @@ pub struct Rank {
     hidden: Vec<f32>,
     bytes: Vec<u8>,
     local: Vec<(u32, f32)>,
+    /// This rank's candidates for each row of the last batch (last stage only).
+    rows: Vec<Vec<(u32, f32)>>,
     targets: Vec<usize>,
 }
 
@@ -194,6 +199,7 @@ impl Rank {
             hidden: Vec::new(),
             bytes: Vec::new(),
             local: Vec::new(),
+            rows: Vec::new(),
         })
     }
 
@@ -288,9 +294,88 @@ impl Rank {
         })
     }
 
+    /// Sends the step's header and its `rows` hidden states to the next stage.
+    fn pass_on(&mut self, rows: usize) -> Result<()> {
+        self.step.encode(&mut self.bytes);
+        let n = rows * self.model.config().n_embd;
+        let hidden: &[u8] = bytemuck::cast_slice(&self.scratch.hidden()[..n]);
+        let len = (self.bytes.len() as u32).to_le_bytes();
+        for &t in &self.targets {
+            self.comm.post_send(t, &[&len, &self.bytes, hidden])?;
+        }
+        self.comm.wait()?;
+        Ok(())
+    }
+
+    /// Runs the batch in `self.step`: one token for each listed sequence, as one forward pass
+    /// whose exchanges carry every row; passes the hidden states on, or (last stage) each row's
+    /// candidates back to rank 0 in one message.
+    fn run_batch(&mut self) -> Result<()> {
+        let h = &self.step;
+        let n = h.seqs.len();
+        let mut free: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
+        let mut caches = Vec::with_capacity(n);
+        for (&seq, &pos) in h.seqs.iter().zip(&h.poss) {
+            let cache = free
+                .get_mut(seq as usize)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    Error::Protocol(format!(
+                        "sequence slot {seq} does not exist or appears twice in a batch"
+                    ))
+                })?;
+            cache.truncate(pos as usize);
+            if cache.len() != pos as usize {
+                return Err(Error::Protocol(format!(
+                    "a batch step at position {pos} but slot {seq} holds {}",
+                    cache.len()
+                )));
+            }
+            caches.push(cache);
+        }
+        let stage = self.plan.ranks[self.me].stage;
+        let input = if stage == 0 {
+            StageInput::Tokens(&h.tokens)
+        } else {
+            StageInput::Hidden(&self.hidden)
+        };
+        let mut gc = GroupComm {
+            comm: &mut self.comm,
+            group: &self.plan.stages[stage],
+            parts: &self.plan.parts[stage],
+        };
+        self.model.forward_batch_shard(
+            &self.pool,
+            &mut caches,
+            &mut self.scratch,
+            input,
+            &mut gc,
+        )?;
+        drop(caches);
+        if !self.is_last_stage() {
+            self.pass_on(n)?;
+        } else if self.step.want {
+            let offset = self.model.spec().vocab.start as u32;
+            let logits = self.scratch.logits();
+            let width = logits.len() / n.max(1);
+            self.rows.resize_with(n, Vec::new);
+            for (row, out) in logits.chunks_exact(width).zip(self.rows.iter_mut()) {
+                shard_candidates(&self.step.params, row, offset, &[], out);
+            }
+            if self.me != 0 {
+                encode_candidate_rows(&self.rows[..n], &mut self.bytes);
+                self.comm.send(0, &self.bytes)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the step in `self.step` (with `self.hidden` as input on later stages) and passes
     /// its result on.
     fn run_step(&mut self) -> Result<()> {
+        if self.step.kind == Kind::Batch {
+            return self.run_batch();
+        }
         let h = &self.step;
         let seq = h.seq as usize;
         let cache = self
@@ -319,14 +404,7 @@ impl Rank {
         self.model
             .forward(&self.pool, cache, &mut self.scratch, input, &mut gc)?;
         if !self.is_last_stage() {
-            self.step.encode(&mut self.bytes);
-            let n = self.step.tokens.len() * self.model.config().n_embd;
-            let hidden: &[u8] = bytemuck::cast_slice(&self.scratch.hidden()[..n]);
-            let len = (self.bytes.len() as u32).to_le_bytes();
-            for &t in &self.targets {
-                self.comm.post_send(t, &[&len, &self.bytes, hidden])?;
-            }
-            self.comm.wait()?;
+            self.pass_on(self.step.tokens.len())?;
         } else if self.step.want {
             let offset = self.model.spec().vocab.start as u32;
             shard_candidates(
@@ -371,7 +449,7 @@ impl Rank {
             rest.chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
-        Ok(self.step.kind == Kind::Step)
+        Ok(self.step.kind != Kind::Shutdown)
     }
 
     fn forward_shutdown(&mut self) -> Result<()> {
@@ -426,6 +504,73 @@ impl Rank {
         self.run_step()
     }
 
+    /// Rank 0: starts one decode step for several sequences at once: `steps` lists each
+    /// sequence's slot, the position its token goes to, and the token. Every row's candidates
+    /// (under `params`, without penalties) come back through [`Rank::collect_batch`]; several
+    /// batches may be in flight when the stages differ (a pipeline works on one while the
+    /// next starts).
+    pub fn submit_batch(
+        &mut self,
+        steps: &[(usize, usize, u32)],
+        params: &strata_engine::SamplingParams,
+    ) -> Result<()> {
+        if steps.is_empty() {
+            return Err(Error::Protocol("an empty batch".into()));
+        }
+        let h = &mut self.step;
+        h.kind = Kind::Batch;
+        h.want = true;
+        h.seq = 0;
+        h.pos0 = 0;
+        h.params.clone_from(params);
+        h.history.clear();
+        h.tokens.clear();
+        h.seqs.clear();
+        h.poss.clear();
+        for &(seq, pos, token) in steps {
+            h.seqs.push(seq as u32);
+            h.poss.push(pos as u32);
+            h.tokens.push(token);
+        }
+        self.broadcast_header()?;
+        let res = self.run_step();
+        // The next single step's header carries no batch.
+        self.step.seqs.clear();
+        self.step.poss.clear();
+        res
+    }
+
+    /// Rank 0: takes the candidates of the oldest batch submitted, one row per sequence in
+    /// the order submitted (`rows` of them).
+    pub fn collect_batch(&mut self, rows: usize, out: &mut Vec<Vec<(u32, f32)>>) -> Result<()> {
+        out.resize_with(rows, Vec::new);
+        out.truncate(rows);
+        for row in out.iter_mut() {
+            row.clear();
+        }
+        let last = self.plan.stages.len() - 1;
+        for i in 0..self.plan.stages[last].len() {
+            let r = self.plan.stages[last][i];
+            if r == 0 {
+                if self.rows.len() < rows {
+                    return Err(Error::Protocol("no batch of this size was run".into()));
+                }
+                for (o, mine) in out.iter_mut().zip(&self.rows) {
+                    o.extend_from_slice(mine);
+                }
+            } else {
+                let payload = self.comm.recv(r)?;
+                decode_candidate_rows(payload, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pipeline stages: how many batches may usefully be in flight at once.
+    pub fn stages(&self) -> usize {
+        self.plan.stages.len()
+    }
+
     fn broadcast_header(&mut self) -> Result<()> {
         self.step.encode(&mut self.bytes);
         for &r in &self.plan.stages[0] {
@@ -471,4 +616,50 @@ impl Rank {
     pub fn n_ctx(&self) -> usize {
         self.caches.first().map_or(0, KvCache::capacity)
     }
+}
+
+/// Two ranks of one instance in this process, linked over shared memory: rank 1 serves on a
+/// thread of its own until rank 0 shuts the instance down, and rank 0 is returned to drive
+/// it. For tests and measurements of the sharded path without starting processes.
+pub fn local_pair(
+    file: &GgufFile,
+    a: &Assignment,
+) -> Result<(Rank, std::thread::JoinHandle<Result<()>>)> {
+    use std::time::Duration;
+    use strata_net::{LinkShape, MeshConfig, Transport};
+    if a.plan.world() != 2 {
+        return Err(Error::Protocol(format!(
+            "a local pair needs a plan for 2 ranks, not {}",
+            a.plan.world()
+        )));
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Protocol(format!("binding a local port: {e}")))?;
+    let at = listener
+        .local_addr()
+        .map_err(|e| Error::Protocol(e.to_string()))?;
+    let token = strata_net::new_token();
+    let mesh = move |rank: usize| MeshConfig {
+        rank,
+        world: 2,
+        coordinator: at,
+        listen: None,
+        token: token.clone(),
+        transport: Transport::Shm,
+        shape: LinkShape::default(),
+        join_timeout: Duration::from_secs(30),
+        stall_timeout: Duration::from_secs(30),
+        insecure_plaintext: false,
+    };
+    let worker = {
+        let (a, file, cfg) = (a.clone(), file.clone(), mesh(1));
+        std::thread::spawn(move || -> Result<()> {
+            let comm = strata_net::join(&cfg)?;
+            let shard = Rank::prepare(&file, &a, 1)?;
+            Rank::new(comm, shard, &a.plan)?.serve()
+        })
+    };
+    let comm = strata_net::coordinate(&mesh(0), listener)?;
+    let rank = Rank::new(comm, Rank::prepare(file, a, 0)?, &a.plan)?;
+    Ok((rank, worker))
 }

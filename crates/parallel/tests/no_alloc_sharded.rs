@@ -4,14 +4,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use strata_engine::ModelConfig;
 use strata_gguf::GgufFile;
-use strata_net::{LinkShape, MeshConfig, Transport};
-use strata_parallel::{Assignment, CombineStyle, Rank, ShardedGenerator, Strategy, make_plan};
+use strata_parallel::{
+    Assignment, CombineStyle, ShardedGenerator, Strategy, local_pair, make_plan,
+};
 use strata_tokenizer::Tokenizer;
 
 struct Counting;
@@ -39,21 +38,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn mesh(rank: usize, at: std::net::SocketAddr) -> MeshConfig {
-    MeshConfig {
-        rank,
-        world: 2,
-        coordinator: at,
-        listen: None,
-        token: "t".into(),
-        transport: Transport::Shm,
-        shape: LinkShape::default(),
-        join_timeout: Duration::from_secs(30),
-        stall_timeout: Duration::from_secs(30),
-        insecure_plaintext: false,
-    }
-}
-
 #[test]
 fn sharded_decode_steps_do_not_allocate() {
     let path = strata_store::Store::from_env()
@@ -65,7 +49,7 @@ fn sharded_decode_steps_do_not_allocate() {
         let cfg = ModelConfig::from_gguf(&file).unwrap();
         let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
         let a = Assignment {
-            plan: plan.clone(),
+            plan,
             model_path: path.clone(),
             model_bytes: file.bytes().len() as u64,
             threads: 1,
@@ -73,18 +57,7 @@ fn sharded_decode_steps_do_not_allocate() {
             max_seqs: 1,
             numerics: "avx2".into(),
         };
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap();
-        let worker = {
-            let (a, file) = (a.clone(), file.clone());
-            std::thread::spawn(move || {
-                let comm = strata_net::join(&mesh(1, at)).unwrap();
-                let shard = Rank::prepare(&file, &a, 1).unwrap();
-                Rank::new(comm, shard, &a.plan).unwrap().serve().unwrap();
-            })
-        };
-        let comm = strata_net::coordinate(&mesh(0, at), listener).unwrap();
-        let rank = Rank::new(comm, Rank::prepare(&file, &a, 0).unwrap(), &plan).unwrap();
+        let (rank, worker) = local_pair(&file, &a).unwrap();
         let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
         let mut g = ShardedGenerator::new(rank, tok, None).unwrap();
         let tokens: Vec<u32> = (100..140).collect();
@@ -94,7 +67,7 @@ fn sharded_decode_steps_do_not_allocate() {
         g.time_decode(&tokens, 24).unwrap();
         let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
         g.shutdown().unwrap();
-        worker.join().unwrap();
+        worker.join().unwrap().unwrap();
         assert_eq!(
             during, 0,
             "{strategy:?}: {during} allocations in 24 sharded decode steps"
