@@ -350,6 +350,9 @@ mod tests {
                     seq.2 = argmax(rb);
                 }
             }
+            // A pipeline's stages had two micro-batches in flight; a single stage, one.
+            let want = if strategy == Strategy::Pipeline { 2 } else { 1 };
+            assert_eq!(sharded.rank.max_in_flight(), want, "{strategy:?}");
             sharded.shutdown().unwrap();
             worker.join().unwrap().unwrap();
         }

@@ -410,6 +410,10 @@ pub(crate) struct LoadArgs {
     /// Context positions per sequence.
     #[arg(long)]
     ctx_size: Option<usize>,
+    /// Sequences decoded together in one batched step (each holds a KV cache of
+    /// `--ctx-size` positions; default 4).
+    #[arg(long, value_parser = crate::args::at_least_one)]
+    parallel: Option<usize>,
     /// Print the plan and its predicted speed; load nothing.
     #[arg(long)]
     dry_run: bool,
@@ -450,6 +454,7 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
         nodes: a.nodes.clone(),
         context: a.ctx_size,
         dry_run: a.dry_run,
+        parallel: a.parallel,
     };
     let body = serde_json::to_value(&req)?;
     let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/load", Some(&body))?;

@@ -43,7 +43,13 @@ pub struct LoadRequest {
     /// Only plan.
     #[serde(default)]
     pub dry_run: bool,
+    /// Sequences decoded together in one batched step (default [`DEFAULT_PARALLEL`]).
+    #[serde(default)]
+    pub parallel: Option<usize>,
 }
+
+/// Sequence slots of an instance whose request names none.
+pub const DEFAULT_PARALLEL: usize = 4;
 
 /// An instance in the leader's table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -211,13 +217,14 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         aliases: Vec::new(),
         defaults: strata_api::types::SamplingDefaults::default(),
     };
+    let slots = s.spec.request.parallel.unwrap_or(DEFAULT_PARALLEL).max(1);
     let world = s.placement.nodes.len();
     if world == 1 {
         return strata_api::start(strata_api::ServeOptions {
             model_path: path,
             model_id: opts.model_id,
             threads: s.threads,
-            parallel: 4,
+            parallel: slots,
             queue: opts.queue,
             n_ctx: Some(context),
             shared: opts.shared,
@@ -261,7 +268,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         model_bytes: file.bytes().len() as u64,
         threads: s.threads,
         n_ctx: context,
-        max_seqs: 4,
+        max_seqs: slots,
         numerics: strata_parallel::numerics_name(strata_kernels::attn::Flavour::native()).into(),
     };
     let rank =

@@ -138,6 +138,9 @@ pub struct Rank {
     /// This rank's candidates for each row of the last batch (last stage only).
     rows: Vec<Vec<(u32, f32)>>,
     targets: Vec<usize>,
+    /// Rank 0: batches submitted and not yet collected, and the most there have been.
+    in_flight: usize,
+    max_in_flight: usize,
 }
 
 impl std::fmt::Debug for Rank {
@@ -200,6 +203,8 @@ impl Rank {
             bytes: Vec::new(),
             local: Vec::new(),
             rows: Vec::new(),
+            in_flight: 0,
+            max_in_flight: 0,
         })
     }
 
@@ -537,12 +542,20 @@ impl Rank {
         // The next single step's header carries no batch.
         self.step.seqs.clear();
         self.step.poss.clear();
+        self.in_flight += 1;
+        self.max_in_flight = self.max_in_flight.max(self.in_flight);
         res
+    }
+
+    /// Rank 0: the most batches that have been in flight at once (submitted, not collected).
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     /// Rank 0: takes the candidates of the oldest batch submitted, one row per sequence in
     /// the order submitted (`rows` of them).
     pub fn collect_batch(&mut self, rows: usize, out: &mut Vec<Vec<(u32, f32)>>) -> Result<()> {
+        self.in_flight = self.in_flight.saturating_sub(1);
         out.resize_with(rows, Vec::new);
         out.truncate(rows);
         for row in out.iter_mut() {
