@@ -40,9 +40,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+TEMPERATURE = 0.7
+
+
 def one(url, i, tokens):
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            "max_tokens": tokens, "temperature": 0.7, "seed": i, "stream": True,
+            "max_tokens": tokens, "temperature": TEMPERATURE, "seed": i, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, n = None, 0
@@ -138,24 +141,33 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--load-parallel", type=int,
                     help="sequence slots of the cluster's instance (`strata load --parallel`)")
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="0 samples greedily (a sharded instance then moves one logit per rank)")
+    ap.add_argument("--configs", default="1 node,cluster",
+                    help="which of `1 node` and `cluster` to run")
     ap.add_argument("--json")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
+    global TEMPERATURE
+    TEMPERATURE = a.temperature
     results = []
     for strata in a.strata:
-        rows = {"1 node": single(strata, levels, a.tokens)}
-        for s in a.strategies.split(","):
+        rows = {}
+        if "1 node" in a.configs:
+            rows["1 node"] = single(strata, levels, a.tokens)
+        for s in a.strategies.split(",") if "cluster" in a.configs else []:
             rows[f"2 nodes, {s}"] = cluster(strata, s, levels, a.tokens, a.load_parallel)
         results.append({"strata": strata, "rows": rows})
     print("| build | configuration | clients | aggregate tok/s | per stream tok/s | TTFT s | vs 1 node |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        base = {x["clients"]: x["aggregate_tok_s"] for x in r["rows"]["1 node"]}
+        base = {x["clients"]: x["aggregate_tok_s"] for x in r["rows"].get("1 node", [])}
         for name, lv in r["rows"].items():
             for x in lv:
                 print(f"| {r['strata']} | {name} | {x['clients']} | {x['aggregate_tok_s']:.1f} | "
                       f"{x['per_stream_tok_s']:.1f} | {x['ttft_s']:.2f} | "
-                      f"{x['aggregate_tok_s'] / base[x['clients']]:.2f}x |")
+                      + (f"{x['aggregate_tok_s'] / base[x['clients']]:.2f}x |"
+                         if x["clients"] in base else "- |"))
     if a.json:
         json.dump(results, open(a.json, "w"), indent=1)
 

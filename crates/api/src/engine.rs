@@ -23,6 +23,13 @@ pub trait Engine: Send + 'static {
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
+    /// [`Engine::step`] for a step whose every sequence picks its token greedily with nothing
+    /// else reading its row (no penalties, grammar or log-probabilities): an engine may fill
+    /// only each row's greatest logit (the rest minus infinity), which an argmax picks the
+    /// same. A sharded engine then moves one candidate per rank and row, not its vocabulary.
+    fn step_greedy(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        self.step(steps)
+    }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
     /// last (the fast path for tokens a grammar forces).
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String>;
@@ -138,6 +145,58 @@ impl Sharded {
         self.collect_row(0)
     }
 
+    /// One batched step of every listed sequence, each rank giving back the candidates
+    /// `params` keep of its vocabulary slice.
+    fn step_with(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        params: &SamplingParams,
+    ) -> Result<&mut [f32], String> {
+        for &(slot, _) in steps {
+            let slot = slot.index();
+            if !self.busy.get(slot).copied().unwrap_or(false) {
+                return Err(format!("slot {slot} holds no sequence"));
+            }
+        }
+        // Every sequence in one batched step; a pipeline gets one micro-batch per stage, each
+        // submitted before the first is collected, so stage 2 works on the first while stage 1
+        // works on the second. Each row's arithmetic is a one-token step's, so a sequence's
+        // tokens do not depend on what it is batched with.
+        self.logits.resize(steps.len() * self.vocab, 0.0);
+        self.batch.clear();
+        self.batch.extend(
+            steps
+                .iter()
+                .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
+        );
+        let per = steps
+            .len()
+            .div_ceil(self.rank.stages().clamp(1, steps.len()));
+        for micro in self.batch.chunks(per) {
+            self.rank
+                .submit_batch(micro, params)
+                .map_err(|e| e.to_string())?;
+        }
+        let mut at = 0;
+        for micro in 0..self.batch.len().div_ceil(per) {
+            let n = per.min(self.batch.len() - micro * per);
+            self.rank
+                .collect_batch(n, &mut self.rows)
+                .map_err(|e| e.to_string())?;
+            for row in &self.rows[..n] {
+                fill_row(
+                    &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
+                    row,
+                );
+                at += 1;
+            }
+        }
+        for &(slot, _) in steps {
+            self.lens[slot.index()] += 1;
+        }
+        Ok(&mut self.logits[..steps.len() * self.vocab])
+    }
+
     /// Tells every rank to stop (the instance is being unloaded).
     pub fn shutdown(&mut self) -> Result<(), String> {
         self.rank.shutdown().map_err(|e| e.to_string())
@@ -189,50 +248,16 @@ impl Engine for Sharded {
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
-        let raw = Self::raw();
-        for &(slot, _) in steps {
-            let slot = slot.index();
-            if !self.busy.get(slot).copied().unwrap_or(false) {
-                return Err(format!("slot {slot} holds no sequence"));
-            }
-        }
-        // Every sequence in one batched step; a pipeline gets one micro-batch per stage, each
-        // submitted before the first is collected, so stage 2 works on the first while stage 1
-        // works on the second. Each row's arithmetic is a one-token step's, so a sequence's
-        // tokens do not depend on what it is batched with.
-        self.logits.resize(steps.len() * self.vocab, 0.0);
-        self.batch.clear();
-        self.batch.extend(
-            steps
-                .iter()
-                .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
-        );
-        let per = steps
-            .len()
-            .div_ceil(self.rank.stages().clamp(1, steps.len()));
-        for micro in self.batch.chunks(per) {
-            self.rank
-                .submit_batch(micro, &raw)
-                .map_err(|e| e.to_string())?;
-        }
-        let mut at = 0;
-        for micro in 0..self.batch.len().div_ceil(per) {
-            let n = per.min(self.batch.len() - micro * per);
-            self.rank
-                .collect_batch(n, &mut self.rows)
-                .map_err(|e| e.to_string())?;
-            for row in &self.rows[..n] {
-                fill_row(
-                    &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
-                    row,
-                );
-                at += 1;
-            }
-        }
-        for &(slot, _) in steps {
-            self.lens[slot.index()] += 1;
-        }
-        Ok(&mut self.logits[..steps.len() * self.vocab])
+        self.step_with(steps, &Self::raw())
+    }
+
+    fn step_greedy(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        // Each rank's greatest logit per row, ties to the lowest id, as an argmax finds it.
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        self.step_with(steps, &greedy)
     }
 
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
@@ -347,6 +372,24 @@ mod tests {
                     let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
                     let same = ra.iter().zip(rb).all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "{strategy:?}: step {step}, row {i} differs");
+                    seq.2 = argmax(rb);
+                }
+            }
+            // Greedy steps move each rank's best logit per row, nothing more, and pick the
+            // token the full row's argmax picks.
+            for step in 0..4 {
+                let s_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.0, x.2)).collect();
+                let l_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.1, x.2)).collect();
+                let a = Engine::step_greedy(&mut sharded, &s_steps)
+                    .unwrap()
+                    .to_vec();
+                let b = Engine::step(&mut local, &l_steps).unwrap().to_vec();
+                let v = cfg.n_vocab;
+                for (i, seq) in live.iter_mut().enumerate() {
+                    let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
+                    let kept = ra.iter().filter(|x| x.is_finite()).count();
+                    assert!((1..=2).contains(&kept), "{strategy:?}: {kept} logits moved");
+                    assert_eq!(argmax(ra), argmax(rb), "{strategy:?}: greedy step {step}");
                     seq.2 = argmax(rb);
                 }
             }

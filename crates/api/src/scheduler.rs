@@ -194,6 +194,18 @@ struct Seq {
 }
 
 impl Seq {
+    /// Whether nothing but an argmax reads this sequence's next row: greedy, without
+    /// penalties, grammar or log-probabilities.
+    fn argmax_only(&self) -> bool {
+        let p = &self.job.sampling;
+        p.is_greedy()
+            && p.repeat_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && self.job.logprobs.is_none()
+            && self.job.constraint.is_none()
+    }
+
     /// What follows a pass of tokens through the sequence's slot: with `sample`, the next token
     /// is sampled from its logits; a failed pass fails the request. Whether the sequence goes
     /// on (the caller frees the slot of one that does not).
@@ -542,7 +554,18 @@ fn run(
         if steps.is_empty() {
             continue;
         }
-        match batch.step(&steps) {
+        // Rows only an argmax reads need only their maximum (a sharded instance then moves
+        // one candidate per rank and row instead of its vocabulary slice).
+        let greedy = active
+            .iter()
+            .filter(|s| s.decoding())
+            .all(|s| s.argmax_only());
+        let pass = if greedy {
+            batch.step_greedy(&steps)
+        } else {
+            batch.step(&steps)
+        };
+        match pass {
             Ok(logits) => {
                 let vocab = logits.len() / steps.len();
                 let mut i = 0;
