@@ -23,11 +23,14 @@ pub trait Engine: Send + 'static {
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
-    /// [`Engine::step`] for a step whose every sequence picks its token greedily with nothing
-    /// else reading its row (no penalties, grammar or log-probabilities): an engine may fill
-    /// only each row's greatest logit (the rest minus infinity), which an argmax picks the
-    /// same. A sharded engine then moves one candidate per rank and row, not its vocabulary.
-    fn step_greedy(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+    /// [`Engine::step`] for a step whose every sequence reads only the `k` greatest logits of
+    /// its row (greedy, `k` = 1, or top-k sampling with a `top_k` of at most `k`; no
+    /// penalties, grammar or log-probabilities): an engine may fill only those (ties to the
+    /// lower id, the rest minus infinity), from which the sampler picks exactly what it picks
+    /// from the whole row. A sharded engine then moves `k` candidates per rank and row, not
+    /// its vocabulary slice.
+    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], String> {
+        let _ = k;
         self.step(steps)
     }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
@@ -251,13 +254,15 @@ impl Engine for Sharded {
         self.step_with(steps, &Self::raw())
     }
 
-    fn step_greedy(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
-        // Each rank's greatest logit per row, ties to the lowest id, as an argmax finds it.
-        let greedy = SamplingParams {
-            temperature: 0.0,
+    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], String> {
+        // Each rank's `k` greatest raw logits per row, ordered and tied as the sampler's top-k
+        // orders them.
+        let top = SamplingParams {
+            temperature: 1.0,
+            top_k: k.max(1),
             ..SamplingParams::default()
         };
-        self.step_with(steps, &greedy)
+        self.step_with(steps, &top)
     }
 
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
@@ -296,6 +301,17 @@ mod tests {
     };
 
     use super::*;
+
+    /// The `k` greatest logits with their ids, ties to the lower id.
+    fn top(row: &[f32], k: usize) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (i as u32, x))
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.iter().take(k).map(|&(i, x)| (i, x.to_bits())).collect()
+    }
 
     fn argmax(row: &[f32]) -> u32 {
         let mut best = 0;
@@ -376,11 +392,13 @@ mod tests {
                 }
             }
             // Greedy steps move each rank's best logit per row, nothing more, and pick the
-            // token the full row's argmax picks.
+            // token the full row's argmax picks; top-k steps move k per rank and row, the
+            // row's k best among them.
             for step in 0..4 {
+                let k = if step < 2 { 1 } else { 5 };
                 let s_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.0, x.2)).collect();
                 let l_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.1, x.2)).collect();
-                let a = Engine::step_greedy(&mut sharded, &s_steps)
+                let a = Engine::step_top(&mut sharded, &s_steps, k)
                     .unwrap()
                     .to_vec();
                 let b = Engine::step(&mut local, &l_steps).unwrap().to_vec();
@@ -388,8 +406,11 @@ mod tests {
                 for (i, seq) in live.iter_mut().enumerate() {
                     let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
                     let kept = ra.iter().filter(|x| x.is_finite()).count();
-                    assert!((1..=2).contains(&kept), "{strategy:?}: {kept} logits moved");
-                    assert_eq!(argmax(ra), argmax(rb), "{strategy:?}: greedy step {step}");
+                    assert!(
+                        (k..=2 * k).contains(&kept),
+                        "{strategy:?}: {kept} logits moved"
+                    );
+                    assert_eq!(top(ra, k), top(rb, k), "{strategy:?}: step {step}, k {k}");
                     seq.2 = argmax(rb);
                 }
             }

@@ -194,16 +194,23 @@ struct Seq {
 }
 
 impl Seq {
-    /// Whether nothing but an argmax reads this sequence's next row: greedy, without
-    /// penalties, grammar or log-probabilities.
-    fn argmax_only(&self) -> bool {
+    /// How many of its next row's greatest logits this sequence's sampler reads: 1 when
+    /// greedy, `top_k` under top-k sampling; `None` when anything reads the whole row
+    /// (penalties, a grammar, log-probabilities, sampling without top-k).
+    fn reads_top(&self) -> Option<usize> {
         let p = &self.job.sampling;
-        p.is_greedy()
-            && p.repeat_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && self.job.logprobs.is_none()
-            && self.job.constraint.is_none()
+        let whole = p.repeat_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+            || self.job.logprobs.is_some()
+            || self.job.constraint.is_some();
+        if whole {
+            None
+        } else if p.is_greedy() {
+            Some(1)
+        } else {
+            (p.top_k > 0).then_some(p.top_k)
+        }
     }
 
     /// What follows a pass of tokens through the sequence's slot: with `sample`, the next token
@@ -554,16 +561,16 @@ fn run(
         if steps.is_empty() {
             continue;
         }
-        // Rows only an argmax reads need only their maximum (a sharded instance then moves
-        // one candidate per rank and row instead of its vocabulary slice).
-        let greedy = active
+        // Rows whose sampler reads only their top k need only those (a sharded instance then
+        // moves k candidates per rank and row instead of its vocabulary slice).
+        let top = active
             .iter()
             .filter(|s| s.decoding())
-            .all(|s| s.argmax_only());
-        let pass = if greedy {
-            batch.step_greedy(&steps)
-        } else {
-            batch.step(&steps)
+            .map(Seq::reads_top)
+            .try_fold(1, |k, need| need.map(|n| k.max(n)));
+        let pass = match top {
+            Some(k) => batch.step_top(&steps, k),
+            None => batch.step(&steps),
         };
         match pass {
             Ok(logits) => {

@@ -310,6 +310,38 @@ mod tests {
         vec![1.0, 3.0, 2.0, 0.5, 2.9]
     }
 
+    /// A row holding only its `k` greatest logits (the rest minus infinity, as a sharded
+    /// instance fills it) samples exactly as the whole row does under top-k (with k at most
+    /// that), whatever temperature, min-p and top-p follow.
+    #[test]
+    fn a_row_of_its_top_k_samples_as_the_whole_row() {
+        let full: Vec<f32> = (0..300u32)
+            .map(|i| ((i * 7919 % 101) as f32 * 0.37).sin() * 4.0)
+            .collect();
+        for (k, kept) in [(1usize, 1usize), (5, 5), (5, 12), (40, 40)] {
+            let mut order: Vec<usize> = (0..full.len()).collect();
+            order.sort_by(|&a, &b| full[b].total_cmp(&full[a]).then(a.cmp(&b)));
+            let mut sparse = vec![f32::NEG_INFINITY; full.len()];
+            for &i in &order[..kept] {
+                sparse[i] = full[i];
+            }
+            let params = SamplingParams {
+                temperature: if k == 1 { 0.0 } else { 0.8 },
+                top_k: k,
+                top_p: 0.9,
+                min_p: 0.02,
+                seed: 11,
+                ..SamplingParams::default()
+            };
+            let (mut a, mut b) = (Sampler::new(params.clone()), Sampler::new(params));
+            for _ in 0..200 {
+                let x = a.sample(&mut full.clone(), &[]);
+                let y = b.sample(&mut sparse.clone(), &[]);
+                assert_eq!(x, y, "k {k}, {kept} kept");
+            }
+        }
+    }
+
     #[test]
     fn greedy_is_argmax() {
         let mut s = Sampler::new(SamplingParams::default());
