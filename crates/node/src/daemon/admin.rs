@@ -1,0 +1,197 @@
+//! The node's own HTTP routes: the cluster view and the lifecycle commands the CLI sends, and
+//! the key check that keeps them to admin keys.
+
+use super::*;
+
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/cluster/status", get(status))
+        .route("/v1/cluster/devices", get(devices))
+        .route("/v1/cluster/drain", post(drain))
+        .route("/v1/cluster/stop", post(stop))
+        .route("/v1/cluster/load", post(load))
+        .route("/v1/cluster/unload", post(unload))
+        .fallback(to_instance)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            guard,
+        ))
+        .with_state(shared)
+}
+
+/// Routes that change the cluster: only admin keys may use them.
+pub(super) fn is_admin_route(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/cluster/drain" | "/v1/cluster/stop" | "/v1/cluster/load" | "/v1/cluster/unload"
+    )
+}
+
+/// What the key check decides for a request to `path` with this `Authorization` header:
+/// `None` lets it through. Client keys may run inference and read the cluster's state; cluster
+/// operations need `role=admin` (403 otherwise, so an application's key cannot stop the node).
+pub(super) fn authorize(keys: &Keys, path: &str, auth: Option<&str>) -> Option<Response> {
+    match keys.check(auth) {
+        Verdict::Allowed(g) if is_admin_route(path) && g.role != Role::Admin => Some(error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "key {:?} is a client key; {path} needs a key with role=admin in the API key file",
+                g.name
+            ),
+        )),
+        Verdict::Allowed(_) => None,
+        Verdict::Unknown => Some(error(
+            StatusCode::UNAUTHORIZED,
+            "a valid API key is required",
+        )),
+        Verdict::Limited(secs) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("rate limit reached for this key; retry in {secs:.1} s"),
+            );
+            if let Ok(v) = format!("{}", secs.ceil() as u64).parse() {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            Some(r)
+        }
+    }
+}
+
+/// Every route but `/health` needs a key whenever the node has keys.
+pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    if req.uri().path() != "/health"
+        && let Some(keys) = &shared.keys
+    {
+        let auth = strata_api::auth::presented(req.headers());
+        if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
+            return refused;
+        }
+    }
+    next.run(req).await
+}
+
+/// An error in the API's shape (OpenAI's, or Anthropic's on its routes).
+pub(super) fn error(status: StatusCode, msg: &str) -> Response {
+    strata_api::ApiError::with_status(status, msg).into_response()
+}
+
+pub(super) async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {
+    let snapshot = shared.control.snapshot();
+    Json(Status {
+        topology: topology(&snapshot),
+        instances: leader_table(&snapshot).unwrap_or_default(),
+        snapshot,
+    })
+}
+
+pub(super) async fn devices(State(shared): State<Arc<Shared>>) -> Json<Vec<Profile>> {
+    Json(
+        shared
+            .control
+            .snapshot()
+            .members
+            .into_iter()
+            .filter_map(|m| m.state.map(|s| s.profile))
+            .collect(),
+    )
+}
+
+pub(super) async fn drain(State(shared): State<Arc<Shared>>, _h: HeaderMap) -> Response {
+    shared.flags.draining.store(true, Ordering::Relaxed);
+    let _ = publish(&shared).await;
+    Json(serde_json::json!({ "draining": true })).into_response()
+}
+
+pub(super) async fn stop(State(shared): State<Arc<Shared>>) -> Response {
+    shared.stop.notify_one();
+    Json(serde_json::json!({ "stopping": true })).into_response()
+}
+
+pub(super) async fn load(
+    State(shared): State<Arc<Shared>>,
+    Json(req): Json<LoadRequest>,
+) -> Response {
+    if req.dry_run {
+        let snap = shared.control.snapshot();
+        let (topo, names) = (topology(&snap), names(&snap));
+        let peers = peers_of(&shared);
+        let planned =
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, &peers)).await;
+        return match planned {
+            Ok(Ok((p, facts))) => {
+                Json(serde_json::json!({ "placement": p, "model": facts })).into_response()
+            }
+            Ok(Err(e)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        };
+    }
+    let body = serde_json::to_vec(&req).unwrap_or_default();
+    match ask_leader(&shared, "load", body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct UnloadBody {
+    instance: String,
+}
+
+pub(super) async fn unload(
+    State(shared): State<Arc<Shared>>,
+    Json(b): Json<UnloadBody>,
+) -> Response {
+    let body = serde_json::to_vec(&b.instance).unwrap_or_default();
+    match ask_leader(&shared, "unload", body).await {
+        Ok(_) => Json(serde_json::json!({ "unloaded": b.instance })).into_response(),
+        Err(e) => error(StatusCode::NOT_FOUND, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::parse(
+            "sk-admin-123456 name=ops role=admin\nsk-app-1234567 name=app\nsk-slow-1234567 rpm=1\n",
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn client_keys_may_infer_and_read_but_not_operate_the_cluster() {
+        let k = keys();
+        let client = Some("Bearer sk-app-1234567");
+        for path in ["/v1/chat/completions", "/v1/cluster/status", "/v1/models"] {
+            assert!(authorize(&k, path, client).is_none(), "{path}");
+        }
+        for path in [
+            "/v1/cluster/stop",
+            "/v1/cluster/drain",
+            "/v1/cluster/load",
+            "/v1/cluster/unload",
+        ] {
+            let r = authorize(&k, path, client).expect(path);
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+            assert!(authorize(&k, path, Some("Bearer sk-admin-123456")).is_none());
+            assert_eq!(
+                authorize(&k, path, None).unwrap().status(),
+                StatusCode::UNAUTHORIZED
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_over_its_rate_gets_429_with_retry_after() {
+        let k = keys();
+        let slow = Some("Bearer sk-slow-1234567");
+        assert!(authorize(&k, "/v1/models", slow).is_none());
+        let r = authorize(&k, "/v1/models", slow).unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.headers().get(header::RETRY_AFTER).is_some());
+    }
+}

@@ -1,0 +1,212 @@
+//! Hosting: starting and stopping this node's ranks to follow the leader's table.
+
+use super::*;
+
+/// Every 300 ms: as leader, place again what lost a node; as any node, start and stop ranks to
+/// match the leader's table.
+pub(super) async fn instances_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(300));
+    loop {
+        tick.tick().await;
+        let snap = shared.control.snapshot();
+        // Follow the leader's table, unless it is older than the one followed already (a
+        // leader that has just started and not yet taken up the cluster's table).
+        if let Some(f) = leader_followed(&snap) {
+            let mut last = locked(&shared.last_table);
+            if f.version >= last.version {
+                *last = f;
+            }
+        }
+        if shared.control.is_leader() {
+            if !shared.was_leader.swap(true, Ordering::Relaxed) {
+                let inherited = locked(&shared.last_table).clone();
+                let mut t = locked(&shared.table);
+                if inherited.version >= shared.table_version.load(Ordering::Relaxed) {
+                    *t = inherited.table;
+                    shared
+                        .table_version
+                        .store(inherited.version, Ordering::Relaxed);
+                }
+            }
+            // A member may follow a newer table than this leader has (this node restarted and
+            // leads by its id): take it up before anything else.
+            if let Some(newest) = newest_followed(&snap)
+                && newest.version > shared.table_version.load(Ordering::Relaxed)
+            {
+                *locked(&shared.table) = newest.table;
+                shared
+                    .table_version
+                    .store(newest.version, Ordering::Relaxed);
+            }
+            replace_lost(&shared, &snap).await;
+        } else {
+            shared.was_leader.store(false, Ordering::Relaxed);
+        }
+        let table = followed(&shared).table;
+        host(&shared, &snap, &table);
+    }
+}
+
+/// This node's peers, as a source of models.
+pub(super) fn peers_of(shared: &Shared) -> transfer::Peers {
+    transfer::Peers {
+        session: shared.control.session().clone(),
+        prefix: shared.control.prefix().to_string(),
+        ids: shared.control.peers(),
+        model_dirs: std::sync::Arc::clone(&shared.model_dirs),
+    }
+}
+
+/// Starts the ranks the table gives this node and stops those it no longer does.
+pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]) {
+    let me = shared.control.me().to_string();
+    let mut wanted: Vec<(String, u64)> = Vec::new();
+    let hosted = hosted_by(snap);
+    for spec in table {
+        let Some(p) = &spec.placement else { continue };
+        let Some(rank) = p.nodes.iter().position(|n| *n == me) else {
+            continue;
+        };
+        let k = (spec.id.clone(), spec.epoch);
+        wanted.push(k.clone());
+        if locked(&shared.hosted).contains_key(&k) {
+            continue;
+        }
+        let token = instances::token(&shared.key, &spec.id, spec.epoch);
+        if rank == 0 {
+            start_rank0(shared, spec, p, token);
+        } else {
+            // Workers join rank 0 once it listens.
+            let coordinator = hosted.get(&p.nodes[0]).and_then(|list| {
+                list.iter()
+                    .find(|h| h.instance == spec.id && h.epoch == spec.epoch)
+                    .and_then(|h| h.coordinator.as_deref()?.parse::<SocketAddr>().ok())
+            });
+            let Some(coordinator) = coordinator else {
+                continue;
+            };
+            locked(&shared.hosted)
+                .insert(k.clone(), Host::new(spec, rank, None, "starting".into()));
+            // Resolving may mean copying the model from a peer: off the async threads.
+            let (shared, model, world) = (
+                Arc::clone(shared),
+                spec.request.model.clone(),
+                p.nodes.len(),
+            );
+            let peers = peers_of(&shared);
+            std::thread::spawn(move || {
+                let started = transfer::resolve(&model, &peers).and_then(|path| {
+                    instances::start_worker(&path, rank, world, coordinator, &token)
+                });
+                let started = started.map(|c| Arc::new(Mutex::new(c)));
+                {
+                    let mut hosted = locked(&shared.hosted);
+                    let Some(h) = hosted.get_mut(&k) else {
+                        // Gone meanwhile; the child (if any) is killed as it drops.
+                        drop(started.map(Running::Worker));
+                        return;
+                    };
+                    match &started {
+                        Ok(c) => {
+                            h.info.status = "ready".into();
+                            h.running = Some(Running::Worker(Arc::clone(c)));
+                        }
+                        Err(e) => {
+                            eprintln!("strata: rank {rank} of {} failed to start: {e}", k.0);
+                            h.info.status = format!("failed: {e}");
+                        }
+                    }
+                }
+                if let Ok(c) = started {
+                    instances::watch(&c);
+                }
+            });
+        }
+    }
+    let mut h = locked(&shared.hosted);
+    let gone: Vec<(String, u64)> = h.keys().filter(|k| !wanted.contains(k)).cloned().collect();
+    for k in gone {
+        if locked(&shared.served)
+            .as_ref()
+            .is_some_and(|(id, _)| *id == format!("{}@{}", k.0, k.1))
+        {
+            locked(&shared.served).take();
+        }
+        h.remove(&k);
+    }
+    // A worker that exited is reported failed.
+    for host in h.values_mut() {
+        if let Some(st) = host.running.as_ref().and_then(Running::exited) {
+            eprintln!(
+                "strata: rank {} of {} exited ({st})",
+                host.info.rank, host.info.instance
+            );
+            host.info.status = format!("failed: the worker exited ({st})");
+            host.running = None;
+        }
+    }
+}
+
+pub(super) fn start_rank0(
+    shared: &Arc<Shared>,
+    spec: &InstanceSpec,
+    p: &strata_cluster::Placement,
+    token: String,
+) {
+    let k = (spec.id.clone(), spec.epoch);
+    let listener = match std::net::TcpListener::bind((shared.data_host, 0)) {
+        Ok(l) => l,
+        Err(e) => {
+            locked(&shared.hosted).insert(
+                k,
+                Host::new(spec, 0, None, format!("failed: listening for ranks: {e}")),
+            );
+            return;
+        }
+    };
+    let coordinator = listener.local_addr().ok().map(|a| a.to_string());
+    locked(&shared.hosted).insert(
+        k.clone(),
+        Host::new(spec, 0, coordinator, "starting".into()),
+    );
+    let shared = Arc::clone(shared);
+    let spec = spec.clone();
+    let p = p.clone();
+    std::thread::spawn(move || {
+        let result = instances::start_rank0(instances::Rank0Start {
+            spec: &spec,
+            placement: &p,
+            listener,
+            token,
+            threads: shared.threads,
+            keys: None,
+            peers: peers_of(&shared),
+        });
+        let mut hosted = locked(&shared.hosted);
+        let Some(h) = hosted.get_mut(&k) else {
+            // Unloaded or placed again meanwhile: the state drops here.
+            return;
+        };
+        match result {
+            Ok(state) => {
+                eprintln!(
+                    "strata: instance {} (epoch {}) of {} is ready",
+                    spec.id, spec.epoch, spec.request.model
+                );
+                *locked(&shared.served) = Some((
+                    format!("{}@{}", k.0, k.1),
+                    strata_api::server::router(Arc::clone(&state)),
+                ));
+                h.info.status = "ready".into();
+                h.running = Some(Running::Rank0(state));
+            }
+            Err(e) => {
+                eprintln!(
+                    "strata: instance {} (epoch {}) failed to start: {e}",
+                    spec.id, spec.epoch
+                );
+                h.info.status = format!("failed: {e}");
+            }
+        }
+    });
+}

@@ -1,0 +1,247 @@
+//! The leader's side: the instance table it keeps (versioned, so a new leader takes up the
+//! newest), the load and unload requests members send it, and placing again what lost a node.
+
+use super::*;
+
+/// The leader's instance table, from a snapshot.
+pub(super) fn leader_table(s: &Snapshot) -> Option<Vec<InstanceSpec>> {
+    leader_followed(s).map(|f| f.table)
+}
+
+/// The table the leader publishes (it follows its own), with its version.
+pub(super) fn leader_followed(s: &Snapshot) -> Option<Followed> {
+    let leader = s.leader.as_deref()?;
+    let m = s.members.iter().find(|m| m.id == leader)?;
+    serde_json::from_value(m.state.as_ref()?.extra.get("followed")?.clone()).ok()
+}
+
+/// An instance table with its version: the number of changes leaders have made to it, carried
+/// from leader to leader. Every node publishes the table it follows, so a leader that has just
+/// started (a restarted node with the smallest id) takes up the newest table any member holds
+/// instead of imposing its own empty one, and members never drop their instances for a table
+/// older than the one they run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Followed {
+    pub(super) version: u64,
+    pub(super) table: Vec<InstanceSpec>,
+}
+
+/// What this node follows now: its own table when it leads.
+pub(super) fn followed(shared: &Shared) -> Followed {
+    if shared.control.is_leader() {
+        Followed {
+            version: shared.table_version.load(Ordering::Relaxed),
+            table: locked(&shared.table).clone(),
+        }
+    } else {
+        locked(&shared.last_table).clone()
+    }
+}
+
+/// The newest table any member (this one included) publishes.
+pub(super) fn newest_followed(s: &Snapshot) -> Option<Followed> {
+    s.members
+        .iter()
+        .filter_map(|m| m.state.as_ref()?.extra.get("followed"))
+        .filter_map(|v| serde_json::from_value::<Followed>(v.clone()).ok())
+        .max_by_key(|f| f.version)
+}
+
+/// Leader: counts one change to the table.
+pub(super) fn table_changed(shared: &Shared) {
+    shared.table_version.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What each member says it hosts, by node id.
+pub(super) fn hosted_by(s: &Snapshot) -> BTreeMap<String, Vec<Hosted>> {
+    s.members
+        .iter()
+        .filter_map(|m| {
+            let st = m.state.as_ref()?;
+            let h: Vec<Hosted> = serde_json::from_value(st.extra.get("hosted")?.clone()).ok()?;
+            Some((m.id.clone(), h))
+        })
+        .collect()
+}
+
+pub(super) fn names(s: &Snapshot) -> BTreeMap<String, String> {
+    s.members
+        .iter()
+        .filter_map(|m| Some((m.id.clone(), m.state.as_ref()?.profile.name.clone())))
+        .collect()
+}
+
+/// Answers `load` and `unload` sent to this node as leader.
+pub(super) async fn rpc_loop(
+    shared: Arc<Shared>,
+    rpc: zenoh::query::Queryable<zenoh::handlers::FifoChannelHandler<zenoh::query::Query>>,
+) {
+    while let Ok(q) = rpc.recv_async().await {
+        let op = q
+            .key_expr()
+            .as_str()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if op == "http" {
+            tokio::spawn(serve_forwarded(Arc::clone(&shared), q));
+            continue;
+        }
+        if op == "model" {
+            tokio::task::spawn_blocking(move || transfer::serve(&q));
+            continue;
+        }
+        let body = q
+            .payload()
+            .map(|p| p.to_bytes().to_vec())
+            .unwrap_or_default();
+        let answer: std::result::Result<serde_json::Value, String> = if !shared.control.is_leader()
+        {
+            Err("this node is not the leader".into())
+        } else {
+            match op.as_str() {
+                "load" => match serde_json::from_slice::<LoadRequest>(&body) {
+                    Ok(req) => leader_load(&shared, req)
+                        .await
+                        .map(|s| serde_json::to_value(s).unwrap_or_default()),
+                    Err(e) => Err(format!("bad load request: {e}")),
+                },
+                "unload" => match serde_json::from_slice::<String>(&body) {
+                    Ok(id) => leader_unload(&shared, &id).map(|()| serde_json::json!({})),
+                    Err(e) => Err(format!("bad unload request: {e}")),
+                },
+                other => Err(format!("unknown request {other:?}")),
+            }
+        };
+        let bytes = serde_json::to_vec(&match answer {
+            Ok(v) => serde_json::json!({ "ok": v }),
+            Err(e) => serde_json::json!({ "error": e }),
+        })
+        .unwrap_or_default();
+        let _ = q.reply(q.key_expr().clone(), bytes).await;
+    }
+}
+
+pub(super) async fn leader_load(
+    shared: &Arc<Shared>,
+    req: LoadRequest,
+) -> std::result::Result<InstanceSpec, String> {
+    let snap = shared.control.snapshot();
+    let topo = topology(&snap);
+    let names = names(&snap);
+    let r = req.clone();
+    let peers = peers_of(shared);
+    let (placement, facts) =
+        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, &peers))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    // Every rank, and every later re-placement, uses the context this placement was made for.
+    let mut req = req;
+    req.context = Some(req.context.unwrap_or(facts.default_context));
+    let spec = InstanceSpec {
+        id: format!("i-{}", crate::key::encode_hex(&rand::random::<[u8; 3]>())),
+        epoch: 1,
+        request: req,
+        placement: Some(placement),
+        problem: None,
+    };
+    locked(&shared.table).push(spec.clone());
+    table_changed(shared);
+    let _ = publish(shared).await;
+    Ok(spec)
+}
+
+pub(super) fn leader_unload(shared: &Shared, id: &str) -> std::result::Result<(), String> {
+    let mut t = locked(&shared.table);
+    let before = t.len();
+    t.retain(|s| s.id != id);
+    if t.len() == before {
+        return Err(format!("no instance {id:?}"));
+    }
+    table_changed(shared);
+    Ok(())
+}
+
+/// Sends a request to the leader (which may be this node) and returns its answer.
+pub(super) async fn ask_leader(
+    shared: &Shared,
+    op: &str,
+    body: Vec<u8>,
+) -> std::result::Result<serde_json::Value, String> {
+    let leader = shared
+        .control
+        .leader()
+        .ok_or("the cluster has no leader yet")?;
+    let key = format!("{}/rpc/{leader}/{op}", shared.control.prefix());
+    let replies = shared
+        .control
+        .session()
+        .get(key)
+        .payload(body)
+        .timeout(Duration::from_secs(120))
+        .await
+        .map_err(|e| e.to_string())?;
+    let reply = replies
+        .recv_async()
+        .await
+        .map_err(|_| format!("the leader {leader} did not answer"))?;
+    let sample = reply
+        .result()
+        .map_err(|_| format!("the leader {leader} failed"))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&sample.payload().to_bytes()).map_err(|e| e.to_string())?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(e.to_string()),
+        None => Ok(v["ok"].clone()),
+    }
+}
+
+/// Leader: instances on a node that left are placed again on the nodes left (a new epoch).
+pub(super) async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
+    let topo = topology(snap);
+    let alive: Vec<&str> = topo.nodes.iter().map(|n| n.id.as_str()).collect();
+    let lost: Vec<InstanceSpec> = locked(&shared.table)
+        .iter()
+        .filter(|s| {
+            s.placement
+                .as_ref()
+                .is_none_or(|p| p.nodes.iter().any(|n| !alive.contains(&n.as_str())))
+        })
+        .cloned()
+        .collect();
+    for spec in lost {
+        let mut req = spec.request.clone();
+        // The nodes and strategy asked for may be gone: let the planner choose again.
+        req.nodes = None;
+        req.strategy = None;
+        let (topo, names, peers) = (topo.clone(), names(snap), peers_of(shared));
+        let planned =
+            tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, &peers)).await;
+        let mut t = locked(&shared.table);
+        let Some(s) = t
+            .iter_mut()
+            .find(|s| s.id == spec.id && s.epoch == spec.epoch)
+        else {
+            continue;
+        };
+        match planned {
+            Ok(Ok((p, _))) => {
+                s.epoch += 1;
+                s.placement = Some(p);
+                s.problem = None;
+            }
+            Ok(Err(e)) => {
+                if s.placement.is_some() {
+                    s.epoch += 1;
+                }
+                s.placement = None;
+                s.problem = Some(e.to_string());
+            }
+            Err(e) => s.problem = Some(e.to_string()),
+        }
+        drop(t);
+        table_changed(shared);
+    }
+}

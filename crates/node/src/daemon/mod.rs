@@ -1,0 +1,366 @@
+//! `strata node`: one per machine. It joins the control plane, keeps its published state fresh
+//! (memory changes; speed was measured at start), measures its links to every member, and
+//! serves the node's HTTP API: the cluster view and the lifecycle commands the CLI sends.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use strata_api::auth::{Keys, Role, Verdict};
+use strata_cluster as placement;
+
+use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
+use crate::instances::{self, Hosted, InstanceSpec, LoadRequest, Running};
+use crate::key::ClusterKey;
+use crate::profile::{self, Profile};
+use crate::{Error, Result, identity, transfer};
+
+mod admin;
+mod forward;
+mod hosting;
+mod leader;
+mod publish;
+
+use admin::*;
+use forward::*;
+use hosting::*;
+use leader::*;
+use publish::*;
+
+/// How often a node republishes its state.
+const STATE_EVERY: Duration = Duration::from_secs(1);
+/// How old a link measurement may get before it is taken again.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+
+/// Everything `strata node` is told.
+#[derive(Debug)]
+pub struct NodeOptions {
+    /// Display name (default: the host name).
+    pub name: Option<String>,
+    /// Where the node id (and, by default, the cluster key) live.
+    pub state_dir: PathBuf,
+    /// The cluster key file (default: `cluster.key` in the state directory, made on first start).
+    pub key_file: Option<PathBuf>,
+    /// The control plane's listen address.
+    pub control_addr: SocketAddr,
+    /// Peers to dial (`host:port`), for networks without multicast.
+    pub peers: Vec<String>,
+    /// Whether to find peers by LAN multicast.
+    pub multicast: bool,
+    /// The HTTP API address.
+    pub api_addr: SocketAddr,
+    /// API keys (required for a non-loopback API address unless `insecure_no_auth`).
+    pub keys: Option<Keys>,
+    /// Serve a non-loopback API without keys.
+    pub insecure_no_auth: bool,
+    /// Most memory this node offers to models, bytes.
+    pub memory_limit: Option<u64>,
+    /// Compute threads (default: all cores).
+    pub threads: Option<usize>,
+    /// The address peers use for this node's data plane (default: its first non-loopback
+    /// IPv4 address).
+    pub advertise: Option<std::net::IpAddr>,
+    /// Directories whose files cluster requests may name by path (`--allow-model-dir`).
+    pub model_dirs: Vec<PathBuf>,
+    /// Browser checks, deadlines and the connection cap of the HTTP API.
+    pub http: strata_api::listen::HttpOptions,
+}
+
+/// What the node's lifecycle commands changed.
+#[derive(Debug, Default)]
+struct Flags {
+    draining: AtomicBool,
+}
+
+/// Shared by the HTTP handlers and the background tasks.
+struct Shared {
+    control: Control,
+    profile: Mutex<Profile>,
+    links: Mutex<BTreeMap<String, LinkReport>>,
+    flags: Flags,
+    keys: Option<Keys>,
+    memory_limit: Option<u64>,
+    /// `--allow-model-dir`, canonical.
+    model_dirs: Arc<[PathBuf]>,
+    stop: tokio::sync::Notify,
+    key: ClusterKey,
+    /// The address peers reach this node's data plane at.
+    data_host: std::net::IpAddr,
+    threads: usize,
+    /// The instance table, while this node leads.
+    table: Mutex<Vec<InstanceSpec>>,
+    /// How many changes `table` has seen in the cluster's history (see [`Followed`]).
+    table_version: std::sync::atomic::AtomicU64,
+    /// The table this node follows and its version: the leader's, as last seen.
+    last_table: Mutex<Followed>,
+    was_leader: AtomicBool,
+    /// Ranks this node runs, by (instance, epoch).
+    hosted: Mutex<BTreeMap<(String, u64), Host>>,
+    /// The API of the instance whose rank 0 runs here.
+    served: Mutex<Option<(String, Router)>>,
+}
+
+/// A rank this node runs, and what it says about it.
+struct Host {
+    info: Hosted,
+    running: Option<Running>,
+}
+
+impl Host {
+    /// A rank of `spec` that is not running (yet).
+    fn new(spec: &InstanceSpec, rank: usize, coordinator: Option<String>, status: String) -> Host {
+        Host {
+            info: Hosted {
+                instance: spec.id.clone(),
+                epoch: spec.epoch,
+                rank,
+                coordinator,
+                status,
+            },
+            running: None,
+        }
+    }
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The cluster as the planner sees it: live members with a state, and their links (each link
+/// once, as the worse of its two ends' measurements).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Topology {
+    /// Nodes that accept work (draining nodes are left out).
+    pub nodes: Vec<placement::Node>,
+    /// Measured links between them.
+    pub links: Vec<placement::Link>,
+}
+
+/// `GET /v1/cluster/status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    /// Membership, states and events.
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+    /// The planner's inputs derived from it.
+    pub topology: Topology,
+    /// The leader's instance table.
+    pub instances: Vec<InstanceSpec>,
+}
+
+/// Derives the planner's view from a snapshot.
+pub fn topology(s: &Snapshot) -> Topology {
+    let states: Vec<&NodeState> = s.members.iter().filter_map(|m| m.state.as_ref()).collect();
+    let nodes: Vec<placement::Node> = states
+        .iter()
+        .filter(|st| !st.draining)
+        .map(|st| placement::Node {
+            id: st.profile.id.clone(),
+            memory_available: st.profile.memory_available,
+            mem_bandwidth: st.profile.mem_bandwidth,
+            flops: st.profile.matmul_gflops * 1e9,
+            ..placement::Node::default()
+        })
+        .collect();
+    let mut pairs: BTreeMap<(String, String), placement::Link> = BTreeMap::new();
+    for st in &states {
+        for l in &st.links {
+            let (a, b) = if st.profile.id < l.peer {
+                (st.profile.id.clone(), l.peer.clone())
+            } else {
+                (l.peer.clone(), st.profile.id.clone())
+            };
+            if !nodes.iter().any(|n| n.id == a) || !nodes.iter().any(|n| n.id == b) {
+                continue;
+            }
+            let e = pairs
+                .entry((a.clone(), b.clone()))
+                .or_insert(placement::Link {
+                    a,
+                    b,
+                    latency: 0.0,
+                    bandwidth: f64::INFINITY,
+                });
+            e.latency = e.latency.max(l.latency_s);
+            e.bandwidth = e.bandwidth.min(l.bandwidth_bps);
+        }
+    }
+    Topology {
+        nodes,
+        links: pairs.into_values().collect(),
+    }
+}
+
+/// Runs a node until `shutdown` resolves or `strata stop` arrives.
+pub async fn run(
+    opts: NodeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    strata_api::check_bind(opts.api_addr, opts.keys.is_some(), opts.insecure_no_auth)
+        .map_err(Error::control)?;
+    if opts.keys.as_ref().is_some_and(|k| !k.has_admin()) {
+        eprintln!(
+            "strata: no API key has role=admin: cluster operations (load, unload, drain, stop) \
+             will be refused over HTTP"
+        );
+    }
+    let model_dirs = opts
+        .model_dirs
+        .iter()
+        .map(|d| match std::fs::canonicalize(d) {
+            Ok(c) if c.is_dir() => Ok(c),
+            Ok(_) => Err(Error::Control(format!(
+                "--allow-model-dir {}: not a directory",
+                d.display()
+            ))),
+            Err(e) => Err(Error::Control(format!(
+                "--allow-model-dir {}: {e}",
+                d.display()
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into();
+    let key_file = opts
+        .key_file
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join("cluster.key"));
+    let (key, created) = ClusterKey::load_or_create(&key_file)?;
+    if created {
+        eprintln!(
+            "strata: made a new cluster key at {} (copy it to every machine that should join)",
+            key_file.display()
+        );
+    }
+    let id = identity::node_id(&opts.state_dir)?;
+    let hostname = identity::hostname();
+    let threads = opts
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let speed = tokio::task::spawn_blocking(move || profile::measure_speed(threads))
+        .await
+        .map_err(Error::control)?;
+    let (memory_total, memory_available) = profile::memory();
+    let profile = Profile {
+        id: id.clone(),
+        name: opts.name.clone().unwrap_or_else(|| hostname.clone()),
+        hostname: hostname.clone(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        memory_total,
+        memory_available: cap(memory_available, opts.memory_limit),
+        cores: threads,
+        backend: profile::backend(),
+        matmul_gflops: speed.matmul_gflops,
+        mem_bandwidth: speed.mem_bandwidth,
+        api_addr: opts.api_addr.to_string(),
+        started_at: now_ms() / 1000,
+    };
+    let data_host = opts.advertise.unwrap_or_else(|| {
+        identity::local_addresses()
+            .into_iter()
+            .find(|a| a.is_ipv4() && !a.is_loopback())
+            .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]))
+    });
+    let mut cert_names: Vec<String> = identity::local_addresses()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    cert_names.push(hostname.clone());
+    cert_names.push("localhost".into());
+    let control = Control::start(ControlConfig {
+        key: key.clone(),
+        node_id: id.clone(),
+        listen: opts.control_addr,
+        peers: opts.peers.clone(),
+        multicast: opts.multicast,
+        cert_names,
+    })
+    .await?;
+    let listener = tokio::net::TcpListener::bind(opts.api_addr)
+        .await
+        .map_err(|e| Error::Control(format!("binding the API to {}: {e}", opts.api_addr)))?;
+    let api_addr = listener.local_addr().map_err(Error::control)?;
+    eprintln!(
+        "strata: node {id} ({}) in cluster {}: control plane {} ({}), API http://{api_addr}",
+        profile.name,
+        control.fingerprint(),
+        opts.control_addr,
+        if opts.multicast {
+            "multicast discovery on"
+        } else {
+            "multicast discovery off"
+        }
+    );
+    let shared = Arc::new(Shared {
+        control,
+        profile: Mutex::new(profile),
+        links: Mutex::new(BTreeMap::new()),
+        flags: Flags::default(),
+        keys: opts.keys,
+        memory_limit: opts.memory_limit,
+        model_dirs,
+        stop: tokio::sync::Notify::new(),
+        key,
+        data_host,
+        threads,
+        table: Mutex::new(Vec::new()),
+        table_version: std::sync::atomic::AtomicU64::new(0),
+        last_table: Mutex::new(Followed::default()),
+        was_leader: AtomicBool::new(false),
+        hosted: Mutex::new(BTreeMap::new()),
+        served: Mutex::new(None),
+    });
+    publish(&shared).await?;
+    let publisher = tokio::spawn(publish_loop(Arc::clone(&shared)));
+    let prober = tokio::spawn(probe_loop(Arc::clone(&shared)));
+    let watcher = tokio::spawn(log_membership(Arc::clone(&shared)));
+    let rpc = shared
+        .control
+        .session()
+        .declare_queryable(format!(
+            "{}/rpc/{}/*",
+            shared.control.prefix(),
+            shared.control.me()
+        ))
+        .await
+        .map_err(Error::control)?;
+    let rpc_task = tokio::spawn(rpc_loop(Arc::clone(&shared), rpc));
+    let instances_task = tokio::spawn(instances_loop(Arc::clone(&shared)));
+
+    let stop = {
+        let shared = Arc::clone(&shared);
+        async move {
+            tokio::select! {
+                () = shutdown => {},
+                () = shared.stop.notified() => {},
+            }
+        }
+    };
+    let served =
+        strata_api::listen::serve(listener, router(Arc::clone(&shared)), &opts.http, stop).await;
+    publisher.abort();
+    prober.abort();
+    watcher.abort();
+    rpc_task.abort();
+    instances_task.abort();
+    let _ = tokio::join!(publisher, prober, watcher, rpc_task, instances_task);
+    // Ranks stop with the node: workers are killed, rank 0's engine ends with its state.
+    locked(&shared.served).take();
+    let hosted = std::mem::take(&mut *locked(&shared.hosted));
+    drop(hosted);
+    served.map_err(Error::control)?;
+    // Connections still closing may hold the shared state a moment longer; the session is
+    // closed through it (its liveliness token goes with it, so peers see this node leave).
+    shared.control.close().await?;
+    eprintln!("strata: node {id} stopped");
+    Ok(())
+}

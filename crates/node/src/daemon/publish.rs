@@ -1,0 +1,109 @@
+//! What a node keeps telling the cluster: its state every second (memory changes; speed was
+//! measured at start), its links' measurements, and who joined and left.
+
+use super::*;
+
+pub(super) fn cap(available: u64, limit: Option<u64>) -> u64 {
+    limit.map_or(available, |l| available.min(l))
+}
+
+pub(super) async fn publish(shared: &Shared) -> Result<()> {
+    let state = {
+        let mut p = shared
+            .profile
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        p.memory_available = cap(profile::memory().1, shared.memory_limit);
+        let peers = shared.control.peers();
+        let links = shared
+            .links
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|l| peers.contains(&l.peer))
+            .cloned()
+            .collect();
+        NodeState {
+            profile: p.clone(),
+            links,
+            draining: shared.flags.draining.load(Ordering::Relaxed),
+            extra: serde_json::json!({
+                "hosted": locked(&shared.hosted).values().map(|h| h.info.clone()).collect::<Vec<_>>(),
+                "followed": followed(shared),
+            }),
+        }
+    };
+    shared.control.publish(&state).await
+}
+
+pub(super) async fn publish_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(STATE_EVERY);
+    loop {
+        tick.tick().await;
+        if let Err(e) = publish(&shared).await {
+            eprintln!("strata: publishing this node's state: {e}");
+        }
+    }
+}
+
+/// Measures each member's link when it is new or its measurement is older than
+/// [`PROBE_EVERY`].
+pub(super) async fn probe_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let due: Vec<String> = {
+            let links = shared
+                .links
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = now_ms();
+            shared
+                .control
+                .peers()
+                .into_iter()
+                .filter(|p| {
+                    links.get(p).is_none_or(|l| {
+                        now.saturating_sub(l.measured_at_ms) > PROBE_EVERY.as_millis() as u64
+                    })
+                })
+                .collect()
+        };
+        for peer in due {
+            match shared.control.probe(&peer).await {
+                Ok(report) => {
+                    shared
+                        .links
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(peer, report);
+                }
+                // A member that just left; the next round forgets it.
+                Err(_) => {
+                    shared
+                        .links
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(&peer);
+                }
+            }
+        }
+    }
+}
+
+/// Says on stderr who joined and left, as the control plane sees it.
+pub(super) async fn log_membership(shared: Arc<Shared>) {
+    let mut rx = shared.control.changes();
+    let mut seen = 0usize;
+    loop {
+        if rx.changed().await.is_err() {
+            return;
+        }
+        let events = shared.control.snapshot().events;
+        let total = events.len();
+        for e in events.iter().skip(seen.min(total)) {
+            eprintln!("strata: {}", e.what);
+        }
+        seen = total;
+    }
+}
