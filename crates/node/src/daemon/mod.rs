@@ -83,6 +83,12 @@ struct Flags {
 }
 
 /// Shared by the HTTP handlers and the background tasks.
+///
+/// Lock order: a thread holding one of these mutexes may take only those after it, never one
+/// before: `profile`, `links`, `hosted`, `served`, `table`, `last_table` (the state publisher
+/// holds `profile` while it reads the others; hosting holds `hosted` while it swaps `served`;
+/// `table` and `last_table` are never held together). No guard lives across an `.await`: the
+/// guards are not `Send`, so a spawned task that tried would not compile.
 struct Shared {
     control: Control,
     profile: Mutex<Profile>,
