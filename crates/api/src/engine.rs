@@ -296,9 +296,7 @@ mod tests {
     use strata_engine::{Model, ModelConfig};
     use strata_gguf::GgufFile;
     use strata_kernels::attn::Flavour;
-    use strata_parallel::{
-        Assignment, CombineStyle, Strategy, local_pair, make_plan, numerics_name,
-    };
+    use strata_parallel::{CombineStyle, Strategy, local_pair, make_plan};
 
     use super::*;
 
@@ -337,16 +335,7 @@ mod tests {
         let flavour = Flavour::native();
         for strategy in [Strategy::Tensor, Strategy::Pipeline] {
             let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
-            let a = Assignment {
-                plan,
-                model_path: path.clone(),
-                model_bytes: file.bytes().len() as u64,
-                threads: 1,
-                n_ctx: 96,
-                max_seqs: 4,
-                numerics: numerics_name(flavour).into(),
-            };
-            let (rank, worker) = local_pair(&file, &a).unwrap();
+            let (rank, worker) = local_pair(&file, &path, plan, 96, 4).unwrap();
             let mut sharded = Sharded::new(rank, cfg.n_vocab);
             let mut model = Model::load_full(&file).unwrap();
             model.set_flavour(flavour);

@@ -34,8 +34,10 @@ pub struct Batch {
     scratch: Scratch,
     caches: Vec<KvCache>,
     busy: Vec<bool>,
-    /// The slots of the step being run, in the order of its tokens (kept to avoid allocating).
+    /// The slots of the step being run, in the order of its tokens, and the tokens (kept to
+    /// avoid allocating).
     order: Vec<usize>,
+    tokens: Vec<u32>,
     /// Blocks of finished prompts, when prefix caching is on.
     prefix: Option<PrefixCache>,
     /// Per slot, the leading tokens whose keys and values are reusable (whole blocks computed
@@ -65,6 +67,7 @@ impl Batch {
             caches,
             busy: vec![false; slots],
             order: Vec::with_capacity(slots),
+            tokens: Vec::with_capacity(slots),
             prefix: None,
             held: vec![Vec::new(); slots],
             chain: vec![Vec::new(); slots],
@@ -290,17 +293,15 @@ impl Batch {
             }
             self.order.push(slot.0);
         }
-        // Split borrows: the caches of this step, in step order, as one slice of references.
-        let mut refs: Vec<&mut KvCache> = Vec::with_capacity(steps.len());
-        let mut rest: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
-        for &i in &self.order {
-            if let Some(c) = rest[i].take() {
-                refs.push(c);
-            }
-        }
-        let tokens: Vec<u32> = steps.iter().map(|s| s.1).collect();
-        self.model
-            .forward_batch(&self.pool, &mut refs, &mut self.scratch, &tokens)?;
+        self.tokens.clear();
+        self.tokens.extend(steps.iter().map(|s| s.1));
+        self.model.forward_batch_in(
+            &self.pool,
+            &mut self.caches,
+            &self.order,
+            &mut self.scratch,
+            &self.tokens,
+        )?;
         Ok(self.scratch.logits_mut())
     }
 

@@ -17,11 +17,12 @@ use strata_kernels::attn::{self, Flavour};
 use strata_kernels::{QMatrix, QuantActs, ThreadPool, matmul, matmul_multi, ops};
 
 use crate::config::{ExpertGroups, FfnAct, Gating};
+use crate::kv_cache::Caches;
 use crate::model::{Axis, Collective, Model, Rows, Scratch, grow};
 use crate::weights::{
     AttnProj, FfnWeights, GatedFfn, LayerWeights, MlaQuery, MlaWeights, SharedExpert,
 };
-use crate::{Combine, Error, ExpertSplit, KvCache, ModelConfig, Result, ShardSpec};
+use crate::{Combine, Error, ExpertSplit, ModelConfig, Result, ShardSpec};
 
 /// One step's state as it passes through the layers of a shard.
 pub(crate) struct Blocks<'a, 'c> {
@@ -29,7 +30,7 @@ pub(crate) struct Blocks<'a, 'c> {
     pub(crate) spec: &'a ShardSpec,
     pub(crate) flavour: Flavour,
     pub(crate) pool: &'a ThreadPool,
-    pub(crate) caches: &'a mut [&'c mut KvCache],
+    pub(crate) caches: Caches<'a, 'c>,
     pub(crate) s: &'a mut Scratch,
     pub(crate) rows: &'a Rows,
     pub(crate) order: attn::DotOrder,
@@ -298,7 +299,7 @@ impl<'a, 'c> Blocks<'a, 'c> {
     pub(crate) fn new(
         model: &'a Model,
         pool: &'a ThreadPool,
-        caches: &'a mut [&'c mut KvCache],
+        caches: Caches<'a, 'c>,
         s: &'a mut Scratch,
         rows: &'a Rows,
         order: attn::DotOrder,
@@ -491,7 +492,9 @@ impl Blocks<'_, '_> {
                 }
                 rope(&mut k[..cfg.rope_dims], c, sn);
                 let v = &s.v[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
-                self.caches[rows.seq[t]].store(li, h, rows.pos[t], k, v);
+                self.caches
+                    .get_mut(rows.seq[t])
+                    .store(li, h, rows.pos[t], k, v);
             }
         }
 
@@ -624,7 +627,9 @@ impl Blocks<'_, '_> {
             ops::rms_norm_in_place(&mut k[..kl], &m.kv_a_norm, cfg.rms_eps);
             rotate(cfg, &mut k[kl..], c, sn);
             let (k, v) = (&s.k[t * kw..(t + 1) * kw], &s.k[t * kw..t * kw + kl]);
-            self.caches[rows.seq[t]].store(li, 0, rows.pos[t], k, v);
+            self.caches
+                .get_mut(rows.seq[t])
+                .store(li, 0, rows.pos[t], k, v);
         }
         // Each head's query: its un-rotated part through `attn_k_b` into the latent space,
         // then its rotated part, rounded to f16 where it meets the f16 keys.
@@ -750,7 +755,7 @@ impl Blocks<'_, '_> {
         let softcap = self.cfg.attn_softcap;
         let flavour = self.flavour;
         let pool = self.pool;
-        let caches: &[&mut KvCache] = self.caches;
+        let caches = &self.caches;
         let s = &mut *self.s;
         // Runs of consecutive local query heads that read the same KV head, at most
         // `MAX_GROUP` long (a shard's head range may start or end inside a group).
@@ -766,7 +771,10 @@ impl Blocks<'_, '_> {
         let n_threads = pool.n_threads();
         // Per thread, one padded score row per head of a run, sized for the whole context so a
         // growing sequence never reallocates.
-        let capacity = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        let capacity = (0..caches.len())
+            .map(|i| caches.get(i).capacity())
+            .max()
+            .unwrap_or(0);
         let stride = capacity.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
         let slot = attn::MAX_GROUP * stride;
         grow(&mut s.scores, n_threads * slot);
@@ -779,7 +787,7 @@ impl Blocks<'_, '_> {
             let (run, tt) = (u % runs.len(), u / runs.len());
             let (h0, h1, kvh) = runs[run];
             let (t, g) = (t_first + tt, h1 - h0);
-            let (cache, query_pos) = (&*caches[rows.seq[t]], rows.pos[t]);
+            let (cache, query_pos) = (caches.get(rows.seq[t]), rows.pos[t]);
             let len = query_pos + 1;
             let lenp = attn::padded_len(order, len);
             // SAFETY: thread `tid` alone uses score slot `tid` (`MAX_GROUP` rows of

@@ -216,3 +216,52 @@ impl KvCache {
         true
     }
 }
+
+/// The KV caches of one step: row `t` of the step belongs to cache `rows.seq[t]` of these.
+/// Either given one by one (a single sequence, or a batch the caller gathered), or every slot
+/// of a set with the batch's picks, which gathers nothing (a step then allocates nothing).
+pub(crate) enum Caches<'a, 'c> {
+    /// The step's caches, in batch order.
+    Refs(&'a mut [&'c mut KvCache]),
+    /// Every slot, and the slot each batch position means (distinct).
+    Slots {
+        /// The slots.
+        all: &'a mut [KvCache],
+        /// Batch position to slot.
+        pick: &'a [usize],
+    },
+}
+
+impl<'c> Caches<'_, 'c> {
+    /// The same caches for a shorter borrow.
+    pub(crate) fn reborrow(&mut self) -> Caches<'_, 'c> {
+        match self {
+            Caches::Refs(r) => Caches::Refs(r),
+            Caches::Slots { all, pick } => Caches::Slots { all, pick },
+        }
+    }
+
+    /// How many sequences the step has.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Caches::Refs(r) => r.len(),
+            Caches::Slots { pick, .. } => pick.len(),
+        }
+    }
+
+    /// The cache of batch position `i`.
+    pub(crate) fn get(&self, i: usize) -> &KvCache {
+        match self {
+            Caches::Refs(r) => r[i],
+            Caches::Slots { all, pick } => &all[pick[i]],
+        }
+    }
+
+    /// The cache of batch position `i`, to write.
+    pub(crate) fn get_mut(&mut self, i: usize) -> &mut KvCache {
+        match self {
+            Caches::Refs(r) => r[i],
+            Caches::Slots { all, pick } => &mut all[pick[i]],
+        }
+    }
+}

@@ -14,6 +14,7 @@ use strata_kernels::formats::dequantize_row;
 use strata_kernels::{QuantActs, ThreadPool, matmul, ops};
 
 use crate::blocks::Blocks;
+use crate::kv_cache::Caches;
 use crate::weights::Weights;
 use crate::{Error, KvCache, ModelConfig, Result, ShardSpec};
 
@@ -341,7 +342,16 @@ impl Model {
         // other rows after attention (as llama.cpp does).
         let trim = self.spec.is_last_stage(&self.cfg) && n > 1;
         let mut caches = [cache];
-        let res = self.step(pool, &mut caches, scratch, &rows, input, order, trim, comm);
+        let res = self.step(
+            pool,
+            Caches::Refs(&mut caches),
+            scratch,
+            &rows,
+            input,
+            order,
+            trim,
+            comm,
+        );
         scratch.rows = rows;
         res?;
         caches[0].advance(n);
@@ -364,11 +374,7 @@ impl Model {
         scratch: &mut Scratch,
         tokens: &[u32],
     ) -> Result<()> {
-        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
-            return Err(Error::InvalidShard(
-                "batched decoding without links needs the whole model in one process".into(),
-            ));
-        }
+        self.whole_model()?;
         self.forward_batch_shard(
             pool,
             caches,
@@ -393,6 +399,79 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
+        self.forward_rows(pool, Caches::Refs(caches), scratch, input, comm)
+    }
+
+    /// Batches without links run on the whole model only.
+    fn whole_model(&self) -> Result<()> {
+        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
+            return Err(Error::InvalidShard(
+                "batched decoding without links needs the whole model in one process".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Model::forward_batch`] over slots: `tokens[i]` is appended to `slots[pick[i]]`
+    /// (`pick` distinct), gathering nothing, so a warm step allocates nothing.
+    pub fn forward_batch_in(
+        &self,
+        pool: &ThreadPool,
+        slots: &mut [KvCache],
+        pick: &[usize],
+        scratch: &mut Scratch,
+        tokens: &[u32],
+    ) -> Result<()> {
+        self.whole_model()?;
+        self.forward_batch_slots(
+            pool,
+            slots,
+            pick,
+            scratch,
+            StageInput::Tokens(tokens),
+            &mut NoComm,
+        )
+    }
+
+    /// [`Model::forward_batch_shard`] over slots: row `i` of `input` is appended to
+    /// `slots[pick[i]]` (`pick` distinct). Gathers nothing, so a warm step allocates nothing.
+    pub fn forward_batch_slots(
+        &self,
+        pool: &ThreadPool,
+        slots: &mut [KvCache],
+        pick: &[usize],
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
+        if let Some(&bad) = pick.iter().find(|&&i| i >= slots.len()) {
+            return Err(Error::InvalidShard(format!(
+                "a batch names slot {bad} of {}",
+                slots.len()
+            )));
+        }
+        for (i, a) in pick.iter().enumerate() {
+            if pick[..i].contains(a) {
+                return Err(Error::InvalidShard(format!("a batch names slot {a} twice")));
+            }
+        }
+        self.forward_rows(
+            pool,
+            Caches::Slots { all: slots, pick },
+            scratch,
+            input,
+            comm,
+        )
+    }
+
+    fn forward_rows(
+        &self,
+        pool: &ThreadPool,
+        mut caches: Caches<'_, '_>,
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
         let n = self.input_rows(&input)?;
         if n != caches.len() {
             return Err(Error::InvalidShard(format!(
@@ -400,7 +479,8 @@ impl Model {
                 caches.len()
             )));
         }
-        for c in caches.iter() {
+        for i in 0..n {
+            let c = caches.get(i);
             if c.len() >= c.capacity() {
                 return Err(Error::ContextOverflow {
                     needed: c.len() + 1,
@@ -409,17 +489,26 @@ impl Model {
             }
         }
         let mut rows = std::mem::take(&mut scratch.rows);
-        rows.fill(caches.iter().enumerate().map(|(i, c)| (i, c.len())));
+        rows.fill((0..n).map(|i| (i, caches.get(i).len())));
         let order = self.flavour.single();
         // Every row's products in a one-token order too (llama.cpp picks other kernels for
         // batches of some formats).
         scratch.acts.set_rows_independent(true);
-        let res = self.step(pool, caches, scratch, &rows, input, order, false, comm);
+        let res = self.step(
+            pool,
+            caches.reborrow(),
+            scratch,
+            &rows,
+            input,
+            order,
+            false,
+            comm,
+        );
         scratch.acts.set_rows_independent(false);
         scratch.rows = rows;
         res?;
-        for c in caches.iter_mut() {
-            c.advance(1);
+        for i in 0..n {
+            caches.get_mut(i).advance(1);
         }
         Ok(())
     }
@@ -428,7 +517,7 @@ impl Model {
     fn step(
         &self,
         pool: &ThreadPool,
-        caches: &mut [&mut KvCache],
+        caches: Caches<'_, '_>,
         scratch: &mut Scratch,
         rows: &Rows,
         input: StageInput<'_>,
@@ -465,10 +554,14 @@ impl Model {
             StageInput::Hidden(h) => scratch.x[..n * e].copy_from_slice(&h[..n * e]),
         }
 
-        let ctx = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+        let ctx = (0..caches.len())
+            .map(|i| caches.get(i).capacity())
+            .max()
+            .unwrap_or(0);
         self.fill_rope(scratch, &rows.pos, ctx);
         let family = crate::models::family(cfg.kind);
         let last_layer = self.spec.layers.len() - 1;
+        let n_caches = caches.len();
         let mut b = Blocks::new(self, pool, caches, scratch, rows, order, comm);
         for (li, lw) in self.weights.layers.iter().enumerate() {
             b.li = li;
@@ -480,7 +573,7 @@ impl Model {
         if let Some((norm, head)) = &self.weights.head {
             // One row of logits per sequence: the last row when trimmed or single, every row of
             // a multi-sequence batch.
-            let (first, count) = if caches.len() > 1 {
+            let (first, count) = if n_caches > 1 {
                 (0, live)
             } else {
                 (live - 1, 1)

@@ -138,6 +138,8 @@ pub struct Rank {
     /// This rank's candidates for each row of the last batch (last stage only).
     rows: Vec<Vec<(u32, f32)>>,
     targets: Vec<usize>,
+    /// The slot of each row of the batch being run.
+    pick: Vec<usize>,
     /// Rank 0: batches submitted and not yet collected, and the most there have been.
     in_flight: usize,
     max_in_flight: usize,
@@ -203,6 +205,7 @@ impl Rank {
             bytes: Vec::new(),
             local: Vec::new(),
             rows: Vec::new(),
+            pick: Vec::new(),
             in_flight: 0,
             max_in_flight: 0,
         })
@@ -318,25 +321,21 @@ impl Rank {
     fn run_batch(&mut self) -> Result<()> {
         let h = &self.step;
         let n = h.seqs.len();
-        let mut free: Vec<Option<&mut KvCache>> = self.caches.iter_mut().map(Some).collect();
-        let mut caches = Vec::with_capacity(n);
+        self.pick.clear();
         for (&seq, &pos) in h.seqs.iter().zip(&h.poss) {
-            let cache = free
-                .get_mut(seq as usize)
-                .and_then(Option::take)
-                .ok_or_else(|| {
-                    Error::Protocol(format!(
-                        "sequence slot {seq} does not exist or appears twice in a batch"
-                    ))
-                })?;
-            cache.truncate(pos as usize);
-            if cache.len() != pos as usize {
+            let (seq, pos) = (seq as usize, pos as usize);
+            let cache = self
+                .caches
+                .get_mut(seq)
+                .ok_or_else(|| Error::Protocol(format!("sequence slot {seq} does not exist")))?;
+            cache.truncate(pos);
+            if cache.len() != pos {
                 return Err(Error::Protocol(format!(
                     "a batch step at position {pos} but slot {seq} holds {}",
                     cache.len()
                 )));
             }
-            caches.push(cache);
+            self.pick.push(seq);
         }
         let stage = self.plan.ranks[self.me].stage;
         let input = if stage == 0 {
@@ -349,21 +348,25 @@ impl Rank {
             group: &self.plan.stages[stage],
             parts: &self.plan.parts[stage],
         };
-        self.model.forward_batch_shard(
+        // A slot named twice is refused there.
+        self.model.forward_batch_slots(
             &self.pool,
-            &mut caches,
+            &mut self.caches,
+            &self.pick,
             &mut self.scratch,
             input,
             &mut gc,
         )?;
-        drop(caches);
         if !self.is_last_stage() {
             self.pass_on(n)?;
         } else if self.step.want {
             let offset = self.model.spec().vocab.start as u32;
             let logits = self.scratch.logits();
             let width = logits.len() / n.max(1);
-            self.rows.resize_with(n, Vec::new);
+            // Rows only grow: a warm batch of any size allocates nothing.
+            if self.rows.len() < n {
+                self.rows.resize_with(n, Vec::new);
+            }
             for (row, out) in logits.chunks_exact(width).zip(self.rows.iter_mut()) {
                 shard_candidates(&self.step.params, row, offset, &[], out);
             }
@@ -553,11 +556,15 @@ impl Rank {
     }
 
     /// Rank 0: takes the candidates of the oldest batch submitted, one row per sequence in
-    /// the order submitted (`rows` of them).
+    /// the order submitted: `out[..rows]` (`out` may be longer, and is never shortened).
     pub fn collect_batch(&mut self, rows: usize, out: &mut Vec<Vec<(u32, f32)>>) -> Result<()> {
         self.in_flight = self.in_flight.saturating_sub(1);
-        out.resize_with(rows, Vec::new);
-        out.truncate(rows);
+        // Rows only grow (a warm batch of any size allocates nothing); `out[..rows]` is this
+        // batch's.
+        if out.len() < rows {
+            out.resize_with(rows, Vec::new);
+        }
+        let out = &mut out[..rows];
         for row in out.iter_mut() {
             row.clear();
         }
@@ -568,7 +575,7 @@ impl Rank {
                 if self.rows.len() < rows {
                     return Err(Error::Protocol("no batch of this size was run".into()));
                 }
-                for (o, mine) in out.iter_mut().zip(&self.rows) {
+                for (o, mine) in out.iter_mut().zip(&self.rows[..rows]) {
                     o.extend_from_slice(mine);
                 }
             } else {
@@ -631,15 +638,28 @@ impl Rank {
     }
 }
 
-/// Two ranks of one instance in this process, linked over shared memory: rank 1 serves on a
+/// Two ranks of one instance of `file` (at `model_path`) split by `plan`, in this process and
+/// linked over shared memory, one thread each, with this CPU's numerics: rank 1 serves on a
 /// thread of its own until rank 0 shuts the instance down, and rank 0 is returned to drive
 /// it. For tests and measurements of the sharded path without starting processes.
 pub fn local_pair(
     file: &GgufFile,
-    a: &Assignment,
+    model_path: &std::path::Path,
+    plan: Plan,
+    n_ctx: usize,
+    max_seqs: usize,
 ) -> Result<(Rank, std::thread::JoinHandle<Result<()>>)> {
     use std::time::Duration;
     use strata_net::{LinkShape, MeshConfig, Transport};
+    let a = &Assignment {
+        plan,
+        model_path: model_path.to_path_buf(),
+        model_bytes: file.bytes().len() as u64,
+        threads: 1,
+        n_ctx,
+        max_seqs,
+        numerics: numerics_name(Flavour::native()).into(),
+    };
     if a.plan.world() != 2 {
         return Err(Error::Protocol(format!(
             "a local pair needs a plan for 2 ranks, not {}",

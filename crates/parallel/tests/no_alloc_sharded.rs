@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_engine::ModelConfig;
 use strata_gguf::GgufFile;
-use strata_parallel::{
-    Assignment, CombineStyle, ShardedGenerator, Strategy, local_pair, make_plan,
-};
+use strata_parallel::{CombineStyle, ShardedGenerator, Strategy, local_pair, make_plan};
 use strata_tokenizer::Tokenizer;
 
 struct Counting;
@@ -38,26 +36,28 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
-fn sharded_decode_steps_do_not_allocate() {
-    let path = strata_store::Store::from_env()
+/// The counter is global: the tests take turns, so one's loading is not counted in the
+/// other's steps.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn smollm2() -> std::path::PathBuf {
+    strata_store::Store::from_env()
         .expect("store")
         .ensure("smollm2-135m-instruct")
-        .expect("model");
+        .expect("model")
+}
+
+#[test]
+fn sharded_decode_steps_do_not_allocate() {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = smollm2();
     for strategy in [Strategy::Tensor, Strategy::Pipeline] {
         let file = GgufFile::open(&path).unwrap();
         let cfg = ModelConfig::from_gguf(&file).unwrap();
         let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
-        let a = Assignment {
-            plan,
-            model_path: path.clone(),
-            model_bytes: file.bytes().len() as u64,
-            threads: 1,
-            n_ctx: 256,
-            max_seqs: 1,
-            numerics: "avx2".into(),
-        };
-        let (rank, worker) = local_pair(&file, &a).unwrap();
+        let (rank, worker) = local_pair(&file, &path, plan, 256, 1).unwrap();
         let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
         let mut g = ShardedGenerator::new(rank, tok, None).unwrap();
         let tokens: Vec<u32> = (100..140).collect();
@@ -71,6 +71,60 @@ fn sharded_decode_steps_do_not_allocate() {
         assert_eq!(
             during, 0,
             "{strategy:?}: {during} allocations in 24 sharded decode steps"
+        );
+    }
+}
+
+/// Batched steps of a sharded instance (every live sequence in one step; a pipeline's in one
+/// micro-batch per stage, in flight together) allocate nothing once warm either, on any rank,
+/// whatever the micro-batches' sizes.
+#[test]
+fn batched_sharded_steps_do_not_allocate() {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = smollm2();
+    let params = strata_engine::SamplingParams {
+        temperature: 1.0,
+        top_k: 4,
+        ..strata_engine::SamplingParams::default()
+    };
+    for strategy in [Strategy::Tensor, Strategy::Pipeline] {
+        let file = GgufFile::open(&path).unwrap();
+        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
+        let (mut rank, worker) = local_pair(&file, &path, plan, 256, 3).unwrap();
+        let micro = rank.stages();
+        let mut rows = Vec::new();
+        let mut steps: Vec<(usize, usize, u32)> = (0..3).map(|s| (s, 0, 100 + s as u32)).collect();
+        let mut run = |rank: &mut strata_parallel::Rank, steps: &mut Vec<(usize, usize, u32)>| {
+            let per = steps.len().div_ceil(micro);
+            for m in steps.chunks(per) {
+                rank.submit_batch(m, &params).unwrap();
+            }
+            for m in steps.chunks(per) {
+                rank.collect_batch(m.len(), &mut rows).unwrap();
+            }
+            for s in steps.iter_mut() {
+                s.1 += 1;
+                s.2 += 1;
+            }
+        };
+        for _ in 0..8 {
+            run(&mut rank, &mut steps);
+        }
+        let mut per = [0usize; 16];
+        for p in &mut per {
+            let b = ALLOCATIONS.load(Ordering::Relaxed);
+            run(&mut rank, &mut steps);
+            *p = ALLOCATIONS.load(Ordering::Relaxed) - b;
+        }
+        let during: usize = per.iter().sum();
+        rank.shutdown().unwrap();
+        worker.join().unwrap().unwrap();
+        assert_eq!(
+            during, 0,
+            "{strategy:?}: {during} allocations in 16 batched sharded steps ({per:?})"
         );
     }
 }
