@@ -141,3 +141,56 @@ fn a_prefix_cache_too_small_for_a_block_stores_nothing_and_changes_nothing() {
     }
     assert_eq!(tiny.prefix_stats().unwrap().blocks, 0);
 }
+
+/// A prompt's logits do not depend on the size of the chunks it is prefilled in, among
+/// multiples of 32, on either arithmetic flavour: the matrix kernels sum every row alike
+/// whatever the batch (chunks of a few rows may not: some kernels tile rows), and attention
+/// takes the batch order for any chunk of two or more. What lets the server prefill in chunks
+/// smaller than the prefix cache's block.
+#[test]
+fn prefill_logits_do_not_depend_on_the_chunk_size() {
+    use strata_kernels::attn::Flavour;
+    for id in ["smollm2-135m-instruct", "gemma3-270m"] {
+        let path = strata_store::Store::from_env()
+            .expect("model store")
+            .ensure(id)
+            .expect("fetching the model");
+        let file = GgufFile::open(&path).unwrap();
+        let tok = strata_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap();
+        let prompt = tok
+            .encode(
+                &"The keeper lit the lamp above the grey water. ".repeat(60),
+                false,
+            )
+            .unwrap();
+        assert!(prompt.len() > 2 * BLOCK, "{} tokens", prompt.len());
+        for flavour in [Flavour::Avx512, Flavour::Avx2] {
+            let mut logits = Vec::new();
+            for chunk in [BLOCK, 64, 32] {
+                let mut model = Model::load_full(&file).unwrap();
+                model.set_flavour(flavour);
+                let mut batch = Batch::new(model, 2, 1, 1024).unwrap();
+                let (slot, _) = batch.admit(&prompt).unwrap();
+                let mut at = 0;
+                let mut last = Vec::new();
+                while at < prompt.len() {
+                    let mut end = prompt.len().min((at / chunk + 1) * chunk);
+                    // A last chunk of one token would take the one-token order.
+                    if prompt.len() - end == 1 {
+                        end += 1;
+                    }
+                    last = batch.extend(slot, &prompt[at..end]).unwrap().to_vec();
+                    at = end;
+                }
+                let bits: Vec<u32> = last.iter().map(|x| x.to_bits()).collect();
+                logits.push((chunk, bits));
+            }
+            for (chunk, bits) in &logits[1..] {
+                assert!(
+                    bits == &logits[0].1,
+                    "{id} {flavour:?}: chunks of {chunk} differ from chunks of {BLOCK}"
+                );
+            }
+        }
+    }
+}
