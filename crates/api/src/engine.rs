@@ -9,6 +9,20 @@ use strata_engine::prefix::{BLOCK, PrefixStats};
 use strata_engine::{Batch, SamplingParams, SlotId};
 use strata_parallel::Rank;
 
+/// Why an engine could not take a sequence or run a step.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model refused or failed (a token outside the vocabulary, a full context).
+    #[error(transparent)]
+    Model(#[from] strata_engine::Error),
+    /// A rank or link of a sharded instance failed.
+    #[error(transparent)]
+    Ranks(#[from] strata_parallel::Error),
+    /// A request the slots cannot take (a free slot stepped, no slot left, too long).
+    #[error("{0}")]
+    Slots(String),
+}
+
 /// A model the scheduler can run sequences on.
 pub trait Engine: Send + 'static {
     /// Context positions per sequence.
@@ -19,23 +33,23 @@ pub trait Engine: Send + 'static {
     /// computed (whole blocks of [`BLOCK`], leaving at least one token); returns the slot and
     /// the positions it holds. The caller runs the rest with [`Engine::extend`] in chunks that
     /// end on multiples of [`BLOCK`], as a cold prompt is run, so the logits are the same.
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String>;
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError>;
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String>;
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError>;
     /// [`Engine::step`] for a step whose every sequence reads only the `k` greatest logits of
     /// its row (greedy, `k` = 1, or top-k sampling with a `top_k` of at most `k`; no
     /// penalties, grammar or log-probabilities): an engine may fill only those (ties to the
     /// lower id, the rest minus infinity), from which the sampler picks exactly what it picks
     /// from the whole row. A sharded engine then moves `k` candidates per rank and row, not
     /// its vocabulary slice.
-    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], String> {
+    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], EngineError> {
         let _ = k;
         self.step(steps)
     }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
     /// last (the fast path for tokens a grammar forces).
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String>;
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError>;
     /// Frees a slot.
     fn release(&mut self, slot: SlotId);
     /// What the prefix cache holds (`None`: the engine has none).
@@ -59,16 +73,16 @@ impl Engine for Batch {
         Batch::free_slots(self)
     }
 
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
-        Batch::admit(self, prompt).map_err(|e| e.to_string())
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
+        Batch::admit(self, prompt).map_err(EngineError::from)
     }
 
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
-        Batch::step(self, steps).map_err(|e| e.to_string())
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
+        Batch::step(self, steps).map_err(EngineError::from)
     }
 
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
-        Batch::extend(self, slot, tokens).map_err(|e| e.to_string())
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+        Batch::extend(self, slot, tokens).map_err(EngineError::from)
     }
 
     fn release(&mut self, slot: SlotId) {
@@ -123,10 +137,10 @@ impl Sharded {
     }
 
     /// Takes the candidates of the oldest step and writes them as row `row` of the logits.
-    fn collect_row(&mut self, row: usize) -> Result<(), String> {
+    fn collect_row(&mut self, row: usize) -> Result<(), EngineError> {
         self.rank
             .collect(&mut self.cands)
-            .map_err(|e| e.to_string())?;
+            .map_err(EngineError::from)?;
         fill_row(
             &mut self.logits[row * self.vocab..(row + 1) * self.vocab],
             &self.cands,
@@ -136,13 +150,13 @@ impl Sharded {
 
     /// Runs `tokens` through `slot` from position `at` in prefill chunks, and takes the logits
     /// that follow the last as row 0.
-    fn submit_chunks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> Result<(), String> {
+    fn submit_chunks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> Result<(), EngineError> {
         let raw = Self::raw();
         let chunks = tokens.len().div_ceil(BLOCK);
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             self.rank
                 .submit(slot, at + i * BLOCK, chunk, i + 1 == chunks, &raw, &[])
-                .map_err(|e| e.to_string())?;
+                .map_err(EngineError::from)?;
         }
         self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
         self.collect_row(0)
@@ -154,11 +168,11 @@ impl Sharded {
         &mut self,
         steps: &[(SlotId, u32)],
         params: &SamplingParams,
-    ) -> Result<&mut [f32], String> {
+    ) -> Result<&mut [f32], EngineError> {
         for &(slot, _) in steps {
             let slot = slot.index();
             if !self.busy.get(slot).copied().unwrap_or(false) {
-                return Err(format!("slot {slot} holds no sequence"));
+                return Err(EngineError::Slots(format!("slot {slot} holds no sequence")));
             }
         }
         // Every sequence in one batched step; a pipeline gets one micro-batch per stage, each
@@ -178,14 +192,14 @@ impl Sharded {
         for micro in self.batch.chunks(per) {
             self.rank
                 .submit_batch(micro, params)
-                .map_err(|e| e.to_string())?;
+                .map_err(EngineError::from)?;
         }
         let mut at = 0;
         for micro in 0..self.batch.len().div_ceil(per) {
             let n = per.min(self.batch.len() - micro * per);
             self.rank
                 .collect_batch(n, &mut self.rows)
-                .map_err(|e| e.to_string())?;
+                .map_err(EngineError::from)?;
             for row in &self.rows[..n] {
                 fill_row(
                     &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
@@ -201,8 +215,8 @@ impl Sharded {
     }
 
     /// Tells every rank to stop (the instance is being unloaded).
-    pub fn shutdown(&mut self) -> Result<(), String> {
-        self.rank.shutdown().map_err(|e| e.to_string())
+    pub fn shutdown(&mut self) -> Result<(), EngineError> {
+        self.rank.shutdown().map_err(EngineError::from)
     }
 }
 
@@ -229,32 +243,32 @@ impl Engine for Sharded {
         self.busy.iter().filter(|b| !**b).count()
     }
 
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
+    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
         if prompt.is_empty() {
-            return Err(strata_engine::Error::EmptyPrompt.to_string());
+            return Err(strata_engine::Error::EmptyPrompt.into());
         }
         if prompt.len() >= self.n_ctx() {
             return Err(strata_engine::Error::ContextOverflow {
                 needed: prompt.len() + 1,
                 limit: self.n_ctx(),
             }
-            .to_string());
+            .into());
         }
         let slot = self
             .busy
             .iter()
             .position(|b| !*b)
-            .ok_or("every sequence slot is in use")?;
+            .ok_or_else(|| EngineError::Slots("every sequence slot is in use".into()))?;
         self.busy[slot] = true;
         self.lens[slot] = 0;
         Ok((SlotId::from_index(slot), 0))
     }
 
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
         self.step_with(steps, &Self::raw())
     }
 
-    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], String> {
+    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], EngineError> {
         // Each rank's `k` greatest raw logits per row, ordered and tied as the sampler's top-k
         // orders them.
         let top = SamplingParams {
@@ -265,18 +279,18 @@ impl Engine for Sharded {
         self.step_with(steps, &top)
     }
 
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
         let at = slot.index();
         if !self.busy.get(at).copied().unwrap_or(false) {
-            return Err(format!("slot {at} holds no sequence"));
+            return Err(EngineError::Slots(format!("slot {at} holds no sequence")));
         }
         if tokens.is_empty() || self.lens[at] + tokens.len() >= self.n_ctx() {
-            return Err(format!(
+            return Err(EngineError::Slots(format!(
                 "cannot append {} tokens to a sequence of {} in a context of {}",
                 tokens.len(),
                 self.lens[at],
                 self.n_ctx()
-            ));
+            )));
         }
         self.submit_chunks(at, self.lens[at], tokens)?;
         self.lens[at] += tokens.len();

@@ -13,7 +13,7 @@ use std::time::Instant;
 use strata_engine::prefix::BLOCK;
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -218,7 +218,7 @@ impl Seq {
     /// on (the caller frees the slot of one that does not).
     fn after_pass(
         &mut self,
-        pass: Result<&mut [f32], String>,
+        pass: Result<&mut [f32], EngineError>,
         sample: bool,
         tok: &Tokenizer,
         n_ctx: usize,
@@ -227,7 +227,7 @@ impl Seq {
         match pass {
             Ok(logits) => !sample || self.advance(logits, tok, n_ctx, m),
             Err(e) => {
-                let _ = self.job.events.send(Event::Failed(e));
+                let _ = self.job.events.send(Event::Failed(e.to_string()));
                 false
             }
         }
@@ -528,7 +528,7 @@ fn run(
                     });
                 }
                 Err(e) => {
-                    let _ = job.events.send(Event::Failed(e));
+                    let _ = job.events.send(Event::Failed(e.to_string()));
                 }
             }
             // The new sequence's first chunk, if this round has room for it.
@@ -594,6 +594,7 @@ fn run(
                 }
             }
             Err(e) => {
+                let e = e.to_string();
                 for s in active.drain(..) {
                     let _ = s.job.events.send(Event::Failed(e.clone()));
                     batch.release(s.slot);
@@ -699,15 +700,15 @@ mod tests {
         fn free_slots(&self) -> usize {
             usize::from(!self.busy)
         }
-        fn admit(&mut self, _prompt: &[u32]) -> Result<(SlotId, usize), String> {
+        fn admit(&mut self, _prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
             self.busy = true;
             Ok((SlotId::from_index(0), 0))
         }
-        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
             self.calls.lock().unwrap().steps += 1;
             Ok(self.row(steps.len()))
         }
-        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
             self.calls.lock().unwrap().extends.push(tokens.to_vec());
             Ok(self.row(1))
         }
@@ -812,10 +813,10 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.inner.free_slots()
         }
-        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
+        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
             self.inner.admit(prompt)
         }
-        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
             use std::sync::atomic::Ordering::SeqCst;
             if self.panics.load(SeqCst) > 0 {
                 self.panics.fetch_sub(1, SeqCst);
@@ -823,7 +824,7 @@ mod tests {
             }
             self.inner.step(steps)
         }
-        fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+        fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
             self.inner.extend(slot, tokens)
         }
         fn release(&mut self, slot: SlotId) {
@@ -926,7 +927,7 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.free
         }
-        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), String> {
+        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
             self.free -= 1;
             let slot = SlotId::from_index(self.free);
             self.log
@@ -942,10 +943,10 @@ mod tests {
                 },
             ))
         }
-        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], String> {
+        fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
             Ok(self.row(steps.len(), format!("step {}", steps.len())))
         }
-        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], String> {
+        fn extend(&mut self, _slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
             Ok(self.row(1, format!("extend {}", tokens.len())))
         }
         fn release(&mut self, _slot: SlotId) {
