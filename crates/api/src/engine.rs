@@ -43,8 +43,7 @@ pub trait Engine: Send + 'static {
     /// lower id, the rest minus infinity), from which the sampler picks exactly what it picks
     /// from the whole row. A sharded engine then moves `k` candidates per rank and row, not
     /// its vocabulary slice.
-    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], EngineError> {
-        let _ = k;
+    fn step_top(&mut self, steps: &[(SlotId, u32)], _k: usize) -> Result<&mut [f32], EngineError> {
         self.step(steps)
     }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
@@ -138,9 +137,7 @@ impl Sharded {
 
     /// Takes the candidates of the oldest step and writes them as row `row` of the logits.
     fn collect_row(&mut self, row: usize) -> Result<(), EngineError> {
-        self.rank
-            .collect(&mut self.cands)
-            .map_err(EngineError::from)?;
+        self.rank.collect(&mut self.cands)?;
         fill_row(
             &mut self.logits[row * self.vocab..(row + 1) * self.vocab],
             &self.cands,
@@ -155,8 +152,7 @@ impl Sharded {
         let chunks = tokens.len().div_ceil(BLOCK);
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             self.rank
-                .submit(slot, at + i * BLOCK, chunk, i + 1 == chunks, &raw, &[])
-                .map_err(EngineError::from)?;
+                .submit(slot, at + i * BLOCK, chunk, i + 1 == chunks, &raw, &[])?;
         }
         self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
         self.collect_row(0)
@@ -190,16 +186,12 @@ impl Sharded {
             .len()
             .div_ceil(self.rank.stages().clamp(1, steps.len()));
         for micro in self.batch.chunks(per) {
-            self.rank
-                .submit_batch(micro, params)
-                .map_err(EngineError::from)?;
+            self.rank.submit_batch(micro, params)?;
         }
         let mut at = 0;
-        for micro in 0..self.batch.len().div_ceil(per) {
-            let n = per.min(self.batch.len() - micro * per);
-            self.rank
-                .collect_batch(n, &mut self.rows)
-                .map_err(EngineError::from)?;
+        for micro in self.batch.chunks(per) {
+            let n = micro.len();
+            self.rank.collect_batch(n, &mut self.rows)?;
             for row in &self.rows[..n] {
                 fill_row(
                     &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
@@ -216,7 +208,7 @@ impl Sharded {
 
     /// Tells every rank to stop (the instance is being unloaded).
     pub fn shutdown(&mut self) -> Result<(), EngineError> {
-        self.rank.shutdown().map_err(EngineError::from)
+        Ok(self.rank.shutdown()?)
     }
 }
 

@@ -10,7 +10,7 @@
 //! alternatives the planner rejected.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -365,32 +365,17 @@ fn link(spec: &str) -> Result<(f64, f64, String)> {
 /// One-way latency (half the median of many round trips of a small message) and bandwidth (a
 /// stream of 4 MB messages) of strata's data plane between two ranks on this machine.
 fn measure_loopback(transport: &str) -> Result<(f64, f64)> {
-    use strata_net::{LinkShape, MeshConfig, Transport, coordinate, join};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let at = listener.local_addr()?;
-    let token = strata_net::new_token();
-    let config = |rank: usize| MeshConfig {
-        rank,
-        world: 2,
-        coordinator: at,
-        listen: None,
-        token: token.clone(),
-        transport: if transport == "shm" {
-            Transport::Shm
-        } else {
-            Transport::Tcp
-        },
-        shape: LinkShape::default(),
-        join_timeout: Duration::from_secs(10),
-        stall_timeout: Duration::from_secs(10),
-        insecure_plaintext: false,
+    let transport = if transport == "shm" {
+        strata_net::Transport::Shm
+    } else {
+        strata_net::Transport::Tcp
     };
+    let (mut c, mut peer_comm) = strata_net::loopback_pair(transport)?;
     const ROUNDS: usize = 2000;
     const BIG: usize = 4 << 20;
     const BIGS: usize = 16;
-    let peer_cfg = config(1);
     let peer = std::thread::spawn(move || -> Result<()> {
-        let mut c = join(&peer_cfg)?;
+        let c = &mut peer_comm;
         for _ in 0..ROUNDS {
             let m = c.recv(0)?.to_vec();
             c.send(0, &m)?;
@@ -401,7 +386,6 @@ fn measure_loopback(transport: &str) -> Result<(f64, f64)> {
         c.send(0, b"done")?;
         Ok(())
     });
-    let mut c = coordinate(&config(0), listener)?;
     let small = [0u8; 64];
     let mut trips = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
@@ -444,19 +428,13 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
         .class("measured")
         .context("the presets lack the measured class")?;
     Ok(Node {
-        id: hostname(),
+        id: strata_node::identity::hostname(),
         memory_available: (available as f64 * class.usable_memory) as u64,
         mem_bandwidth: bandwidth * class.bandwidth_efficiency,
         flops: gflops * 1e9 * class.compute_efficiency,
         message_overhead: class.message_overhead_us * 1e-6,
         ..Node::default()
     })
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "this-machine".into())
 }
 
 /// Every rank's shard of a model with a file, as data and as lines.

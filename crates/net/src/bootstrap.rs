@@ -758,6 +758,36 @@ pub fn new_token() -> String {
     format!("{a:032x}")
 }
 
+/// Two ranks of one mesh in this process, joined over `transport` on loopback: (rank 0,
+/// rank 1). For tests and for measuring this machine's own links.
+pub fn loopback_pair(transport: Transport) -> Result<(Communicator, Communicator)> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io(0, "binding a loopback port"))?;
+    let at = listener
+        .local_addr()
+        .map_err(io(0, "reading the loopback port"))?;
+    let token = new_token();
+    let config = |rank: usize| MeshConfig {
+        rank,
+        world: 2,
+        coordinator: at,
+        listen: None,
+        token: token.clone(),
+        transport,
+        shape: LinkShape::default(),
+        join_timeout: Duration::from_secs(30),
+        stall_timeout: Duration::from_secs(30),
+        insecure_plaintext: false,
+    };
+    let peer = config(1);
+    let joiner = std::thread::spawn(move || join(&peer));
+    let first = coordinate(&config(0), listener)?;
+    let second = joiner.join().map_err(|_| Error::Protocol {
+        peer: 1,
+        what: "the joining rank's thread panicked".into(),
+    })??;
+    Ok((first, second))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

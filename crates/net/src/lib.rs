@@ -24,7 +24,9 @@ mod link;
 mod seal;
 mod shape;
 
-pub use bootstrap::{MeshConfig, SHM_RING_BYTES, Transport, coordinate, join, new_token};
+pub use bootstrap::{
+    MeshConfig, SHM_RING_BYTES, Transport, coordinate, join, loopback_pair, new_token,
+};
 pub use collectives::RING_MIN_BYTES;
 pub use comm::{CommStats, Communicator};
 pub use error::{Error, Result};

@@ -649,8 +649,6 @@ pub fn local_pair(
     n_ctx: usize,
     max_seqs: usize,
 ) -> Result<(Rank, std::thread::JoinHandle<Result<()>>)> {
-    use std::time::Duration;
-    use strata_net::{LinkShape, MeshConfig, Transport};
     let a = &Assignment {
         plan,
         model_path: model_path.to_path_buf(),
@@ -666,33 +664,14 @@ pub fn local_pair(
             a.plan.world()
         )));
     }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::Protocol(format!("binding a local port: {e}")))?;
-    let at = listener
-        .local_addr()
-        .map_err(|e| Error::Protocol(e.to_string()))?;
-    let token = strata_net::new_token();
-    let mesh = move |rank: usize| MeshConfig {
-        rank,
-        world: 2,
-        coordinator: at,
-        listen: None,
-        token: token.clone(),
-        transport: Transport::Shm,
-        shape: LinkShape::default(),
-        join_timeout: Duration::from_secs(30),
-        stall_timeout: Duration::from_secs(30),
-        insecure_plaintext: false,
-    };
+    let (first, second) = strata_net::loopback_pair(strata_net::Transport::Shm)?;
     let worker = {
-        let (a, file, cfg) = (a.clone(), file.clone(), mesh(1));
+        let (a, file) = (a.clone(), file.clone());
         std::thread::spawn(move || -> Result<()> {
-            let comm = strata_net::join(&cfg)?;
             let shard = Rank::prepare(&file, &a, 1)?;
-            Rank::new(comm, shard, &a.plan)?.serve()
+            Rank::new(second, shard, &a.plan)?.serve()
         })
     };
-    let comm = strata_net::coordinate(&mesh(0), listener)?;
-    let rank = Rank::new(comm, Rank::prepare(file, a, 0)?, &a.plan)?;
+    let rank = Rank::new(first, Rank::prepare(file, a, 0)?, &a.plan)?;
     Ok((rank, worker))
 }
