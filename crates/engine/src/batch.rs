@@ -295,7 +295,7 @@ impl Batch {
         }
         self.tokens.clear();
         self.tokens.extend(steps.iter().map(|s| s.1));
-        self.model.forward_batch_in(
+        self.model.forward_batch(
             &self.pool,
             &mut self.caches,
             &self.order,

@@ -359,62 +359,16 @@ impl Model {
     }
 
     /// Runs one decode step for several independent sequences at once: token `tokens[i]` is
-    /// appended to sequence `caches[i]`. Every weight matrix is read once for the whole batch,
-    /// which is what makes serving many streams cheaper than serving them one by one.
+    /// appended to the sequence in `slots[pick[i]]` (`pick` distinct). Every weight matrix is
+    /// read once for the whole batch, which is what makes serving many streams cheaper than
+    /// serving them one by one; the caches are not gathered, so a warm step allocates nothing.
     ///
     /// Each row's arithmetic is the same as a one-token [`Model::forward`] on its own cache
     /// (the matrix kernels treat rows independently and every row uses the single-token
     /// attention order), so a sequence's tokens do not depend on what it is batched with.
-    /// After it, `scratch.logits()` holds one row of logits per sequence. Full-width shards
-    /// only (the batch is not exchanged between ranks).
+    /// After it, `scratch.logits()` holds one row of logits per sequence. The whole model
+    /// only; a shard runs batches through its links with [`Model::forward_batch_slots`].
     pub fn forward_batch(
-        &self,
-        pool: &ThreadPool,
-        caches: &mut [&mut KvCache],
-        scratch: &mut Scratch,
-        tokens: &[u32],
-    ) -> Result<()> {
-        self.whole_model()?;
-        self.forward_batch_shard(
-            pool,
-            caches,
-            scratch,
-            StageInput::Tokens(tokens),
-            &mut NoComm,
-        )
-    }
-
-    /// [`Model::forward_batch`] on a shard: row `i` of `input` (a token on the first stage,
-    /// a hidden state on later ones) is appended to sequence `caches[i]`, and the shard's
-    /// tensor-parallel group exchanges the whole batch's partial results through `comm`, one
-    /// exchange for every row. Each row's arithmetic is a one-token step's, so a sequence's
-    /// output does not depend on what it is batched with, sharded or not. After it,
-    /// `scratch.hidden()` holds every row's hidden state (earlier stages) or
-    /// `scratch.logits()` one row of this shard's logits per sequence (the last stage).
-    pub fn forward_batch_shard(
-        &self,
-        pool: &ThreadPool,
-        caches: &mut [&mut KvCache],
-        scratch: &mut Scratch,
-        input: StageInput<'_>,
-        comm: &mut dyn Collective,
-    ) -> Result<()> {
-        self.forward_rows(pool, Caches::Refs(caches), scratch, input, comm)
-    }
-
-    /// Batches without links run on the whole model only.
-    fn whole_model(&self) -> Result<()> {
-        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
-            return Err(Error::InvalidShard(
-                "batched decoding without links needs the whole model in one process".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// [`Model::forward_batch`] over slots: `tokens[i]` is appended to `slots[pick[i]]`
-    /// (`pick` distinct), gathering nothing, so a warm step allocates nothing.
-    pub fn forward_batch_in(
         &self,
         pool: &ThreadPool,
         slots: &mut [KvCache],
@@ -422,7 +376,11 @@ impl Model {
         scratch: &mut Scratch,
         tokens: &[u32],
     ) -> Result<()> {
-        self.whole_model()?;
+        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
+            return Err(Error::InvalidShard(
+                "batched decoding without links needs the whole model in one process".into(),
+            ));
+        }
         self.forward_batch_slots(
             pool,
             slots,
@@ -433,8 +391,12 @@ impl Model {
         )
     }
 
-    /// [`Model::forward_batch_shard`] over slots: row `i` of `input` is appended to
-    /// `slots[pick[i]]` (`pick` distinct). Gathers nothing, so a warm step allocates nothing.
+    /// [`Model::forward_batch`] on a shard: row `i` of `input` (a token on the first stage, a
+    /// hidden state on later ones) is appended to `slots[pick[i]]` (`pick` distinct), and the
+    /// shard's tensor-parallel group exchanges the whole batch's partial results through
+    /// `comm`, one exchange for every row. After it, `scratch.hidden()` holds every row's
+    /// hidden state (earlier stages) or `scratch.logits()` one row of this shard's logits per
+    /// sequence (the last stage).
     pub fn forward_batch_slots(
         &self,
         pool: &ThreadPool,
