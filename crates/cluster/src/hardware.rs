@@ -1,9 +1,10 @@
 //! Hardware that is not at hand: node and link presets for planning a cluster before buying
 //! it. Each preset carries the vendor's rated figures and where they come from
 //! (`data/hardware.json`); one set of constants per hardware class turns rated figures into
-//! what inference reaches (a Metal or CUDA engine reads weights at 75-82 % of the rated memory
-//! bandwidth, a GPU drains its queue before each exchange). No constant is fitted to one
-//! published result: `published` checks them all against the same constants.
+//! what inference reaches (the share of rated bandwidth a token reads at, what each exchange
+//! costs a device per peer). The Apple class's constants are checked against published runs
+//! (`published`, every row against the same constants, none fitted to one row); the NVIDIA
+//! and server-CPU constants are the usual reached shares, not yet checked against any.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

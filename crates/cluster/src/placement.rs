@@ -588,16 +588,6 @@ impl Cost<'_, '_> {
     }
 }
 
-/// Predicted seconds per token of one stream (the planner's ranking figure).
-fn seconds_per_token(
-    cost: &Cost<'_, '_>,
-    nodes: &[&Node],
-    strategy: StrategyChoice,
-    weights: &[f64],
-) -> f64 {
-    cost.step(nodes, strategy, weights, Load::ONE)
-}
-
 /// Predicted decode tokens per second of a placement on a cluster.
 pub fn predict_decode(
     model: &ModelFacts,
@@ -809,7 +799,7 @@ pub fn place(
                 let Some(weights) = shares(model, &order, req.context) else {
                     continue;
                 };
-                let t = seconds_per_token(&cost, &order, strategy, &weights);
+                let t = cost.step(&order, strategy, &weights, Load::ONE);
                 let tok_s = 1.0 / t;
                 let better = best
                     .as_ref()
@@ -850,7 +840,7 @@ pub fn place(
     for (s, order) in candidates(&c, model, &chosen_sorted) {
         if let Some(w) = shares(model, &order, req.context) {
             p.considered
-                .push((s, 1.0 / seconds_per_token(&cost, &order, s, &w)));
+                .push((s, 1.0 / cost.step(&order, s, &w, Load::ONE)));
         }
     }
     p.explanation = explain(model, &p, &chosen, req);
