@@ -7,6 +7,7 @@
 //! - [`grammar`], [`tools`] and [`call_format`]: tool calls in each model family's syntax and
 //!   JSON output, constrained by llguidance.
 //! - [`auth`]: API keys (constant-time check) and per-key token buckets.
+//! - [`dashboard`]: the web UI (plain JavaScript modules embedded in the binary).
 //! - [`metrics`]: Prometheus counters, gauges and histograms.
 //! - [`listen`] and [`browser`]: the connection server (deadlines, a connection cap, graceful
 //!   shutdown) and the browser checks (Host, Origin, JSON bodies, CORS) of every HTTP surface.
@@ -15,6 +16,7 @@
 pub mod auth;
 pub mod browser;
 pub(crate) mod call_format;
+pub mod dashboard;
 pub mod engine;
 pub(crate) mod error;
 pub(crate) mod grammar;

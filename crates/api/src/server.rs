@@ -133,6 +133,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .merge(crate::dashboard::routes())
         .fallback(fallback)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
@@ -195,9 +196,13 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     resp
 }
 
-/// What answers here (clients such as Claude Code probe `HEAD /` before their first request).
-async fn root(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"service": "strata", "model": st.model_id}))
+/// What answers here: the dashboard to a browser; to clients (Claude Code probes `HEAD /`
+/// before its first request) a line of JSON naming the service.
+async fn root(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    if crate::dashboard::wants_page(&headers) {
+        return crate::dashboard::index();
+    }
+    Json(json!({"service": "strata", "model": st.model_id})).into_response()
 }
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {

@@ -79,6 +79,9 @@ pub struct Hosted {
     pub coordinator: Option<String>,
     /// `starting`, `ready` or `failed: why`.
     pub status: String,
+    /// While starting: how far the model's download or copy has got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<crate::transfer::Arrival>,
 }
 
 /// Places `req` on the topology; the answer names nodes by id.

@@ -34,6 +34,9 @@ pub struct Profile {
     pub api_addr: String,
     /// Unix time the node started.
     pub started_at: u64,
+    /// `--memory-limit`, bytes, if one was given.
+    #[serde(default)]
+    pub memory_limit: Option<u64>,
 }
 
 /// Memory figures from `/proc/meminfo`: (total, available) in bytes.

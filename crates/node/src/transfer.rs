@@ -38,6 +38,46 @@ pub struct Peers {
     /// Directories whose files cluster requests may name by path (`--allow-model-dir`,
     /// canonical): no other path is opened for a cluster request.
     pub model_dirs: std::sync::Arc<[PathBuf]>,
+    /// Where a rank being started tells how far its model's arrival has got (shown by the
+    /// dashboard and in the node's published state); `None` when nobody watches.
+    pub arrival: Option<ArrivalSlot>,
+}
+
+/// How far a model's arrival on this node has got: the step (`downloading`, `extracting`,
+/// `verifying`, `copying from node N`) and its bytes, when the step counts them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Arrival {
+    /// What is happening, in words.
+    pub step: String,
+    /// Bytes done (0 while a step is not counted).
+    pub done: u64,
+    /// Bytes in all (0 while unknown).
+    pub total: u64,
+}
+
+/// A shared, updatable [`Arrival`].
+pub(crate) type ArrivalSlot = std::sync::Arc<std::sync::Mutex<Option<Arrival>>>;
+
+/// Records `ev` in `slot` (the step it starts, or the bytes it has done).
+fn note(slot: Option<&ArrivalSlot>, step: &str, ev: &strata_store::PullEvent<'_>) {
+    use strata_store::PullEvent as E;
+    let Some(slot) = slot else { return };
+    let mut a = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = a.get_or_insert_with(Arrival::default);
+    match *ev {
+        E::WaitingForLock { .. } => now.step = "waiting for another pull of it".into(),
+        E::Verifying { .. } => now.step = "verifying".into(),
+        E::Fetching { part, parts, .. } => {
+            now.step = format!("{step} (part {part}/{parts})");
+            (now.done, now.total) = (0, 0);
+        }
+        E::Extracting { part, parts, .. } => now.step = format!("extracting (part {part}/{parts})"),
+        E::Progress { done, total } => (now.done, now.total) = (done, total),
+        E::AlreadyPresent { .. } | E::Installed { .. } => *a = None,
+        _ => {}
+    }
 }
 
 impl std::fmt::Debug for Peers {
@@ -45,7 +85,7 @@ impl std::fmt::Debug for Peers {
         f.debug_struct("Peers")
             .field("ids", &self.ids)
             .field("model_dirs", &self.model_dirs)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -57,6 +97,7 @@ pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
     if strata_store::is_path_spec(spec) {
         return allowed_path(spec, &peers.model_dirs);
     }
+    let arrival = peers.arrival.clone();
     let peers = Some(peers);
     let mut store = Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
     if let Some(peers) = peers {
@@ -80,7 +121,10 @@ pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
         }
     }
     let mut progress = strata_store::TerminalProgress::stderr();
-    let resolved = store.resolve_with(spec, &mut |ev| progress.handle(ev));
+    let resolved = store.resolve_with(spec, &mut |ev| {
+        note(arrival.as_ref(), "downloading", &ev);
+        progress.handle(ev);
+    });
     progress.finish();
     Ok(resolved
         .map_err(|e| Error::Instance(format!("{spec}: {e}")))?
@@ -175,8 +219,22 @@ fn fetch_from(
     let origin = format!("node {peer}");
     let mut progress =
         strata_store::TerminalProgress::stderr_as(&format!("copying {id} from {origin}"));
+    let copying = format!("copying from {origin}");
     let origin = Path::new(&origin);
-    let mut report = |ev: strata_store::PullEvent<'_>| progress.handle(ev);
+    let mut report = |ev: strata_store::PullEvent<'_>| {
+        note(peers.arrival.as_ref(), &copying, &ev);
+        if let (strata_store::PullEvent::Progress { .. }, Some(slot)) = (&ev, &peers.arrival) {
+            // A copy's bytes come without a Fetching step: name the step here.
+            if let Some(a) = slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_mut()
+            {
+                a.step.clone_from(&copying);
+            }
+        }
+        progress.handle(ev);
+    };
     let installed = match local {
         Some(card) => store.install_from(card, &mut reader, origin, &mut report),
         None => {

@@ -17,7 +17,7 @@ use serde_json::Value;
 const STRATA: &str = env!("CARGO_BIN_EXE_strata");
 
 /// Namespaces and node processes, removed on drop.
-struct Net {
+pub(crate) struct Net {
     prefix: String,
     hosts: usize,
     nodes: Vec<Option<Child>>,
@@ -44,7 +44,7 @@ impl Net {
     /// `hosts` namespaces on one bridge. The tests that call this are ignored by default (they
     /// need root and iproute2); run with `--include-ignored` where those are missing, they fail
     /// saying so rather than pass without running.
-    fn new(hosts: usize) -> Net {
+    pub(crate) fn new(hosts: usize) -> Net {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
             panic!("network namespaces need root and iproute2 (`ip`), which this machine lacks");
@@ -94,11 +94,11 @@ impl Net {
         net
     }
 
-    fn ns(&self, host: usize) -> String {
+    pub(crate) fn ns(&self, host: usize) -> String {
         format!("{}n{host}", self.prefix)
     }
 
-    fn key(&self, name: &str) -> PathBuf {
+    pub(crate) fn key(&self, name: &str) -> PathBuf {
         let path = self.dir.path().join(name);
         if !path.exists() {
             let out = Command::new(STRATA)
@@ -112,7 +112,7 @@ impl Net {
     }
 
     /// Starts `strata node` on `host` with the key file `key`.
-    fn start(&mut self, host: usize, key: &Path) {
+    pub(crate) fn start(&mut self, host: usize, key: &Path) {
         self.start_env(host, key, &[]);
     }
 
@@ -138,7 +138,7 @@ impl Net {
         self.nodes[host - 1] = Some(child);
     }
 
-    fn pid(&self, host: usize) -> i32 {
+    pub(crate) fn pid(&self, host: usize) -> i32 {
         self.nodes[host - 1].as_ref().expect("a running node").id() as i32
     }
 
@@ -174,13 +174,13 @@ impl Net {
         }
     }
 
-    fn status(&self, host: usize) -> Option<Value> {
+    pub(crate) fn status(&self, host: usize) -> Option<Value> {
         let text = self.cli(host, &["status", "--json"]).ok()?;
         serde_json::from_str(&text).ok()
     }
 
     /// Member names (`hostN`, from their published profiles) as `host` sees them, sorted.
-    fn members(&self, host: usize) -> Vec<String> {
+    pub(crate) fn members(&self, host: usize) -> Vec<String> {
         let Some(s) = self.status(host) else {
             return Vec::new();
         };
@@ -199,7 +199,12 @@ impl Net {
         v
     }
 
-    fn wait_for(&self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    pub(crate) fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut ok: impl FnMut() -> bool,
+    ) -> Duration {
         let t = Instant::now();
         loop {
             if ok() {
@@ -213,7 +218,7 @@ impl Net {
         }
     }
 
-    fn dump_logs(&self) {
+    pub(crate) fn dump_logs(&self) {
         for h in 1..=self.hosts + 1 {
             if let Ok(log) = std::fs::read_to_string(self.dir.path().join(format!("node{h}.log"))) {
                 eprintln!("--- node{h}.log\n{log}");
@@ -234,7 +239,7 @@ impl Drop for Net {
     }
 }
 
-fn names(hosts: &[usize]) -> Vec<String> {
+pub(crate) fn names(hosts: &[usize]) -> Vec<String> {
     hosts.iter().map(|h| format!("host{h}")).collect()
 }
 

@@ -82,7 +82,7 @@ const CLIENTS: [&str; 4] = [
 ];
 
 /// `~/.cache/strata/NAME`: where the test clients are installed once and kept.
-fn test_cache_dir(name: &str) -> PathBuf {
+pub(crate) fn test_cache_dir(name: &str) -> PathBuf {
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)

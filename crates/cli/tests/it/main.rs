@@ -3,6 +3,7 @@
 
 mod cli_bench;
 mod cli_cluster;
+mod cli_dashboard;
 mod cli_hardening;
 mod cli_models_import;
 mod cli_plan;

@@ -6,7 +6,11 @@ use super::*;
 pub(super) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/", get(root))
+        .merge(strata_api::dashboard::routes())
         .route("/v1/cluster/status", get(status))
+        .route("/v1/cluster/models", get(models))
+        .route("/v1/cluster/whoami", get(whoami))
         .route("/v1/cluster/devices", get(devices))
         .route("/v1/cluster/drain", post(drain))
         .route("/v1/cluster/stop", post(stop))
@@ -58,11 +62,14 @@ pub(super) fn authorize(keys: &Keys, path: &str, auth: Option<&str>) -> Option<R
     }
 }
 
-/// Every route but `/health` needs a key whenever the node has keys.
+/// Every route but `/health` and the dashboard's page and files needs a key whenever the node
+/// has keys (the page asks for one and sends it with every call it makes).
 pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if req.uri().path() != "/health"
-        && let Some(keys) = &shared.keys
-    {
+    let path = req.uri().path();
+    let open = path == "/health"
+        || strata_api::dashboard::is_dashboard_path(path)
+        || (path == "/" && strata_api::dashboard::wants_page(req.headers()));
+    if !open && let Some(keys) = &shared.keys {
         let auth = strata_api::auth::presented(req.headers());
         if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
             return refused;
@@ -74,6 +81,59 @@ pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next:
 /// An error in the API's shape (OpenAI's, or Anthropic's on its routes).
 pub(super) fn error(status: StatusCode, msg: &str) -> Response {
     strata_api::ApiError::with_status(status, msg).into_response()
+}
+
+/// The dashboard to a browser; anything else goes to the instance served here, as before.
+pub(super) async fn root(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    if strata_api::dashboard::wants_page(req.headers()) {
+        return strata_api::dashboard::index();
+    }
+    to_instance(State(shared), req).await
+}
+
+/// Which role the presented key has, so the dashboard offers admin actions only to admin keys
+/// (the routes check again: this only decides what is shown).
+pub(super) async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let Some(keys) = &shared.keys else {
+        return Json(serde_json::json!({ "keys": false, "admin": true, "name": null }))
+            .into_response();
+    };
+    let auth = strata_api::auth::presented(&headers);
+    match keys.check(auth.as_deref()) {
+        Verdict::Allowed(g) => Json(serde_json::json!({
+            "keys": true,
+            "admin": g.role == Role::Admin,
+            "name": g.name,
+        }))
+        .into_response(),
+        // The guard has already refused unknown and limited keys.
+        _ => error(StatusCode::UNAUTHORIZED, "a valid API key is required"),
+    }
+}
+
+/// The models this node's store knows (catalog and imports) and whether each is here. Paths on
+/// the node are left out: a client key learns what it may load, not the node's file system.
+pub(super) async fn models() -> Response {
+    let listed =
+        tokio::task::spawn_blocking(|| strata_store::Store::from_env().map(|s| s.list())).await;
+    match listed {
+        Ok(Ok(models)) => {
+            let models: Vec<serde_json::Value> = models
+                .iter()
+                .filter_map(|m| {
+                    let mut v = serde_json::to_value(m).ok()?;
+                    let o = v.as_object_mut()?;
+                    o.remove("path");
+                    o.remove("source");
+                    o.remove("file_name");
+                    Some(v)
+                })
+                .collect();
+            Json(serde_json::json!({ "models": models })).into_response()
+        }
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
 }
 
 pub(super) async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {

@@ -32,12 +32,34 @@ pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request)
                 .map(|(id, _)| id);
             match target {
                 Some(t) => forward(&shared, &t, req).await,
-                None => error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "no model instance is loaded; run `strata load MODEL`",
-                ),
+                None => nothing_served(&req),
             }
         }
+    }
+}
+
+/// The answer while no instance serves: listings are empty (a client or a scraper asking what
+/// is served gets "nothing", not an error); everything else is 503.
+fn nothing_served(req: &Request) -> Response {
+    match (req.method(), req.uri().path()) {
+        (&axum::http::Method::GET, "/v1/models") => {
+            Json(serde_json::json!({ "object": "list", "data": [] })).into_response()
+        }
+        (&axum::http::Method::GET, "/api/tags") => {
+            Json(serde_json::json!({ "models": [] })).into_response()
+        }
+        (&axum::http::Method::GET, "/metrics") => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            "# EOF\n",
+        )
+            .into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no model instance is loaded; run `strata load MODEL`",
+        ),
     }
 }
 

@@ -54,6 +54,7 @@ pub(super) fn peers_of(shared: &Shared) -> transfer::Peers {
         prefix: shared.control.prefix().to_string(),
         ids: shared.control.peers(),
         model_dirs: std::sync::Arc::clone(&shared.model_dirs),
+        arrival: None,
     }
 }
 
@@ -85,15 +86,19 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             let Some(coordinator) = coordinator else {
                 continue;
             };
-            locked(&shared.hosted)
-                .insert(k.clone(), Host::new(spec, rank, None, "starting".into()));
+            let host = Host::new(spec, rank, None, "starting".into());
+            let arrival = Arc::clone(&host.arrival);
+            locked(&shared.hosted).insert(k.clone(), host);
             // Resolving may mean copying the model from a peer: off the async threads.
             let (shared, model, world) = (
                 Arc::clone(shared),
                 spec.request.model.clone(),
                 p.nodes.len(),
             );
-            let peers = peers_of(&shared);
+            let peers = transfer::Peers {
+                arrival: Some(arrival),
+                ..peers_of(&shared)
+            };
             std::thread::spawn(move || {
                 let started = transfer::resolve(&model, &peers).and_then(|path| {
                     instances::start_worker(&path, rank, world, coordinator, &token)
@@ -165,10 +170,9 @@ pub(super) fn start_rank0(
         }
     };
     let coordinator = listener.local_addr().ok().map(|a| a.to_string());
-    locked(&shared.hosted).insert(
-        k.clone(),
-        Host::new(spec, 0, coordinator, "starting".into()),
-    );
+    let host = Host::new(spec, 0, coordinator, "starting".into());
+    let arrival = Arc::clone(&host.arrival);
+    locked(&shared.hosted).insert(k.clone(), host);
     let shared = Arc::clone(shared);
     let spec = spec.clone();
     let p = p.clone();
@@ -180,7 +184,10 @@ pub(super) fn start_rank0(
             token,
             threads: shared.threads,
             keys: None,
-            peers: peers_of(&shared),
+            peers: transfer::Peers {
+                arrival: Some(arrival),
+                ..peers_of(&shared)
+            },
         });
         let mut hosted = locked(&shared.hosted);
         let Some(h) = hosted.get_mut(&k) else {

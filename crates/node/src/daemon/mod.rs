@@ -85,8 +85,8 @@ struct Flags {
 /// Shared by the HTTP handlers and the background tasks.
 ///
 /// Lock order: a thread holding one of these mutexes may take only those after it, never one
-/// before: `profile`, `links`, `hosted`, `served`, `table`, `last_table` (the state publisher
-/// holds `profile` while it reads the others; hosting holds `hosted` while it swaps `served`;
+/// before: `profile`, `links`, `hosted`, a host's `arrival`, `served`, `table`, `last_table`,
+/// `cpu_ticks` (the state publisher holds `profile` while it reads the others; hosting holds `hosted` while it swaps `served`;
 /// `table` and `last_table` are never held together). No guard lives across an `.await`: the
 /// guards are not `Send`, so a spawned task that tried would not compile.
 struct Shared {
@@ -114,12 +114,16 @@ struct Shared {
     hosted: Mutex<BTreeMap<(String, u64), Host>>,
     /// The API of the instance whose rank 0 runs here.
     served: Mutex<Option<(String, Router)>>,
+    /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
+    cpu_ticks: Mutex<Option<(u64, u64)>>,
 }
 
 /// A rank this node runs, and what it says about it.
 struct Host {
     info: Hosted,
     running: Option<Running>,
+    /// How far its model's arrival has got, while it is on its way.
+    arrival: transfer::ArrivalSlot,
 }
 
 impl Host {
@@ -132,9 +136,20 @@ impl Host {
                 rank,
                 coordinator,
                 status,
+                arrival: None,
             },
             running: None,
+            arrival: Arc::default(),
         }
+    }
+
+    /// What the cluster is told of it: its info with the arrival as it stands now.
+    fn published(&self) -> Hosted {
+        let mut info = self.info.clone();
+        if info.status == "starting" {
+            info.arrival = locked(&self.arrival).clone();
+        }
+        info
     }
 }
 
@@ -269,6 +284,7 @@ pub async fn run(
         mem_bandwidth: speed.mem_bandwidth,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
+        memory_limit: opts.memory_limit,
     };
     let data_host = opts.advertise.unwrap_or_else(|| {
         identity::local_addresses()
@@ -324,6 +340,7 @@ pub async fn run(
         was_leader: AtomicBool::new(false),
         hosted: Mutex::new(BTreeMap::new()),
         served: Mutex::new(None),
+        cpu_ticks: Mutex::new(None),
     });
     publish(&shared).await?;
     let publisher = tokio::spawn(publish_loop(Arc::clone(&shared)));

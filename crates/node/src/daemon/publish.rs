@@ -28,12 +28,35 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
             links,
             draining: shared.flags.draining.load(Ordering::Relaxed),
             extra: serde_json::json!({
-                "hosted": locked(&shared.hosted).values().map(|h| h.info.clone()).collect::<Vec<_>>(),
+                "hosted": locked(&shared.hosted).values().map(Host::published).collect::<Vec<_>>(),
+                "cpu_busy": cpu_busy(&shared.cpu_ticks),
                 "followed": followed(shared),
             }),
         }
     };
     shared.control.publish(&state).await
+}
+
+/// The machine's busy fraction of CPU time (0-1) since the last call, from `/proc/stat`; `None`
+/// on the first call or where there is no `/proc/stat`.
+pub(super) fn cpu_busy(last: &Mutex<Option<(u64, u64)>>) -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: idle time is idle + iowait.
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    let mut last = locked(last);
+    let before = last.replace((total, idle));
+    let (t0, i0) = before?;
+    let dt = total.checked_sub(t0).filter(|d| *d > 0)?;
+    let di = idle.saturating_sub(i0).min(dt);
+    Some(1.0 - di as f64 / dt as f64)
 }
 
 pub(super) async fn publish_loop(shared: Arc<Shared>) {

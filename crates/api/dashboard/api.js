@@ -1,0 +1,86 @@
+// Calls to the node's API with the key the user gave (kept in this browser's localStorage).
+
+const KEY = "strata.apiKey";
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+const listeners = new Set();
+/** Called with no arguments whenever a call is refused for want of a (valid) key. */
+export function onAuthNeeded(fn) { listeners.add(fn); }
+
+export function key() { return localStorage.getItem(KEY) || ""; }
+export function setKey(k) {
+  if (k) localStorage.setItem(KEY, k); else localStorage.removeItem(KEY);
+}
+
+function headers(json) {
+  const h = {};
+  if (json) h["Content-Type"] = "application/json";
+  const k = key();
+  if (k) h["Authorization"] = `Bearer ${k}`;
+  return h;
+}
+
+async function failure(resp) {
+  let msg = `${resp.status} ${resp.statusText}`;
+  try {
+    const body = await resp.json();
+    msg = body?.error?.message || body?.error || msg;
+  } catch { /* not JSON */ }
+  if (resp.status === 401) listeners.forEach((f) => f());
+  return new ApiError(resp.status, String(msg));
+}
+
+/** GET or POST JSON; resolves to the parsed answer, rejects with ApiError. */
+export async function call(path, { method = "GET", body, signal } = {}) {
+  const resp = await fetch(path, {
+    method,
+    headers: headers(body !== undefined),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+    cache: "no-store",
+  });
+  if (!resp.ok) throw await failure(resp);
+  const type = resp.headers.get("content-type") || "";
+  return type.includes("json") ? resp.json() : resp.text();
+}
+
+/**
+ * POSTs body and calls onData with each server-sent event's parsed data until the stream ends
+ * (or `[DONE]`). Rejects with ApiError when the server refuses the request.
+ */
+export async function stream(path, body, onData, signal) {
+  const resp = await fetch(path, {
+    method: "POST",
+    headers: headers(true),
+    body: JSON.stringify(body),
+    signal,
+  });
+  if (!resp.ok) throw await failure(resp);
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      const data = event
+        .split("\n")
+        .filter((l) => l.startsWith("data:"))
+        .map((l) => l.slice(5).trimStart())
+        .join("\n");
+      if (!data) continue;
+      if (data === "[DONE]") return;
+      onData(JSON.parse(data));
+    }
+  }
+}

@@ -1,0 +1,179 @@
+// The models view: what this node's store knows, whether each fits the cluster, the planner's
+// preview for each strategy, load and unload, and the instances' state as it changes.
+
+import * as api from "./api.js";
+import { h, put, redraw, bytes } from "./dom.js";
+import { instancesTable, names } from "./cluster.js";
+
+const STRATEGIES = ["auto", "single", "tensor", "pipeline", "expert"];
+let root, catalog = [], catalogError = "", loadedAt = 0;
+let selected = null;          // model id whose preview is open
+let previews = {};            // strategy -> { placement, model } | { error }
+let message = { text: "", cls: "" };
+let previewDirty = false;
+let shown = ["auto"];          // strategies the preview lists     // the preview is redrawn only when it changes (it holds a form)
+
+export function mount(el) {
+  root = el;
+  put(el,
+    h("div", { id: "models-message", class: "message", role: "status" }),
+    h("h2", {}, "Instances"),
+    h("div", { id: "models-instances" }),
+    h("h2", {}, "Models"),
+    h("div", { id: "catalog" }),
+    h("div", { id: "preview" }));
+}
+
+function say(text, cls = "") {
+  message = { text, cls };
+  if (root) {
+    const el = root.querySelector("#models-message");
+    put(el, text);
+    el.className = `message ${cls}`;
+  }
+}
+
+async function refreshCatalog(ctx) {
+  loadedAt = Date.now();
+  try {
+    catalog = (await api.call("/v1/cluster/models")).models || [];
+    catalogError = "";
+  } catch (e) {
+    catalogError = e.message;
+  }
+  update(ctx);
+}
+
+function offered(status) {
+  return (status?.members || []).reduce((n, m) => n + (m.state && !m.state.draining ? m.state.profile.memory_available : 0), 0);
+}
+
+function fit(model, status) {
+  const room = offered(status);
+  if (model.size <= room) return h("span", { class: "state ok", title: "weights against the memory the nodes offer; the preview adds the KV cache" }, `fits (${bytes(model.size)} of ${bytes(room)})`);
+  return h("span", { class: "state bad" }, `does not fit this cluster (missing ${bytes(model.size - room)})`);
+}
+
+async function plan(id, strategy) {
+  const body = { model: id, dry_run: true };
+  if (strategy !== "auto") body.strategy = strategy;
+  try { previews[strategy] = await api.call("/v1/cluster/load", { method: "POST", body }); }
+  catch (e) { previews[strategy] = { error: e.message }; }
+}
+
+/** The planner's answer for each strategy that can apply (the automatic choice first: it says
+ * whether the model is a mixture, which is what `expert` needs). */
+async function preview(ctx, id) {
+  selected = id;
+  previews = {};
+  previewDirty = true;
+  update(ctx);
+  await plan(id, "auto");
+  const nodes = (ctx.status?.members || []).filter((m) => m.state && !m.state.draining).length;
+  const moe = previews.auto?.model?.moe;
+  const rest = ["single"];
+  if (nodes > 1) rest.push("tensor", "pipeline");
+  if (nodes > 1 && moe) rest.push("expert");
+  shown = ["auto", ...rest];
+  if (selected === id) { previewDirty = true; update(ctx); }
+  await Promise.all(rest.map((s) => plan(id, s)));
+  if (selected === id) { previewDirty = true; update(ctx); }
+}
+
+async function load(ctx, id, strategy, context, parallel) {
+  const body = { model: id };
+  if (strategy !== "auto") body.strategy = strategy;
+  if (context) body.context = Number(context);
+  if (parallel) body.parallel = Number(parallel);
+  say(`Loading ${id}…`);
+  try {
+    const spec = await api.call("/v1/cluster/load", { method: "POST", body });
+    say(`${id} placed as ${spec.id} (${spec.placement?.strategy || "not placed"}); its state follows below.`, "ok");
+  } catch (e) {
+    say(`Loading ${id} failed: ${e.message}`, "bad");
+  }
+  ctx.refresh();
+}
+
+async function unload(ctx, instance) {
+  say(`Unloading ${instance}…`);
+  try {
+    await api.call("/v1/cluster/unload", { method: "POST", body: { instance } });
+    say(`${instance} unloaded.`, "ok");
+  } catch (e) {
+    say(`Unloading ${instance} failed: ${e.message}`, "bad");
+  }
+  ctx.refresh();
+}
+
+function previewPanel(ctx) {
+  if (!selected) return null;
+  const nameOf = names(ctx.status);
+  const model = catalog.find((m) => m.id === selected);
+  const strategy = h("select", { id: "load-strategy", "aria-label": "strategy" }, STRATEGIES.map((s) => h("option", { value: s }, s)));
+  const context = h("input", { id: "load-context", type: "number", min: 16, placeholder: "context (default)", "aria-label": "context" });
+  const parallel = h("input", { id: "load-parallel", type: "number", min: 1, max: 256, placeholder: "parallel (4)", "aria-label": "parallel sequences" });
+  const auto = previews.auto?.placement?.strategy;
+  return h("div", { class: "panel preview", dataset: { model: selected } },
+    h("h2", {}, `Placement preview: ${selected}`),
+    model && !model.present ? h("p", { class: "muted" }, "Not on this node yet: loading it fetches it (from a peer that has it, else a download).") : null,
+    h("table", { class: "plans" },
+      h("thead", {}, h("tr", {}, ["strategy", "nodes (share)", "predicted decode", "why"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, shown.map((s) => {
+        const p = previews[s];
+        if (!p) return h("tr", { dataset: { strategy: s } }, h("td", {}, s), h("td", { colspan: 3, class: "muted" }, "planning…"));
+        if (p.error) return h("tr", { dataset: { strategy: s } }, h("td", {}, s), h("td", { colspan: 3, class: "error" }, p.error));
+        const pl = p.placement;
+        return h("tr", { dataset: { strategy: s }, class: s !== "auto" && pl.strategy === auto ? "chosen" : "" },
+          h("td", {}, s === "auto" ? `auto → ${pl.strategy}` : s),
+          h("td", {}, pl.nodes.map((n, i) => `${nameOf.get(n) || n} ${(100 * pl.weights[i]).toFixed(0)} %`).join(", ")),
+          h("td", { class: "num" }, `${pl.predicted_decode_tok_s.toFixed(1)} tok/s`),
+          h("td", {}, h("small", {}, pl.explanation.replace(/\b[0-9a-f]{16}\b/g, (id) => nameOf.get(id) || id))));
+      }))),
+    ctx.whoami.admin
+      ? h("form", { class: "row load-form", onsubmit: (ev) => { ev.preventDefault(); load(ctx, selected, strategy.value, context.value, parallel.value); } },
+        strategy, context, parallel, h("button", { type: "submit", id: "load-button" }, `Load ${selected}`))
+      : h("p", { class: "muted" }, "Loading needs an admin key."));
+}
+
+export function update(ctx) {
+  if (!root) return;
+  if (ctx.single) {
+    put(root, h("div", { class: "panel" }, h("h2", {}, "Served model"),
+      h("p", {}, ctx.models.join(", ") || "none"),
+      h("p", { class: "muted" }, "`strata serve` serves the model it was started with; a cluster of `strata node`s loads and unloads models here.")));
+    return;
+  }
+  if (Date.now() - loadedAt > 15000) refreshCatalog(ctx);
+  const el = root.querySelector("#models-message");
+  put(el, message.text);
+  el.className = `message ${message.cls}`;
+  const members = (ctx.status?.members || []).map((m) => [m.id, m.state?.profile?.name, m.state?.extra?.hosted]);
+  redraw(root.querySelector("#models-instances"), [ctx.status?.instances, members, ctx.whoami.admin], () => instancesTable(ctx.status, ctx.whoami.admin
+    ? (spec) => h("button", { type: "button", class: "small secondary", dataset: { unload: spec.id }, onclick: () => unload(ctx, spec.id) }, "Unload")
+    : null));
+  const room = Math.round(offered(ctx.status) / 1e8);
+  redraw(root.querySelector("#catalog"), [catalog, catalogError, selected, room, ctx.whoami.admin], () => catalogError ? h("p", { class: "error" }, catalogError) :
+    h("table", { class: "catalog" },
+      h("thead", {}, h("tr", {}, ["model", "family", "quant", "size", "context", "on this node", "fits", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, catalog.map((m) => h("tr", { dataset: { model: m.id }, class: m.id === selected ? "selected" : "" },
+        h("td", {}, h("strong", {}, m.id), m.default ? h("span", { class: "badge subtle" }, "default") : null, m.imported ? h("span", { class: "badge subtle" }, "imported") : null,
+          h("br"), h("small", { class: "muted" }, m.description)),
+        h("td", {}, `${m.family} ${m.params}`),
+        h("td", {}, m.quant),
+        h("td", { class: "num" }, bytes(m.size)),
+        h("td", { class: "num" }, m.context_length),
+        h("td", {}, m.present ? "yes" : "no"),
+        h("td", {}, fit(m, ctx.status)),
+        h("td", {}, ctx.whoami.admin
+          ? h("button", { type: "button", class: "small", dataset: { preview: m.id }, onclick: () => preview(ctx, m.id) }, "Place…")
+          : null))))));
+  if (previewDirty) {
+    previewDirty = false;
+    const form = root.querySelector(".load-form");
+    const kept = form && [...form.querySelectorAll("select, input")].map((e) => e.value);
+    put(root.querySelector("#preview"), previewPanel(ctx));
+    const again = root.querySelector(".load-form");
+    if (kept && again) [...again.querySelectorAll("select, input")].forEach((e, i) => { e.value = kept[i]; });
+  }
+}
