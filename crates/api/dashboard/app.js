@@ -77,6 +77,11 @@ async function poll() {
 }
 
 async function who() {
+  // `strata serve` answers /health with JSON naming its model; a node with a plain "ok".
+  try {
+    const health = await api.call("/health");
+    ctx.single = typeof health === "object" && health !== null && "model" in health;
+  } catch { /* a failed engine answers 503: still a single server */ ctx.single = true; }
   if (ctx.single) {
     ctx.whoami = { keys: !!api.key(), admin: false, name: null };
   } else {
@@ -90,9 +95,12 @@ async function who() {
 
 function askKey(message) {
   const d = document.getElementById("key-dialog");
-  document.getElementById("key-input").value = api.key();
   put(document.getElementById("key-error"), message || "");
-  if (!d.open) d.showModal();
+  // Several refused calls arrive together: the first opens the prompt, the rest must not
+  // clear what the user is typing.
+  if (d.open) return;
+  document.getElementById("key-input").value = api.key();
+  d.showModal();
 }
 
 function start() {

@@ -2,12 +2,10 @@
 // of events. A node that leaves stays on the page in red (with its instances shown re-placing)
 // until it comes back.
 
-import { h, s, put, bytes, seconds, bandwidth, ago, clock } from "./dom.js";
+import { h, s, put, table, bytes, seconds, bandwidth, ago, clock } from "./dom.js";
 
 /** Nodes seen since the page opened: id -> { profile, goneAt }. */
 const known = new Map();
-/** Events noticed by the page itself (a node gone from the membership). */
-const noticed = [];
 let root;
 
 export function mount(el) {
@@ -74,28 +72,24 @@ function track(status) {
   for (const m of status.members) {
     if (!m.state) continue;
     present.add(m.id);
-    const k = known.get(m.id);
-    if (k?.goneAt) noticed.push({ at_ms: now, what: `${m.state.profile.name} is back` });
     known.set(m.id, { profile: m.state.profile, goneAt: null });
   }
   for (const [id, k] of known) {
-    if (!present.has(id) && !k.goneAt) {
-      k.goneAt = now;
-      noticed.push({ at_ms: now, what: `${k.profile.name} left the cluster` });
-    }
+    if (!present.has(id) && !k.goneAt) k.goneAt = now;
     if (k.goneAt && now - k.goneAt > 10 * 60 * 1000) known.delete(id);
   }
-  while (noticed.length > 50) noticed.shift();
 }
 
-function graph(status, nameOf) {
+function graph(status, nameOf, width) {
   const nodes = [...known.entries()].sort((a, b) => a[1].profile.name.localeCompare(b[1].profile.name));
-  const W = 640, H = nodes.length > 2 ? 300 : 200, R = 34;
+  // Drawn at the panel's own width, so names stay legible on a phone.
+  const W = Math.max(300, Math.min(900, width || 640)), H = nodes.length > 2 ? 300 : 200, R = 34;
   const cx = W / 2, cy = H / 2, rad = nodes.length <= 1 ? 0 : Math.min(W, H) / 2 - R - 24;
   const at = new Map();
   nodes.forEach(([id], i) => {
     const a = nodes.length === 2 ? Math.PI * i : (2 * Math.PI * i) / nodes.length - Math.PI / 2;
-    at.set(id, [cx + rad * Math.cos(a) * (nodes.length === 2 ? 1.25 : 1), cy + rad * Math.sin(a)]);
+    const spread = nodes.length === 2 ? Math.min(W * 0.3, 220) / Math.max(1, rad) : 1;
+    at.set(id, [cx + rad * Math.cos(a) * spread, cy + rad * Math.sin(a)]);
   });
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "cluster topology" });
   for (const l of status.topology?.links || []) {
@@ -154,25 +148,27 @@ export function instancesTable(status, actions) {
   const nameOf = names(status);
   const list = status?.instances || [];
   if (!list.length) return h("p", { class: "muted" }, "No instance is loaded.");
-  return h("table", { class: "instances" },
-    h("thead", {}, h("tr", {}, ["instance", "model", "strategy", "nodes (share)", "predicted", "state", ""].map((t) => h("th", {}, t)))),
-    h("tbody", {}, list.map((spec) => {
-      const st = instanceState(spec, status);
-      const p = spec.placement;
-      let progress = null;
-      if (st.arrival && st.arrival.total) {
-        progress = h("progress", { max: st.arrival.total, value: st.arrival.done });
-      }
-      return h("tr", { dataset: { instance: spec.id, state: st.word, epoch: spec.epoch } },
-        h("td", {}, spec.id),
-        h("td", {}, spec.request.model),
-        h("td", {}, p ? p.strategy : "-"),
-        h("td", {}, p ? p.nodes.map((n, i) => `${nameOf.get(n) || n} ${(100 * p.weights[i]).toFixed(0)} %`).join(", ") : "-"),
-        h("td", {}, p ? `${p.predicted_decode_tok_s.toFixed(0)} tok/s` : "-"),
-        h("td", {}, h("span", { class: ["state", st.cls], title: st.detail }, st.word),
-          st.detail ? h("small", {}, st.detail) : spec.epoch > 1 ? h("small", {}, `placed ${spec.epoch - 1} time(s) again after losing a node`) : null, progress),
-        h("td", {}, actions ? actions(spec) : null));
-    })));
+  return table("instances", ["instance", "model", "strategy", "nodes (share)", "predicted", "state", ""], list.map((spec) => {
+    const st = instanceState(spec, status);
+    const p = spec.placement;
+    let progress = null;
+    if (st.arrival && st.arrival.total) {
+      progress = h("progress", { max: st.arrival.total, value: st.arrival.done });
+    }
+    return {
+      attrs: { dataset: { instance: spec.id, state: st.word, epoch: spec.epoch } },
+      cells: [
+        spec.id,
+        spec.request.model,
+        p ? p.strategy : "-",
+        p ? p.nodes.map((n, i) => `${nameOf.get(n) || n} ${(100 * p.weights[i]).toFixed(0)} %`).join(", ") : "-",
+        p ? `${p.predicted_decode_tok_s.toFixed(0)} tok/s` : "-",
+        [h("span", { class: ["state", st.cls], title: st.detail }, st.word),
+          st.detail ? h("small", {}, st.detail) : spec.epoch > 1 ? h("small", {}, `placed ${spec.epoch - 1} time(s) again after losing a node`) : null, progress],
+        actions ? actions(spec) : null,
+      ],
+    };
+  }));
 }
 
 export function update(ctx) {
@@ -180,20 +176,21 @@ export function update(ctx) {
   if (ctx.single) {
     put(root, h("div", { class: "panel" },
       h("h2", {}, "A single server"),
-      h("p", {}, "This is `strata serve`: one process serving ", ctx.models.join(", ") || "a model",
-        ". Start `strata node` on each machine to see a cluster here.")));
+      h("p", {}, "This is ", h("code", {}, "strata serve"), ": one process serving ", ctx.models.join(", ") || "a model",
+        ". Start ", h("code", {}, "strata node"), " on each machine to see a cluster here.")));
     return;
   }
   const status = ctx.status;
   if (!status) return;
   track(status);
   const nameOf = names(status);
-  put(root.querySelector("#graph"), graph(status, nameOf));
+  const box = root.querySelector("#graph");
+  put(box, graph(status, nameOf, box.clientWidth));
   const ids = [...known.keys()].sort((a, b) => known.get(a).profile.name.localeCompare(known.get(b).profile.name));
   put(root.querySelector("#nodes"), ids.map((id) => nodeCard(id, known.get(id), status)));
   put(root.querySelector("#cluster-instances"), instancesTable(status));
   const named = (text) => text.replace(/\b[0-9a-f]{16}\b/g, (id) => nameOf.get(id) || id);
-  const events = [...(status.events || []), ...noticed].sort((a, b) => b.at_ms - a.at_ms).slice(0, 50);
+  const events = [...(status.events || [])].sort((a, b) => b.at_ms - a.at_ms).slice(0, 50);
   put(root.querySelector("#events"), events.map((e) =>
     h("li", { class: /left|lost|gone|refus/.test(e.what) ? "bad" : "" },
       h("time", {}, clock(e.at_ms)), " ", named(e.what))));

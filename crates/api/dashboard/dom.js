@@ -78,3 +78,22 @@ export function redraw(el, key, build) {
   drawn.set(el, k);
   put(el, build());
 }
+
+/**
+ * A table from header texts and rows of cells; every cell carries its column's header as
+ * `data-label`, which narrow screens show beside the cell when rows become stacked cards.
+ * A row is { attrs, cells } or just an array of cells; a cell is a <td> or anything `h` takes.
+ */
+export function table(cls, headers, rows) {
+  return h("table", { class: cls },
+    h("thead", {}, h("tr", {}, headers.map((t) => h("th", {}, t)))),
+    h("tbody", {}, rows.map((r) => {
+      const { attrs, cells } = Array.isArray(r) ? { attrs: {}, cells: r } : r;
+      return h("tr", attrs, cells.map((c, i) => {
+        // Several parts go in one box, so the stacked layout keeps them together.
+        const td = c instanceof Element && c.tagName === "TD" ? c : h("td", {}, Array.isArray(c) ? h("div", {}, c) : c);
+        if (headers[i]) td.dataset.label = headers[i];
+        return td;
+      }));
+    })));
+}

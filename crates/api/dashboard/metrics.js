@@ -2,7 +2,7 @@
 // instance's /metrics (Prometheus text), and each node's load from the cluster status.
 
 import * as api from "./api.js";
-import { h, s, put } from "./dom.js";
+import { h, s, put, table } from "./dom.js";
 
 const KEEP = 120;               // samples kept (one a second: two minutes)
 const history = [];             // { t, gen, prompt, queue, active, ttftSum, ttftCount }
@@ -58,7 +58,9 @@ function spark(values, label, unit) {
   const W = 320, H = 70;
   const peak = values.length ? Math.max(...values) : 0;
   const max = Math.max(1, peak);
-  const pts = values.map((v, i) => `${(W * i) / Math.max(1, KEEP - 2)},${H - (H - 6) * (v / max) - 3}`).join(" ");
+  // The chart spans at least 30 s, growing to the whole history kept.
+  const span = Math.max(30, values.length) - 1;
+  const pts = values.map((v, i) => `${(W * i) / span},${H - (H - 6) * (v / max) - 3}`).join(" ");
   const last = values.length ? values[values.length - 1] : 0;
   return h("div", { class: "panel metric", dataset: { metric: label } },
     h("div", { class: "metric-head" }, h("span", {}, label), h("strong", { class: "metric-value" }, `${last.toFixed(last < 10 ? 1 : 0)} ${unit}`)),
@@ -96,17 +98,19 @@ export function update(ctx) {
       h("div", { class: "metric-head" }, h("span", {}, "mean time to first token"), h("strong", {}, ttft === null ? "–" : `${ttft.toFixed(0)} ms`)),
       h("small", { class: "muted" }, `requests answered in the last ${history.length} s: ${last && first ? last.ttftCount - first.ttftCount : 0}; prompt tokens from the prefix cache in all: ${last ? last.cached : 0}`)));
   const members = ctx.status?.members || [];
-  put(root.querySelector("#node-load"), ctx.single ? h("p", { class: "muted" }, "A single `strata serve` process.") :
-    h("table", { class: "load" },
-      h("thead", {}, h("tr", {}, ["node", "CPU busy", "memory offered", "ranks"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, members.filter((m) => m.state).map((m) => {
-        const busy = m.state.extra?.cpu_busy;
-        const bar = h("div", { class: "bar" }, h("span"));
-        bar.firstChild.style.width = `${((busy || 0) * 100).toFixed(0)}%`;
-        return h("tr", { dataset: { node: m.state.profile.name } },
-          h("td", {}, m.state.profile.name),
-          h("td", {}, busy === null || busy === undefined ? "–" : `${(busy * 100).toFixed(0)} %`, bar),
+  put(root.querySelector("#node-load"), ctx.single ? h("p", { class: "muted" }, "A single ", h("code", {}, "strata serve"), " process.") :
+    table("load", ["node", "CPU busy", "memory offered", "ranks"], members.filter((m) => m.state).map((m) => {
+      const busy = m.state.extra?.cpu_busy;
+      const bar = h("div", { class: "bar" }, h("span"));
+      bar.firstChild.style.width = `${((busy || 0) * 100).toFixed(0)}%`;
+      return {
+        attrs: { dataset: { node: m.state.profile.name } },
+        cells: [
+          m.state.profile.name,
+          [busy === null || busy === undefined ? "–" : `${(busy * 100).toFixed(0)} %`, bar],
           h("td", { class: "num" }, `${(m.state.profile.memory_available / 1e9).toFixed(1)} GB`),
-          h("td", {}, (m.state.extra?.hosted || []).map((x) => `${x.instance}#${x.rank} ${x.status}`).join(", ") || "none"));
-      }))));
+          (m.state.extra?.hosted || []).map((x) => `${x.instance}#${x.rank} ${x.status}`).join(", ") || "none",
+        ],
+      };
+    })));
 }

@@ -2,7 +2,7 @@
 // preview for each strategy, load and unload, and the instances' state as it changes.
 
 import * as api from "./api.js";
-import { h, put, redraw, bytes } from "./dom.js";
+import { h, put, redraw, table, bytes } from "./dom.js";
 import { instancesTable, names } from "./cluster.js";
 
 const STRATEGIES = ["auto", "single", "tensor", "pipeline", "expert"];
@@ -117,19 +117,21 @@ function previewPanel(ctx) {
   return h("div", { class: "panel preview", dataset: { model: selected } },
     h("h2", {}, `Placement preview: ${selected}`),
     model && !model.present ? h("p", { class: "muted" }, "Not on this node yet: loading it fetches it (from a peer that has it, else a download).") : null,
-    h("table", { class: "plans" },
-      h("thead", {}, h("tr", {}, ["strategy", "nodes (share)", "predicted decode", "why"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, shown.map((s) => {
-        const p = previews[s];
-        if (!p) return h("tr", { dataset: { strategy: s } }, h("td", {}, s), h("td", { colspan: 3, class: "muted" }, "planning…"));
-        if (p.error) return h("tr", { dataset: { strategy: s } }, h("td", {}, s), h("td", { colspan: 3, class: "error" }, p.error));
-        const pl = p.placement;
-        return h("tr", { dataset: { strategy: s }, class: s !== "auto" && pl.strategy === auto ? "chosen" : "" },
-          h("td", {}, s === "auto" ? `auto → ${pl.strategy}` : s),
-          h("td", {}, pl.nodes.map((n, i) => `${nameOf.get(n) || n} ${(100 * pl.weights[i]).toFixed(0)} %`).join(", ")),
+    table("plans", ["strategy", "nodes (share)", "predicted decode", "why"], shown.map((s) => {
+      const p = previews[s];
+      if (!p) return { attrs: { dataset: { strategy: s } }, cells: [s, h("td", { colspan: 3, class: "muted" }, "planning…")] };
+      if (p.error) return { attrs: { dataset: { strategy: s } }, cells: [s, h("td", { colspan: 3, class: "error" }, p.error)] };
+      const pl = p.placement;
+      return {
+        attrs: { dataset: { strategy: s }, class: s !== "auto" && pl.strategy === auto ? "chosen" : "" },
+        cells: [
+          s === "auto" ? `auto → ${pl.strategy}` : s,
+          pl.nodes.map((n, i) => `${nameOf.get(n) || n} ${(100 * pl.weights[i]).toFixed(0)} %`).join(", "),
           h("td", { class: "num" }, `${pl.predicted_decode_tok_s.toFixed(1)} tok/s`),
-          h("td", {}, h("small", {}, pl.explanation.replace(/\b[0-9a-f]{16}\b/g, (id) => nameOf.get(id) || id))));
-      }))),
+          h("small", {}, pl.explanation.replace(/\b[0-9a-f]{16}\b/g, (id) => nameOf.get(id) || id)),
+        ],
+      };
+    })),
     ctx.whoami.admin
       ? h("form", { class: "row load-form", onsubmit: (ev) => { ev.preventDefault(); load(ctx, selected, strategy.value, context.value, parallel.value); } },
         strategy, context, parallel, h("button", { type: "submit", id: "load-button" }, `Load ${selected}`))
@@ -141,10 +143,11 @@ export function update(ctx) {
   if (ctx.single) {
     put(root, h("div", { class: "panel" }, h("h2", {}, "Served model"),
       h("p", {}, ctx.models.join(", ") || "none"),
-      h("p", { class: "muted" }, "`strata serve` serves the model it was started with; a cluster of `strata node`s loads and unloads models here.")));
+      h("p", { class: "muted" }, h("code", {}, "strata serve"), " serves the models it was started with; on a cluster of ", h("code", {}, "strata node"), "s, models are placed, loaded and unloaded here.")));
     return;
   }
-  if (Date.now() - loadedAt > 15000) refreshCatalog(ctx);
+  // Every 15 s, or every 2 s while the last try failed (a key just given, a node restarting).
+  if (Date.now() - loadedAt > (catalogError ? 2000 : 15000)) refreshCatalog(ctx);
   const el = root.querySelector("#models-message");
   put(el, message.text);
   el.className = `message ${message.cls}`;
@@ -154,20 +157,22 @@ export function update(ctx) {
     : null));
   const room = Math.round(offered(ctx.status) / 1e8);
   redraw(root.querySelector("#catalog"), [catalog, catalogError, selected, room, ctx.whoami.admin], () => catalogError ? h("p", { class: "error" }, catalogError) :
-    h("table", { class: "catalog" },
-      h("thead", {}, h("tr", {}, ["model", "family", "quant", "size", "context", "on this node", "fits", ""].map((t) => h("th", {}, t)))),
-      h("tbody", {}, catalog.map((m) => h("tr", { dataset: { model: m.id }, class: m.id === selected ? "selected" : "" },
-        h("td", {}, h("strong", {}, m.id), m.default ? h("span", { class: "badge subtle" }, "default") : null, m.imported ? h("span", { class: "badge subtle" }, "imported") : null,
-          h("br"), h("small", { class: "muted" }, m.description)),
-        h("td", {}, `${m.family} ${m.params}`),
-        h("td", {}, m.quant),
+    table("catalog", ["model", "family", "quant", "size", "context", "on this node", "fits", ""], catalog.map((m) => ({
+      attrs: { dataset: { model: m.id }, class: m.id === selected ? "selected" : "" },
+      cells: [
+        [h("strong", {}, m.id), m.default ? h("span", { class: "badge subtle" }, "default") : null, m.imported ? h("span", { class: "badge subtle" }, "imported") : null,
+          h("small", { class: "muted" }, m.description)],
+        `${m.family} ${m.params}`,
+        m.quant,
         h("td", { class: "num" }, bytes(m.size)),
         h("td", { class: "num" }, m.context_length),
-        h("td", {}, m.present ? "yes" : "no"),
-        h("td", {}, fit(m, ctx.status)),
-        h("td", {}, ctx.whoami.admin
+        m.present ? "yes" : "no",
+        fit(m, ctx.status),
+        ctx.whoami.admin
           ? h("button", { type: "button", class: "small", dataset: { preview: m.id }, onclick: () => preview(ctx, m.id) }, "Place…")
-          : null))))));
+          : null,
+      ],
+    }))));
   if (previewDirty) {
     previewDirty = false;
     const form = root.querySelector(".load-form");

@@ -352,6 +352,57 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pull_reports_its_steps_and_bytes_then_clears() {
+        use strata_store::PullEvent as E;
+        let slot: ArrivalSlot = std::sync::Arc::default();
+        let s = Some(&slot);
+        let now = || slot.lock().unwrap().clone();
+        note(
+            s,
+            "downloading",
+            &E::Fetching {
+                part: 1,
+                parts: 2,
+                package: "p",
+                version: "1",
+            },
+        );
+        assert_eq!(now().unwrap().step, "downloading (part 1/2)");
+        note(
+            s,
+            "downloading",
+            &E::Extracting {
+                part: 1,
+                parts: 2,
+                member: "m",
+            },
+        );
+        note(
+            s,
+            "downloading",
+            &E::Progress {
+                done: 40,
+                total: 100,
+            },
+        );
+        let a = now().unwrap();
+        assert_eq!(
+            (a.step.as_str(), a.done, a.total),
+            ("extracting (part 1/2)", 40, 100)
+        );
+        note(
+            s,
+            "downloading",
+            &E::Installed {
+                path: Path::new("/x"),
+            },
+        );
+        assert_eq!(now(), None);
+        // Nobody watching: nothing to do, nothing fails.
+        note(None, "downloading", &E::Progress { done: 1, total: 2 });
+    }
+
+    #[test]
     fn cluster_requests_open_files_only_inside_the_allowed_directories() {
         let tmp = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(tmp.path()).unwrap();

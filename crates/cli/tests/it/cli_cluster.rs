@@ -118,6 +118,15 @@ impl Net {
 
     /// Starts `strata node` on `host` with extra environment variables.
     fn start_env(&mut self, host: usize, key: &Path, env: &[(&str, &Path)]) {
+        self.spawn(host, key, env, &[]);
+    }
+
+    /// Starts `strata node` on `host` with extra options.
+    pub(crate) fn start_args(&mut self, host: usize, key: &Path, args: &[&str]) {
+        self.spawn(host, key, &[], args);
+    }
+
+    fn spawn(&mut self, host: usize, key: &Path, env: &[(&str, &Path)], args: &[&str]) {
         let state = self.dir.path().join(format!("state{host}"));
         let log = std::fs::File::create(self.dir.path().join(format!("node{host}.log")))
             .expect("log file");
@@ -129,6 +138,7 @@ impl Net {
             .arg("--cluster-key-file")
             .arg(key)
             .args(["--threads", "1"])
+            .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -74,32 +74,25 @@ fn shots_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots"))
 }
 
-/// Runs the browser script in host 1's namespace at one viewport size; it kills host 2.
-fn browse(net: &Net, label: &str, width: u32, height: u32) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/dashboard_browser.py");
-    let out = Command::new("ip")
-        .args(["netns", "exec", &net.ns(1)])
-        .arg(python())
-        .arg(script)
-        .args(["--url", "http://127.0.0.1:8000/", "--chromium"])
+/// Runs the browser script (inside `net`'s host 1 when given) with `args` after the common
+/// ones; on failure, prints the nodes' logs and panics with the script's output.
+fn script(net: Option<&Net>, url: &str, args: &[&str]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/dashboard_browser.py");
+    let mut cmd = match net {
+        Some(net) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &net.ns(1)]).arg(python());
+            c
+        }
+        None => Command::new(python()),
+    };
+    let out = cmd
+        .arg(path)
+        .args(["--url", url, "--model", MODEL, "--chromium"])
         .arg(chromium())
         .arg("--shots")
         .arg(shots_dir())
-        .args(["--label", label])
-        .args([
-            "--width",
-            &width.to_string(),
-            "--height",
-            &height.to_string(),
-        ])
-        .args(["--nodes", "host1,host2", "--model", MODEL])
-        .args([
-            "--kill-pid",
-            &net.pid(2).to_string(),
-            "--kill-node",
-            "host2",
-        ])
-        .env("PLAYWRIGHT_BROWSERS_PATH", "0")
+        .args(args)
         .output()
         .expect("running the browser script");
     let text = format!(
@@ -109,10 +102,36 @@ fn browse(net: &Net, label: &str, width: u32, height: u32) {
     );
     eprintln!("{text}");
     if !out.status.success() {
-        net.dump_logs();
-        panic!("the dashboard failed in the browser ({label}):\n{text}");
+        if let Some(net) = net {
+            net.dump_logs();
+        }
+        panic!("the dashboard failed in the browser ({args:?}):\n{text}");
     }
 }
+
+/// Runs the whole browser check in host 1's namespace at one viewport size; it kills host 2.
+fn browse(net: &Net, label: &str, width: u32, height: u32) {
+    let (w, h, pid) = (
+        width.to_string(),
+        height.to_string(),
+        net.pid(2).to_string(),
+    );
+    let args = [
+        "--label",
+        label,
+        "--width",
+        &w,
+        "--height",
+        &h,
+        "--nodes",
+        "host1,host2",
+    ];
+    let kill = ["--kill-pid", &pid, "--kill-node", "host2"];
+    script(Some(net), NODE_URL, &[&args[..], &kill[..]].concat());
+}
+
+/// A node's API address inside its namespace (the default `--api-addr`).
+const NODE_URL: &str = "http://127.0.0.1:8000/";
 
 #[test]
 #[ignore = "needs root and iproute2 (network namespaces) and Chromium"]
@@ -133,4 +152,43 @@ fn the_dashboard_shows_the_cluster_loads_a_model_and_chats_in_a_real_browser() {
         browse(&net, label, width, height);
     }
     eprintln!("screenshots in {}", shots_dir().display());
+}
+
+#[test]
+#[ignore = "needs root and iproute2 (network namespaces) and Chromium"]
+fn the_dashboard_asks_for_a_key_and_offers_admin_actions_only_to_admin_keys() {
+    let mut net = Net::new(1);
+    let key = net.key("cluster.key");
+    let keys = net.key("cluster.key").with_file_name("api-keys");
+    std::fs::write(
+        &keys,
+        "sk-dash-admin-123456 name=ops role=admin\nsk-dash-client-12345 name=app\n",
+    )
+    .expect("key file");
+    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    net.start_args(1, &key, &["--api-key-file", keys.to_str().expect("path")]);
+    net.wait_for("the node answers", Duration::from_secs(30), || {
+        Command::new("ip")
+            .args(["netns", "exec", &net.ns(1), "curl", "-s", "-m", "2"])
+            .arg("http://127.0.0.1:8000/health")
+            .output()
+            .is_ok_and(|o| o.stdout == b"ok")
+    });
+    let args = ["--label", "keys", "--nodes", "host1"];
+    let keys = [
+        "--admin-key",
+        "sk-dash-admin-123456",
+        "--client-key",
+        "sk-dash-client-12345",
+    ];
+    script(Some(&net), NODE_URL, &[&args[..], &keys[..]].concat());
+}
+
+#[test]
+#[ignore = "needs Chromium (installed with apt-get as root where missing)"]
+fn the_dashboard_chats_with_a_single_strata_serve() {
+    let server = crate::cli_serve::serve(&[]);
+    let url = format!("{}/", server.url);
+    script(None, &url, &["--label", "serve", "--single"]);
 }

@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for Server {
@@ -28,7 +28,7 @@ fn strata() -> Command {
 }
 
 /// Starts `strata serve` on a free port and waits for its "serving" line.
-fn serve(extra: &[&str]) -> Server {
+pub(crate) fn serve(extra: &[&str]) -> Server {
     serve_model(MODEL, extra)
 }
 

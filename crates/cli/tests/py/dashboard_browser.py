@@ -31,10 +31,13 @@ p.add_argument("--shots", required=True)
 p.add_argument("--label", default="desktop")
 p.add_argument("--width", type=int, default=1280)
 p.add_argument("--height", type=int, default=800)
-p.add_argument("--nodes", required=True, help="comma-separated node names")
+p.add_argument("--nodes", default="", help="comma-separated node names")
 p.add_argument("--model", required=True)
 p.add_argument("--kill-pid", type=int)
 p.add_argument("--kill-node")
+p.add_argument("--admin-key", help="check the key prompt and roles instead (a node with keys)")
+p.add_argument("--client-key")
+p.add_argument("--single", action="store_true", help="the server is `strata serve`, not a node")
 args = p.parse_args()
 os.makedirs(args.shots, exist_ok=True)
 nodes = args.nodes.split(",")
@@ -48,65 +51,8 @@ def shot(name):
     page.screenshot(path=os.path.join(args.shots, f"{name}-{args.label}.png"), full_page=True)
 
 
-errors, late_errors = [], []
-killed = False
-
-
-def on_console(m):
-    if m.type == "error":
-        (late_errors if killed else errors).append(m.text)
-
-
-with sync_playwright() as pw:
-    browser = pw.chromium.launch(
-        executable_path=args.chromium,
-        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-    )
-    page = browser.new_page(viewport={"width": args.width, "height": args.height})
-    page.on("console", on_console)
-    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-
-    # 1. Loads fast, with the policy.
-    t = time.monotonic()
-    resp = page.goto(args.url, wait_until="load")
-    load_s = time.monotonic() - t
-    csp = resp.headers.get("content-security-policy", "")
-    assert "script-src 'self'" in csp and "default-src 'none'" in csp, csp
-    nav = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
-    step(f"page loaded in {load_s * 1000:.0f} ms (navigation timing {nav[:160]}...)")
-    assert load_s < 1.0, f"the page took {load_s:.2f} s to load"
-
-    # 2. Both nodes and the measured link.
-    for n in nodes:
-        page.wait_for_selector(f"#graph g.node.up[data-node='{n}']", timeout=20000)
-        page.wait_for_selector(f".node-card.up[data-node='{n}']", timeout=5000)
-    label = page.wait_for_selector("#graph .link-label", timeout=20000)
-    latency = label.text_content()
-    assert re.fullmatch(r"[\d.]+ (µs|ms)", latency), latency
-    step(f"graph: nodes {nodes}, link latency {latency}")
-    shot("cluster")
-
-    # 3. Unload whatever runs, preview, load with tensor parallelism.
-    page.click("nav a[data-view='models']")
-    page.wait_for_selector(f"#catalog tr[data-model='{args.model}']", timeout=20000)
-    for b in page.query_selector_all("#models-instances button[data-unload]"):
-        inst = b.get_attribute("data-unload")
-        b.click()
-        page.wait_for_selector(f"#models-instances tr[data-instance='{inst}']", state="detached", timeout=20000)
-        step(f"unloaded {inst}")
-    page.click(f"button[data-preview='{args.model}']")
-    row = page.wait_for_selector(".preview tr[data-strategy='tensor'] td.num", timeout=30000)
-    step(f"preview: tensor predicted {row.text_content()}")
-    page.select_option("#load-strategy", "tensor")
-    page.click("#load-button")
-    ready = page.wait_for_selector("#models-instances tr[data-state='ready']", timeout=180000)
-    cells = [c.text_content() for c in ready.query_selector_all("td")]
-    assert cells[2] == "tensor", cells
-    assert all(n in cells[3] for n in nodes), cells
-    instance = ready.get_attribute("data-instance")
-    step(f"loaded {instance}: {cells[:5]}")
-    shot("models")
-
+def chat_metrics_reload():
+    """Steps 4 and 5: a streamed answer, the metrics it moved, the conversation after a reload."""
     # 4. A streamed chat answer.
     page.click("nav a[data-view='chat']")
     page.wait_for_selector(f"#chat-model option[value='{args.model}']", state="attached", timeout=30000)
@@ -140,6 +86,10 @@ with sync_playwright() as pw:
     while not re.search(r"peak [1-9]", page.text_content("[data-metric='generated tokens/s'] small") or ""):
         assert time.monotonic() - t < 15, "the metrics view shows no generated tokens"
         time.sleep(0.1)
+    # A few more samples, so the charts (and the screenshot) show the answer's rise and fall.
+    while int(re.search(r"last (\d+) s", page.text_content("[data-metric='generated tokens/s'] small")).group(1)) < 6:
+        assert time.monotonic() - t < 30, "the metrics stopped sampling"
+        time.sleep(0.2)
     step("metrics: " + page.text_content("[data-metric='generated tokens/s'] small"))
     shot("metrics")
 
@@ -149,10 +99,124 @@ with sync_playwright() as pw:
     page.wait_for_selector("#messages .msg.assistant", timeout=5000)
     assert seen[-1][:20] in page.text_content("#messages"), "the conversation was lost on reload"
 
+
+errors, late_errors = [], []
+killed = False
+
+
+def on_console(m):
+    if m.type == "error":
+        (late_errors if killed else errors).append(m.text)
+
+
+with sync_playwright() as pw:
+    browser = pw.chromium.launch(
+        executable_path=args.chromium,
+        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+    )
+    page = browser.new_page(viewport={"width": args.width, "height": args.height})
+    page.on("console", on_console)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+
+    if args.admin_key:
+        # A node with keys: the page asks for one; a client key sees the cluster but is offered
+        # no admin action; an admin key is; a wrong key is refused in the prompt.
+        page.goto(args.url, wait_until="load")
+        page.wait_for_selector("#key-dialog[open]", timeout=10000)
+        shot("key-prompt")
+        page.fill("#key-input", args.client_key)
+        page.click("#key-save")
+        t = time.monotonic()
+        while "(client)" not in (page.text_content("#whoami") or ""):
+            assert time.monotonic() - t < 10, page.text_content("#whoami")
+            time.sleep(0.1)
+        page.wait_for_selector(f"#graph g.node.up[data-node='{nodes[0]}']", timeout=10000)
+        page.click("nav a[data-view='models']")
+        page.wait_for_selector(f"#catalog tr[data-model='{args.model}']", timeout=10000)
+        assert not page.query_selector_all("button[data-preview]"), "a client key is offered admin actions"
+        step("client key: cluster shown, no admin action offered")
+        page.click("#key-button")
+        page.fill("#key-input", "sk-not-a-key-000000")
+        page.click("#key-save")
+        page.wait_for_selector("#key-dialog[open]", timeout=10000)
+        t = time.monotonic()
+        while "refused" not in (page.text_content("#key-error") or ""):
+            assert time.monotonic() - t < 10, page.text_content("#key-error")
+            time.sleep(0.1)
+        step("wrong key: " + page.text_content("#key-error"))
+        page.fill("#key-input", args.admin_key)
+        page.click("#key-save")
+        page.wait_for_selector(f"button[data-preview='{args.model}']", timeout=10000)
+        assert "(admin)" in page.text_content("#whoami")
+        step("admin key: admin actions offered")
+        # Only the refusals of the missing and wrong keys may have failed.
+        bad = [e for e in errors if "status of 401" not in e]
+        assert not bad, bad
+        browser.close()
+        step("ok")
+        sys.exit(0)
+
+    # 1. Loads fast, with the policy.
+    t = time.monotonic()
+    resp = page.goto(args.url, wait_until="load")
+    load_s = time.monotonic() - t
+    csp = resp.headers.get("content-security-policy", "")
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp, csp
+    nav = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
+    step(f"page loaded in {load_s * 1000:.0f} ms (navigation timing {nav[:160]}...)")
+    assert load_s < 1.0, f"the page took {load_s:.2f} s to load"
+
+    if args.single:
+        t = time.monotonic()
+        while page.text_content("#whoami") != "strata serve":
+            assert time.monotonic() - t < 10, page.text_content("#whoami")
+            time.sleep(0.1)
+        assert "A single server" in page.text_content("#view-cluster")
+        shot("cluster")
+        chat_metrics_reload()
+        assert not errors, f"console errors: {errors}"
+        browser.close()
+        step("ok")
+        sys.exit(0)
+
+    # 2. Both nodes and the measured link.
+    for n in nodes:
+        page.wait_for_selector(f"#graph g.node.up[data-node='{n}']", timeout=20000)
+        page.wait_for_selector(f".node-card.up[data-node='{n}']", timeout=5000)
+    label = page.wait_for_selector("#graph .link-label", timeout=20000)
+    latency = label.text_content()
+    assert re.fullmatch(r"[\d.]+ (µs|ms)", latency), latency
+    step(f"graph: nodes {nodes}, link latency {latency}")
+    shot("cluster")
+
+    # 3. Unload whatever runs, preview, load with tensor parallelism.
+    page.click("nav a[data-view='models']")
+    page.wait_for_selector(f"#catalog tr[data-model='{args.model}']", timeout=20000)
+    for b in page.query_selector_all("#models-instances button[data-unload]"):
+        inst = b.get_attribute("data-unload")
+        b.click()
+        page.wait_for_selector(f"#models-instances tr[data-instance='{inst}']", state="detached", timeout=20000)
+        step(f"unloaded {inst}")
+    page.click(f"button[data-preview='{args.model}']")
+    row = page.wait_for_selector(".preview tr[data-strategy='tensor'] td.num", timeout=30000)
+    step(f"preview: tensor predicted {row.text_content()}")
+    page.select_option("#load-strategy", "tensor")
+    page.click("#load-button")
+    ready = page.wait_for_selector("#models-instances tr[data-state='ready']", timeout=180000)
+    cells = [c.text_content() for c in ready.query_selector_all("td")]
+    assert cells[2] == "tensor", cells
+    assert all(n in cells[3] for n in nodes), cells
+    instance = ready.get_attribute("data-instance")
+    step(f"loaded {instance}: {cells[:5]}")
+    shot("models")
+
+    chat_metrics_reload()
+
     # 6. A node dies.
     if args.kill_pid:
         page.click("nav a[data-view='cluster']")
         page.wait_for_selector(f".node-card.up[data-node='{args.kill_node}']")
+        epoch = int(page.get_attribute(f"#cluster-instances tr[data-instance='{instance}']", "data-epoch"))
         killed = True
         t = time.monotonic()
         os.kill(args.kill_pid, signal.SIGKILL)
@@ -161,7 +225,6 @@ with sync_playwright() as pw:
         red = time.monotonic() - t
         step(f"killed node shown red after {red * 1000:.0f} ms")
         states = set()
-        epoch = int(page.get_attribute(f"#cluster-instances tr[data-instance='{instance}']", "data-epoch"))
         t = time.monotonic()
         while time.monotonic() - t < 60:
             row = page.query_selector(f"#cluster-instances tr[data-instance='{instance}']")
