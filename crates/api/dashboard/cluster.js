@@ -192,6 +192,6 @@ export function update(ctx) {
   const named = (text) => text.replace(/\b[0-9a-f]{16}\b/g, (id) => nameOf.get(id) || id);
   const events = [...(status.events || [])].sort((a, b) => b.at_ms - a.at_ms).slice(0, 50);
   put(root.querySelector("#events"), events.map((e) =>
-    h("li", { class: /left|lost|gone|refus/.test(e.what) ? "bad" : "" },
+    h("li", { class: /left|lost|gone|refus/.test(e.what) ? "bad" : /too slow/.test(e.what) ? "warn" : "" },
       h("time", {}, clock(e.at_ms)), " ", named(e.what))));
 }

@@ -162,6 +162,8 @@ pub struct Control {
     _members: zenoh::pubsub::Subscriber<()>,
     _states: zenoh::pubsub::Subscriber<()>,
     _echo: zenoh::query::Queryable<()>,
+    /// Listens for other zenoh peers on the LAN, to name strangers (multicast discovery only).
+    _strangers: Option<(zenoh::scouting::Scout<()>, AbortOnDrop)>,
 }
 
 impl std::fmt::Debug for Control {
@@ -220,6 +222,115 @@ fn zenoh_config(cfg: &ControlConfig) -> Result<zenoh::Config> {
         },
     });
     zenoh::Config::from_json5(&json.to_string()).map_err(Error::control)
+}
+
+/// How long a peer that announces itself on the LAN may stay unconnected before it is named a
+/// stranger: a member's handshake takes well under this.
+const STRANGER_AFTER: Duration = Duration::from_secs(5);
+
+/// A zenoh peer heard on the LAN by multicast scouting.
+#[derive(Debug)]
+struct Heard {
+    first: Instant,
+    last: Instant,
+    locators: Vec<String>,
+    reported: bool,
+}
+
+/// Listens to the LAN's zenoh announcements and adds an event for each peer that keeps
+/// announcing itself but never joins this node's session: its mutual-TLS handshake fails, so it
+/// holds no key of this cluster. (The control plane refuses it inside the handshake, where
+/// nothing above sees it; this is how `strata status` and the dashboard learn of it.)
+async fn watch_strangers(
+    session: &zenoh::Session,
+    view: &Arc<Mutex<View>>,
+    changes: &tokio::sync::watch::Sender<u64>,
+) -> Result<(zenoh::scouting::Scout<()>, AbortOnDrop)> {
+    use zenoh::config::WhatAmI;
+    let heard: Arc<Mutex<BTreeMap<String, Heard>>> = Arc::default();
+    let mut cfg = zenoh::Config::default();
+    let set =
+        |cfg: &mut zenoh::Config, k: &str, v: &str| cfg.insert_json5(k, v).map_err(Error::control);
+    set(&mut cfg, "scouting/multicast/enabled", "true")?;
+    set(
+        &mut cfg,
+        "scouting/multicast/address",
+        &format!("\"{SCOUTING_GROUP}\""),
+    )?;
+    let scout = {
+        let heard = Arc::clone(&heard);
+        zenoh::scout(WhatAmI::Peer | WhatAmI::Router, cfg)
+            .callback(move |hello| {
+                let now = Instant::now();
+                let mut h = heard
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let e = h.entry(hello.zid().to_string()).or_insert(Heard {
+                    first: now,
+                    last: now,
+                    locators: Vec::new(),
+                    reported: false,
+                });
+                e.last = now;
+                e.locators = hello.locators().iter().map(|l| l.to_string()).collect();
+            })
+            .await
+            .map_err(Error::control)?
+    };
+    let (session, view, changes) = (session.clone(), Arc::clone(view), changes.clone());
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let me = session.zid().to_string();
+            let peers: Vec<String> = session
+                .info()
+                .peers_zid()
+                .await
+                .map(|z| z.to_string())
+                .collect();
+            let mut found = Vec::new();
+            {
+                let mut h = heard
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let now = Instant::now();
+                // Forget peers gone quiet; a member's entry is kept so it is never reported.
+                h.retain(|_, e| now.duration_since(e.last) < Duration::from_secs(30));
+                for (zid, e) in h.iter_mut() {
+                    if *zid == me || peers.contains(zid) {
+                        e.first = now;
+                        continue;
+                    }
+                    if !e.reported && now.duration_since(e.first) >= STRANGER_AFTER {
+                        e.reported = true;
+                        found.push(e.locators.join(", "));
+                    }
+                }
+            }
+            if !found.is_empty() {
+                let mut v = lock(&view);
+                for at in found {
+                    v.event(format!(
+                        "refused a stranger at {at}: it announces itself but holds no key of this cluster"
+                    ));
+                }
+                drop(v);
+                changes.send_modify(|n| *n += 1);
+            }
+        }
+    });
+    Ok((scout, AbortOnDrop(task)))
+}
+
+/// A background task that ends with its owner.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Control {
@@ -336,6 +447,12 @@ impl Control {
             .await
             .map_err(Error::control)?;
 
+        let strangers = if cfg.multicast {
+            Some(watch_strangers(&session, &view, &changes).await?)
+        } else {
+            None
+        };
+
         Ok(Control {
             session,
             prefix,
@@ -347,6 +464,7 @@ impl Control {
             _members: members,
             _states: states,
             _echo: echo,
+            _strangers: strangers,
         })
     }
 
@@ -408,6 +526,12 @@ impl Control {
             .filter(|k| **k != self.me)
             .cloned()
             .collect()
+    }
+
+    /// Adds an event to this node's feed (what `strata status` and the dashboard show).
+    pub fn note(&self, what: String) {
+        lock(&self.view).event(what);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// The cluster as this node sees it now.

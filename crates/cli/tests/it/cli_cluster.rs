@@ -297,6 +297,16 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
     let devices: Value = serde_json::from_str(&devices).expect("json");
     assert_eq!(devices.as_array().map(Vec::len), Some(3));
     assert!(!devices.to_string().contains("host4"));
+    // ... but it is named, as an event, once it has tried long enough.
+    net.wait_for("the stranger is reported", Duration::from_secs(20), || {
+        net.status(1).is_some_and(|s| {
+            s["events"].as_array().into_iter().flatten().any(|e| {
+                e["what"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("refused a stranger at") && w.contains("10.77.0.4"))
+            })
+        })
+    });
 
     // Kill the leader: the others notice within 3 s and agree on a new one.
     let leader_id = leaders[0].as_str().expect("leader").to_string();

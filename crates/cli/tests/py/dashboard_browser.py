@@ -215,6 +215,9 @@ with sync_playwright() as pw:
     # 6. A node dies.
     if args.kill_pid:
         page.click("nav a[data-view='cluster']")
+        # The forced tensor placement over a ~0.2 ms link: the feed says the link is too slow.
+        page.wait_for_selector("#events li:has-text('too slow for tensor parallelism')", timeout=5000)
+        step("event: " + page.text_content("#events li:has-text('too slow for tensor parallelism')"))
         page.wait_for_selector(f".node-card.up[data-node='{args.kill_node}']")
         epoch = int(page.get_attribute(f"#cluster-instances tr[data-instance='{instance}']", "data-epoch"))
         killed = True

@@ -188,9 +188,59 @@ pub(super) async fn load(
     }
     let body = serde_json::to_vec(&req).unwrap_or_default();
     match ask_leader(&shared, "load", body).await {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => {
+            if let Some(what) = slow_links(&shared.control.snapshot(), &v) {
+                shared.control.note(what);
+            }
+            Json(v).into_response()
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, &e),
     }
+}
+
+/// When the placement of a loaded instance shows its nodes' links too slow for tensor
+/// parallelism (the planner predicts tensor parallel slower than what it chose, or than the
+/// pipeline it was forced past), an event that says so, naming the slowest link among them.
+fn slow_links(snap: &Snapshot, spec: &serde_json::Value) -> Option<String> {
+    let p = spec.get("placement")?;
+    let considered: Vec<(String, f64)> = p
+        .get("considered")?
+        .as_array()?
+        .iter()
+        .filter_map(|c| Some((c.get(0)?.as_str()?.to_string(), c.get(1)?.as_f64()?)))
+        .collect();
+    let tensor = considered.iter().find(|(s, _)| s == "tensor")?.1;
+    let (best, best_speed) = considered
+        .iter()
+        .filter(|(s, _)| s != "tensor")
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if tensor >= *best_speed {
+        return None;
+    }
+    let nodes: Vec<&str> = p
+        .get("nodes")?
+        .as_array()?
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    let topo = topology(snap);
+    let slowest = topo
+        .links
+        .iter()
+        .filter(|l| nodes.contains(&l.a.as_str()) && nodes.contains(&l.b.as_str()))
+        .max_by(|a, b| a.latency.total_cmp(&b.latency))?;
+    let names = names(snap);
+    let name = |id: &str| names.get(id).cloned().unwrap_or_else(|| id.to_string());
+    Some(format!(
+        "the link {}-{} ({:.0} µs) is too slow for tensor parallelism with {}: tensor parallel \
+         is predicted to decode {tensor:.0} tok/s, {best} {best_speed:.0}",
+        name(&slowest.a),
+        name(&slowest.b),
+        slowest.latency * 1e6,
+        spec.pointer("/request/model")
+            .and_then(|m| m.as_str())
+            .unwrap_or("this model"),
+    ))
 }
 
 #[derive(Deserialize)]
