@@ -288,7 +288,7 @@ impl Card {
         Ok(())
     }
 
-    /// The planner's facts for this card at `quant`, with strata's KV cache (f32 keys and
+    /// The planner's facts for this card at `quant`, with strata's KV cache (f16 keys and
     /// values; latent attention caches its compressed rows).
     pub fn facts(&self, quant_name: &str, quant: &Quant) -> Result<ModelFacts, CardError> {
         self.validate()?;
@@ -329,7 +329,7 @@ impl Card {
             expert_bytes: experts,
             params: c.params as u64,
             token_params: c.token as u64,
-            kv_bytes_per_token: (4 * self.layers * kv_per_layer) as u64,
+            kv_bytes_per_token: (2 * self.layers * kv_per_layer) as u64,
             n_layer: self.layers,
             n_head: self.heads,
             n_embd: self.embd,

@@ -130,8 +130,8 @@ impl ModelFacts {
             expert_bytes,
             params,
             token_params: token_params as u64,
-            // strata keeps keys and values as f32.
-            kv_bytes_per_token: (4
+            // strata keeps keys and values as f16, as llama.cpp's default cache does.
+            kv_bytes_per_token: (2
                 * cfg.n_layer
                 * cfg.n_head_kv
                 * (cfg.head_dim + cfg.cache_v_dim())) as u64,

@@ -108,14 +108,35 @@ fn reduce4x16(s: &[[f32; 16]; 4]) -> f32 {
     reduce16(&x)
 }
 
+/// What a dot product's second operand holds: f32, or f16 as the KV cache keeps it (read as f32,
+/// exactly).
+pub trait Elem: Copy {
+    /// The value as f32.
+    fn get(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for half::f16 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+}
+
 #[inline(always)]
-fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+fn dot_impl<T: Elem>(order: DotOrder, q: &[f32], k: &[T]) -> f32 {
     match order {
         DotOrder::Batch => {
             let mut acc = [0.0f32; 16];
             for (qc, kc) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
                 for l in 0..16 {
-                    acc[l] = qc[l].mul_add(kc[l], acc[l]);
+                    acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
                 }
             }
             reduce16(&acc)
@@ -124,7 +145,7 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             let mut acc = [0.0f32; 8];
             for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
                 for l in 0..8 {
-                    acc[l] = qc[l].mul_add(kc[l], acc[l]);
+                    acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
                 }
             }
             crate::dot::hsum8(&acc)
@@ -134,14 +155,14 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             for (qc, kc) in q.chunks_exact(32).zip(k.chunks_exact(32)) {
                 for j in 0..4 {
                     for l in 0..8 {
-                        s[j][l] = qc[8 * j + l].mul_add(kc[8 * j + l], s[j][l]);
+                        s[j][l] = qc[8 * j + l].mul_add(kc[8 * j + l].get(), s[j][l]);
                     }
                 }
             }
             let tail = q.len() / 32 * 32;
             let mut sum = f64::from(reduce4x8(&s));
             for i in tail..q.len() {
-                sum += f64::from(q[i] * k[i]);
+                sum += f64::from(q[i] * k[i].get());
             }
             sum as f32
         }
@@ -150,7 +171,7 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             for (qc, kc) in q.chunks_exact(64).zip(k.chunks_exact(64)) {
                 for j in 0..4 {
                     for l in 0..16 {
-                        s[j][l] = qc[16 * j + l].mul_add(kc[16 * j + l], s[j][l]);
+                        s[j][l] = qc[16 * j + l].mul_add(kc[16 * j + l].get(), s[j][l]);
                     }
                 }
             }
@@ -158,7 +179,7 @@ fn dot_impl(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
             let tail = q.len() / 64 * 64;
             let mut sum = f64::from(reduce4x16(&s));
             for i in tail..q.len() {
-                sum += f64::from(q[i] * k[i]);
+                sum += f64::from(q[i] * k[i].get());
             }
             sum as f32
         }
@@ -290,7 +311,7 @@ fn grouped_simd(order: DotOrder, hd: usize) -> Option<DotOrder> {
 }
 
 /// Scores of the query heads in `q` (rows of `hd`, at most [`MAX_GROUP`]) that share the keys
-/// `keys` (positions `0..len`, rows of `hd`): `out[h * stride + p]` is
+/// `keys` (positions `0..len`, rows of `hd`, f16 as the cache holds them): `out[h * stride + p]` is
 /// `dot_f16_order(order, q_h, k_p) * scale`, bit for bit. Reading each key once for the whole
 /// group is what makes it faster than scoring head by head.
 ///
@@ -302,7 +323,7 @@ pub fn scores_grouped(
     order: DotOrder,
     q: &[f32],
     hd: usize,
-    keys: &[f32],
+    keys: &[half::f16],
     len: usize,
     scale: f32,
     out: &mut [f32],
@@ -326,7 +347,7 @@ pub fn scores_grouped(
         let d = crate::x86_attn::Dots {
             x: q.as_ptr(),
             xs: hd,
-            rows: keys.as_ptr(),
+            rows: keys.as_ptr().cast(),
             rs: hd,
             n: len,
             len: hd,
@@ -334,21 +355,21 @@ pub fn scores_grouped(
             out: out.as_mut_ptr(),
             os: stride,
         };
-        // SAFETY: `grouped_simd` found AVX2 and FMA and a head width the kernel takes; the
-        // sizes were checked above.
+        // SAFETY: `grouped_simd` found AVX2, FMA and F16C and a head width the kernel takes;
+        // the sizes were checked above (`f16` is its bits, as the kernel reads them).
         unsafe { crate::x86_attn::dots(simd, g, d) };
         return;
     }
     for (h, qh) in q.chunks_exact(hd).enumerate() {
         for p in 0..len {
-            out[h * stride + p] = dot_f16_order(order, qh, &keys[p * hd..(p + 1) * hd]) * scale;
+            out[h * stride + p] = dot_rows(order, qh, &keys[p * hd..(p + 1) * hd]) * scale;
         }
     }
 }
 
 /// Weighted sums in `order` of the heads whose probabilities are the rows of `w` (row `h` at
 /// `w[h * ws..]`, at most [`MAX_GROUP`] rows, `padded_len(order, len)` long and zero past the
-/// head's real length) over transposed values (`vt`: row `d` at `vt[d * vs..]` holds column `d`
+/// head's real length) over transposed f16 values (`vt`: row `d` at `vt[d * vs..]` holds column `d`
 /// of every position, finite past `len`): `out[h * hd..][..hd]` is `sum_p w[p] * v_p` of that
 /// head summed in `order`'s lanes (as ggml sums `V·p` one value row at a time), bit for bit.
 ///
@@ -360,7 +381,7 @@ pub fn weighted_sum_grouped(
     order: DotOrder,
     w: &[f32],
     ws: usize,
-    vt: &[f32],
+    vt: &[half::f16],
     vs: usize,
     hd: usize,
     lenp: usize,
@@ -386,7 +407,7 @@ pub fn weighted_sum_grouped(
         let d = crate::x86_attn::Dots {
             x: w.as_ptr(),
             xs: ws,
-            rows: vt.as_ptr(),
+            rows: vt.as_ptr().cast(),
             rs: vs,
             n: hd,
             len: lenp,
@@ -394,7 +415,7 @@ pub fn weighted_sum_grouped(
             out: out.as_mut_ptr(),
             os: hd,
         };
-        // SAFETY: `grouped_simd` found AVX2 and FMA; the sizes were checked above.
+        // SAFETY: `grouped_simd` found AVX2, FMA and F16C; the sizes were checked above.
         unsafe { crate::x86_attn::dots(simd, g, d) };
         return;
     }
@@ -403,15 +424,26 @@ pub fn weighted_sum_grouped(
     for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
         let wh = &w[h * ws..h * ws + lenp];
         for (d, o) in oh.iter_mut().enumerate() {
-            *o = dot_f16_order(order, wh, &vt[d * vs..d * vs + lenp]);
+            *o = dot_rows(order, wh, &vt[d * vs..d * vs + lenp]);
         }
     }
 }
 
-/// [`dot_impl`] compiled with FMA available, so `mul_add` is one instruction, not a call.
+/// [`dot_impl`] compiled with FMA (and F16C) available, so `mul_add` is one instruction, not a
+/// call.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_fma(order: DotOrder, q: &[f32], k: &[f32]) -> f32 {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_fma<T: Elem>(order: DotOrder, q: &[f32], k: &[T]) -> f32 {
+    dot_impl(order, q, k)
+}
+
+/// `q · k` in `order` against a row of the f16 cache: the grouped kernels' portable path.
+fn dot_rows(order: DotOrder, q: &[f32], k: &[half::f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C are available.
+        return unsafe { dot_fma(order, q, k) };
+    }
     dot_impl(order, q, k)
 }
 

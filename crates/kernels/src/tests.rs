@@ -369,22 +369,28 @@ fn grouped_attention_kernels_match_the_per_head_reference() {
     ] {
         for hd in [64usize, 256, 72, 8] {
             for len in [1usize, 3, 8, 17, 33, 70] {
-                let keys = rng.vec(len * hd, 2.0);
-                let values = rng.vec(len * hd, 2.0);
+                // The cache's f16, and the same values as f32 for the reference.
+                let half = |v: Vec<f32>| -> Vec<half::f16> {
+                    v.into_iter().map(half::f16::from_f32).collect()
+                };
+                let keys_h = half(rng.vec(len * hd, 2.0));
+                let keys: Vec<f32> = keys_h.iter().map(|x| x.to_f32()).collect();
+                let values_h = half(rng.vec(len * hd, 2.0));
+                let values: Vec<f32> = values_h.iter().map(|x| x.to_f32()).collect();
                 // Rows longer than needed, as the cache's are, with finite values past `len`
                 // that the zero probabilities must cancel.
                 let stride = len.div_ceil(MAX_STEP) * MAX_STEP + 8;
-                let mut vt = rng.vec(hd * stride, 2.0);
+                let mut vt = half(rng.vec(hd * stride, 2.0));
                 for p in 0..len {
                     for d in 0..hd {
-                        vt[d * stride + p] = values[p * hd + d];
+                        vt[d * stride + p] = values_h[p * hd + d];
                     }
                 }
                 for g in 1..=MAX_GROUP {
                     let what = format!("{order:?} g {g} hd {hd} len {len}");
                     let q = rng.vec(g * hd, 2.0);
                     let mut sc = vec![f32::NAN; g * stride];
-                    scores_grouped(order, &q, hd, &keys, len, 0.125, &mut sc, stride);
+                    scores_grouped(order, &q, hd, &keys_h, len, 0.125, &mut sc, stride);
                     for h in 0..g {
                         let want: Vec<f32> = (0..len)
                             .map(|p| {

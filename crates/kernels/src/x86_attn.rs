@@ -8,7 +8,8 @@
 //! AVX-512 machines.
 //!
 //! Both products are the same shape: `G` vectors (the heads' queries, or their probabilities)
-//! dotted with each of `n` rows (keys, or transposed value rows). Every output keeps its
+//! dotted with each of `n` rows (keys, or transposed value rows), the rows in f16 as the KV cache
+//! holds them (converted on load, exactly). Every output keeps its
 //! accumulators, order and reduction exactly; only the tiling changes. One load of a row feeds
 //! every head of the group and, in batches, several rows share each load of a head's vector, so
 //! the loop is bound by the multiply-adds rather than by loads from L2.
@@ -25,6 +26,8 @@ trait Lanes: Copy {
     const WIDTH: usize;
     unsafe fn zero() -> Self;
     unsafe fn load(p: *const f32) -> Self;
+    /// Loads f16 values (their bits) as f32, exactly.
+    unsafe fn load_h(p: *const u16) -> Self;
     /// `x * y + self`, lane by lane, each rounded once.
     unsafe fn fmadd(self, x: Self, y: Self) -> Self;
     unsafe fn add(self, o: Self) -> Self;
@@ -43,6 +46,10 @@ impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn load_h(p: *const u16) -> Self {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
     }
     #[inline(always)]
     unsafe fn fmadd(self, x: Self, y: Self) -> Self {
@@ -83,6 +90,13 @@ impl Lanes for V16 {
         V16(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
     }
     #[inline(always)]
+    unsafe fn load_h(p: *const u16) -> Self {
+        V16(
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
+        )
+    }
+    #[inline(always)]
     unsafe fn fmadd(self, x: Self, y: Self) -> Self {
         V16(
             _mm256_fmadd_ps(x.0, y.0, self.0),
@@ -111,8 +125,8 @@ pub(crate) struct Dots {
     /// Vector `h` at `x + h * xs`.
     pub(crate) x: *const f32,
     pub(crate) xs: usize,
-    /// Row `r` at `rows + r * rs`.
-    pub(crate) rows: *const f32,
+    /// Row `r` at `rows + r * rs`, f16 bits.
+    pub(crate) rows: *const u16,
     pub(crate) rs: usize,
     pub(crate) n: usize,
     /// Elements per dot product.
@@ -149,9 +163,9 @@ impl Dots {
 /// rows at a time.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `len` must be a multiple of `L::WIDTH` and every vector,
+/// AVX2, FMA and F16C must be available; `len` must be a multiple of `L::WIDTH` and every vector,
 /// row and output inside its buffer.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
     let mut r0 = 0;
     while r0 + R <= d.n {
@@ -159,7 +173,7 @@ unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
         let mut i = 0;
         while i < d.len {
             for r in 0..R {
-                let row = L::load(d.rows.add((r0 + r) * d.rs + i));
+                let row = L::load_h(d.rows.add((r0 + r) * d.rs + i));
                 for (h, a) in acc.iter_mut().enumerate() {
                     a[r] = a[r].fmadd(L::load(d.x.add(h * d.xs + i)), row);
                 }
@@ -184,7 +198,7 @@ unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
 ///
 /// # Safety
 /// As for [`batch_tile`], with `g` in `1..=4`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_batch<L: Lanes>(g: usize, d: Dots) {
     match (L::WIDTH, g) {
         (8, 1) => batch_tile::<L, 1, 4>(d),
@@ -206,9 +220,9 @@ unsafe fn dots_batch<L: Lanes>(g: usize, d: Dots) {
 /// row_r) * scale`, a row at a time.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `len` must be a multiple of `4 * L::WIDTH` and every
+/// AVX2, FMA and F16C must be available; `len` must be a multiple of `4 * L::WIDTH` and every
 /// vector, row and output inside its buffer.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
     let step = 4 * L::WIDTH;
     for r in 0..d.n {
@@ -219,11 +233,11 @@ unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
             // Transposed value rows are short streams that start cold (keys are one long
             // stream, for which this changes little): fetch the next row alongside this one.
             let next = d.rows.wrapping_add((r + 1) * d.rs + i) as *const i8;
-            for line in (0..4 * step).step_by(64) {
+            for line in (0..2 * step).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line));
             }
             for j in 0..4 {
-                let y = L::load(row.add(i + L::WIDTH * j));
+                let y = L::load_h(row.add(i + L::WIDTH * j));
                 for (h, a) in acc.iter_mut().enumerate() {
                     a[j] = a[j].fmadd(L::load(d.x.add(h * d.xs + i + L::WIDTH * j)), y);
                 }
@@ -241,7 +255,7 @@ unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
 ///
 /// # Safety
 /// As for [`single_tile`], with `g` in `1..=4`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_single<L: Lanes>(g: usize, d: Dots) {
     if L::WIDTH == 8 {
         match g {
@@ -266,7 +280,7 @@ unsafe fn dots_single<L: Lanes>(g: usize, d: Dots) {
 /// # Safety
 /// As for [`batch_tile`] or [`single_tile`] with the order's lanes (the element count a
 /// multiple of 8 for `Batch8`, 16 for `Batch`, 32 for `Single8`, 64 for `Single`).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dots(order: crate::attn::DotOrder, g: usize, d: Dots) {
     use crate::attn::DotOrder;
     match order {
