@@ -1,12 +1,74 @@
-//! Requests for an instance whose rank 0 runs on another node: forwarded over the control
-//! plane, answered there, and streamed back.
+//! Requests go to the instance serving the model they name: through its API here when its rank
+//! 0 runs on this node, else forwarded over the control plane to the node that runs it,
+//! answered there, and streamed back.
 
 use super::*;
 
-/// Everything else goes to the API of the instance whose rank 0 runs here.
+/// An instance that answers requests: its rank 0 is ready on `node`.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Serving {
+    /// The node its rank 0 runs on.
+    pub(super) node: String,
+    /// `id@epoch`, as the rank-0 node keys its served routers.
+    pub(super) key: String,
+    /// The model it was loaded as (what requests name).
+    pub(super) model: String,
+}
+
+/// Every instance whose rank 0 is ready, this node's first, then by node and instance.
+pub(super) fn serving(shared: &Shared) -> Vec<Serving> {
+    let snap = shared.control.snapshot();
+    let table = followed(shared).table;
+    let me = shared.control.me();
+    let mut out: Vec<Serving> = hosted_by(&snap)
+        .into_iter()
+        .flat_map(|(node, hs)| {
+            let table = &table;
+            hs.into_iter()
+                .filter(|h| h.rank == 0 && h.status == "ready")
+                .filter_map(move |h| {
+                    let spec = table
+                        .iter()
+                        .find(|s| s.id == h.instance && s.epoch == h.epoch)?;
+                    Some(Serving {
+                        node: node.clone(),
+                        key: format!("{}@{}", h.instance, h.epoch),
+                        model: spec.request.model.clone(),
+                    })
+                })
+        })
+        .collect();
+    out.sort_by_key(|s| (s.node != me, s.node.clone(), s.key.clone()));
+    out
+}
+
+/// The model a request names: its JSON body's `model` (or Ollama's `name`), or the id in a
+/// `/v1/models/{id}` path. Ollama's `:latest` tag means the model itself.
+fn named_model(path: &str, body: &[u8]) -> Option<String> {
+    let from_path = path.strip_prefix("/v1/models/").map(str::to_string);
+    let from_body = || {
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let m = v.get("model").or_else(|| v.get("name"))?.as_str()?;
+        Some(m.to_string())
+    };
+    let m = from_path.or_else(from_body)?;
+    Some(m.strip_suffix(":latest").map(str::to_string).unwrap_or(m))
+}
+
+/// Which instance answers a request naming `model`: one loaded as that model (this node's
+/// first); else, for a model no instance serves or a request naming none, the first instance,
+/// whose API then answers (a model it does not serve gets that API's own "not found").
+pub(super) fn route<'a>(serving: &'a [Serving], model: Option<&str>) -> Option<&'a Serving> {
+    model
+        .and_then(|m| serving.iter().find(|s| s.model == m))
+        .or_else(|| serving.first())
+}
+
+/// Everything else goes to the API of an instance: the one serving the model the request
+/// names, here or on the node running its rank 0. Listings (`/v1/models`, `/api/tags`,
+/// `/api/ps`) gather every instance's.
 pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request) -> Response {
-    use tower::ServiceExt as _;
-    let path = req.uri().path();
+    let path = req.uri().path().to_string();
     if shared.flags.draining.load(Ordering::Relaxed)
         && (path.starts_with("/v1/") || path.starts_with("/api/"))
     {
@@ -15,27 +77,85 @@ pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request)
             "this node is draining: it finishes what it has and takes no new requests",
         );
     }
-    let router = locked(&shared.served).as_ref().map(|(_, r)| r.clone());
-    match router {
-        Some(r) => match r.oneshot(req).await {
-            Ok(resp) => resp,
-            Err(e) => match e {},
-        },
-        None => {
-            let snap = shared.control.snapshot();
-            let target = hosted_by(&snap)
-                .into_iter()
-                .find(|(id, hs)| {
-                    *id != shared.control.me()
-                        && hs.iter().any(|h| h.rank == 0 && h.status == "ready")
-                })
-                .map(|(id, _)| id);
-            match target {
-                Some(t) => forward(&shared, &t, req).await,
-                None => nothing_served(&req),
-            }
+    let serving = serving(&shared);
+    if serving.is_empty() {
+        return nothing_served(&req);
+    }
+    if req.method() == axum::http::Method::GET
+        && matches!(path.as_str(), "/v1/models" | "/api/tags" | "/api/ps")
+        && serving.len() > 1
+    {
+        return gathered(&shared, &serving, req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_FORWARD_BODY).await else {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+    };
+    let model = named_model(&path, &body);
+    let Some(target) = route(&serving, model.as_deref()) else {
+        return nothing_served(&Request::from_parts(parts, axum::body::Body::empty()));
+    };
+    let req = Request::from_parts(parts, axum::body::Body::from(body));
+    send(&shared, target, req).await
+}
+
+/// Runs `req` through `target`'s API: the router here when its rank 0 is here, else forwarded.
+async fn send(shared: &Shared, target: &Serving, req: Request) -> Response {
+    use tower::ServiceExt as _;
+    if target.node == shared.control.me() {
+        let router = locked(&shared.served).get(&target.key).cloned();
+        if let Some(r) = router {
+            return match r.oneshot(req).await {
+                Ok(resp) => resp,
+                Err(e) => match e {},
+            };
         }
     }
+    forward(shared, &target.node, Some(&target.key), req).await
+}
+
+/// A listing route answered by every instance, their lists joined (`data` for OpenAI's
+/// models, `models` for Ollama's), each entry once.
+async fn gathered(shared: &Shared, serving: &[Serving], req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    let field = if parts.uri.path() == "/v1/models" {
+        "data"
+    } else {
+        "models"
+    };
+    let mut joined: Vec<serde_json::Value> = Vec::new();
+    let mut first: Option<serde_json::Value> = None;
+    for target in serving {
+        let mut one = Request::new(axum::body::Body::empty());
+        *one.method_mut() = parts.method.clone();
+        *one.uri_mut() = parts.uri.clone();
+        *one.headers_mut() = parts.headers.clone();
+        let resp = send(shared, target, one).await;
+        if !resp.status().is_success() {
+            continue;
+        }
+        let Ok(bytes) = axum::body::to_bytes(resp.into_body(), MAX_FORWARD_BODY).await else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            continue;
+        };
+        for e in v
+            .get(field)
+            .and_then(|d| d.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let id = |x: &serde_json::Value| x.get("id").or_else(|| x.get("name")).cloned();
+            if !joined.iter().any(|j| id(j) == id(e)) {
+                joined.push(e.clone());
+            }
+        }
+        first.get_or_insert(v);
+    }
+    let mut out = first.unwrap_or_else(|| serde_json::json!({}));
+    out[field] = serde_json::Value::Array(joined);
+    Json(out).into_response()
 }
 
 /// The answer while no instance serves: listings are empty (a client or a scraper asking what
@@ -73,6 +193,9 @@ pub(super) struct ForwardHead {
     uri: String,
     status: u16,
     headers: Vec<(String, String)>,
+    /// The instance (`id@epoch`) the request is for; without one, any served here.
+    #[serde(default)]
+    instance: Option<String>,
 }
 
 /// The headers to pass on. A client's key stays on the node that checked it: the node serving
@@ -100,9 +223,19 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
         let head: ForwardHead = serde_json::from_slice(payload.get(4..4 + n)?).ok()?;
         Some((head, payload.get(4 + n..)?.to_vec()))
     })();
-    let router = locked(&shared.served).as_ref().map(|(_, r)| r.clone());
-    let response = match (parsed, router) {
-        (Some((head, body)), Some(router)) => {
+    let router = |head: &ForwardHead| {
+        let served = locked(&shared.served);
+        match &head.instance {
+            Some(k) => served.get(k).cloned(),
+            None => served.values().next().cloned(),
+        }
+    };
+    let parsed = parsed.map(|(head, body)| {
+        let r = router(&head);
+        (head, body, r)
+    });
+    let response = match parsed {
+        Some((head, body, Some(router))) => {
             let mut req = Request::new(axum::body::Body::from(body));
             *req.method_mut() = head.method.parse().unwrap_or_default();
             *req.uri_mut() = head.uri.parse().unwrap_or_default();
@@ -119,8 +252,8 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
                 Err(e) => match e {},
             }
         }
-        (None, _) => error(StatusCode::BAD_REQUEST, "malformed forwarded request"),
-        (_, None) => error(
+        None => error(StatusCode::BAD_REQUEST, "malformed forwarded request"),
+        Some((_, _, None)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the instance is no longer served by this node",
         ),
@@ -130,6 +263,7 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
         uri: String::new(),
         status: response.status().as_u16(),
         headers: head_of(response.headers()),
+        instance: None,
     };
     if q.reply(key.clone(), serde_json::to_vec(&head).unwrap_or_default())
         .await
@@ -146,9 +280,14 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
     }
 }
 
-/// Any node: sends a request for an instance served elsewhere to its rank-0 node over the
-/// (encrypted, authenticated) control plane and streams the answer back.
-pub(super) async fn forward(shared: &Shared, target: &str, req: Request) -> Response {
+/// Any node: sends a request for an instance (`id@epoch`) served elsewhere to its rank-0 node
+/// over the (encrypted, authenticated) control plane and streams the answer back.
+pub(super) async fn forward(
+    shared: &Shared,
+    target: &str,
+    instance: Option<&str>,
+    req: Request,
+) -> Response {
     use futures_util::StreamExt as _;
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, MAX_FORWARD_BODY).await else {
@@ -159,6 +298,7 @@ pub(super) async fn forward(shared: &Shared, target: &str, req: Request) -> Resp
         uri: parts.uri.to_string(),
         status: 0,
         headers: head_of(&parts.headers),
+        instance: instance.map(str::to_string),
     };
     let head = serde_json::to_vec(&head).unwrap_or_default();
     let mut payload = (head.len() as u32).to_le_bytes().to_vec();
@@ -211,4 +351,53 @@ pub(super) async fn forward(shared: &Shared, target: &str, req: Request) -> Resp
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(node: &str, key: &str, model: &str) -> Serving {
+        Serving {
+            node: node.into(),
+            key: key.into(),
+            model: model.into(),
+        }
+    }
+
+    #[test]
+    fn a_request_goes_to_the_instance_of_the_model_it_names() {
+        let serving = [s("me", "i-1@1", "small"), s("peer", "i-2@3", "big")];
+        assert_eq!(
+            route(&serving, Some("big")).map(|x| &x.key[..]),
+            Some("i-2@3")
+        );
+        assert_eq!(
+            route(&serving, Some("small")).map(|x| &x.key[..]),
+            Some("i-1@1")
+        );
+        // Naming none, or one nobody serves: the first answers (and says "not found").
+        assert_eq!(route(&serving, None).map(|x| &x.key[..]), Some("i-1@1"));
+        assert_eq!(
+            route(&serving, Some("x")).map(|x| &x.key[..]),
+            Some("i-1@1")
+        );
+        assert_eq!(route(&[], Some("x")), None);
+    }
+
+    #[test]
+    fn the_model_is_read_from_the_body_or_the_path() {
+        let m = |path: &str, body: &str| named_model(path, body.as_bytes());
+        assert_eq!(
+            m("/v1/chat/completions", r#"{"model":"big"}"#).as_deref(),
+            Some("big")
+        );
+        assert_eq!(
+            m("/api/show", r#"{"name":"big:latest"}"#).as_deref(),
+            Some("big")
+        );
+        assert_eq!(m("/v1/models/big", "").as_deref(), Some("big"));
+        assert_eq!(m("/v1/chat/completions", "not json"), None);
+        assert_eq!(m("/health", ""), None);
+    }
 }

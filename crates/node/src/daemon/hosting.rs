@@ -131,12 +131,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
     let mut h = locked(&shared.hosted);
     let gone: Vec<(String, u64)> = h.keys().filter(|k| !wanted.contains(k)).cloned().collect();
     for k in gone {
-        if locked(&shared.served)
-            .as_ref()
-            .is_some_and(|(id, _)| *id == format!("{}@{}", k.0, k.1))
-        {
-            locked(&shared.served).take();
-        }
+        locked(&shared.served).remove(&format!("{}@{}", k.0, k.1));
         h.remove(&k);
     }
     // A worker that exited is reported failed.
@@ -200,10 +195,10 @@ pub(super) fn start_rank0(
                     "strata: instance {} (epoch {}) of {} is ready",
                     spec.id, spec.epoch, spec.request.model
                 );
-                *locked(&shared.served) = Some((
+                locked(&shared.served).insert(
                     format!("{}@{}", k.0, k.1),
                     strata_api::server::router(Arc::clone(&state)),
-                ));
+                );
                 h.info.status = "ready".into();
                 h.running = Some(Running::Rank0(state));
             }

@@ -112,8 +112,8 @@ struct Shared {
     was_leader: AtomicBool,
     /// Ranks this node runs, by (instance, epoch).
     hosted: Mutex<BTreeMap<(String, u64), Host>>,
-    /// The API of the instance whose rank 0 runs here.
-    served: Mutex<Option<(String, Router)>>,
+    /// The APIs of the instances whose rank 0 runs here, by `id@epoch`.
+    served: Mutex<BTreeMap<String, Router>>,
     /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
     cpu_ticks: Mutex<Option<(u64, u64)>>,
 }
@@ -339,7 +339,7 @@ pub async fn run(
         last_table: Mutex::new(Followed::default()),
         was_leader: AtomicBool::new(false),
         hosted: Mutex::new(BTreeMap::new()),
-        served: Mutex::new(None),
+        served: Mutex::new(BTreeMap::new()),
         cpu_ticks: Mutex::new(None),
     });
     publish(&shared).await?;
@@ -377,7 +377,7 @@ pub async fn run(
     instances_task.abort();
     let _ = tokio::join!(publisher, prober, watcher, rpc_task, instances_task);
     // Ranks stop with the node: workers are killed, rank 0's engine ends with its state.
-    locked(&shared.served).take();
+    locked(&shared.served).clear();
     let hosted = std::mem::take(&mut *locked(&shared.hosted));
     drop(hosted);
     served.map_err(Error::control)?;
