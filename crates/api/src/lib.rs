@@ -26,6 +26,7 @@ mod messages;
 pub(crate) mod metrics;
 mod ollama;
 pub(crate) mod output;
+pub mod pull;
 pub(crate) mod responses;
 pub(crate) mod routing;
 pub(crate) mod scheduler;

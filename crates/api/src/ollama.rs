@@ -658,21 +658,16 @@ pub(crate) async fn show(
     })))
 }
 
-/// `POST /api/pull`: the served model is here already; strata serves one model per server,
-/// so any other is refused with how to get it.
+/// `POST /api/pull`: a model served here is here already; any other catalog model is fetched
+/// into this machine's store ([`crate::pull`]), from where `strata serve --model` serves it.
 pub(crate) async fn pull(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (model, stream) = named(&body_bytes(body, st.max_body)?)?;
-    check_model(&st, &model).map_err(|mut e| {
-        e.message = format!(
-            "{}. Fetch other models with `strata models pull {model}` and serve them with \
-             `strata serve --model {model}`",
-            e.message
-        );
-        e
-    })?;
+    if check_model(&st, &model).is_err() {
+        return Ok(crate::pull::into_store(&model, stream).await);
+    }
     let lines = [
         json!({"status": "pulling manifest"}),
         json!({"status": "success"}),

@@ -16,6 +16,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/cluster/stop", post(stop))
         .route("/v1/cluster/load", post(load))
         .route("/v1/cluster/unload", post(unload))
+        .route("/api/pull", post(pull))
         .fallback(to_instance)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
@@ -28,7 +29,11 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
 pub(super) fn is_admin_route(path: &str) -> bool {
     matches!(
         path,
-        "/v1/cluster/drain" | "/v1/cluster/stop" | "/v1/cluster/load" | "/v1/cluster/unload"
+        "/v1/cluster/drain"
+            | "/v1/cluster/stop"
+            | "/v1/cluster/load"
+            | "/v1/cluster/unload"
+            | "/api/pull"
     )
 }
 
@@ -244,6 +249,26 @@ fn slow_links(snap: &Snapshot, spec: &serde_json::Value) -> Option<String> {
 }
 
 #[derive(Deserialize)]
+pub(super) struct PullBody {
+    model: Option<String>,
+    name: Option<String>,
+    stream: Option<bool>,
+}
+
+/// Ollama's `POST /api/pull` on a node: fetches a catalog model into this node's store (it
+/// changes the node's disk, so it takes an admin key), from where `strata load` places it.
+pub(super) async fn pull(Json(b): Json<PullBody>) -> Response {
+    let Some(model) = b.model.or(b.name) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": "model is required" })),
+        )
+            .into_response();
+    };
+    strata_api::pull::into_store(&model, b.stream.unwrap_or(true)).await
+}
+
+#[derive(Deserialize)]
 pub(super) struct UnloadBody {
     instance: String,
 }
@@ -284,6 +309,7 @@ mod tests {
             "/v1/cluster/drain",
             "/v1/cluster/load",
             "/v1/cluster/unload",
+            "/api/pull",
         ] {
             let r = authorize(&k, path, client).expect(path);
             assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
