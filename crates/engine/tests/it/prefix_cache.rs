@@ -157,27 +157,38 @@ fn prefill_logits_do_not_depend_on_the_chunk_size() {
             .expect("fetching the model");
         let file = GgufFile::open(&path).unwrap();
         let tok = strata_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap();
-        let prompt = tok
+        let whole = tok
             .encode(
                 &"The keeper lit the lamp above the grey water. ".repeat(60),
                 false,
             )
             .unwrap();
-        assert!(prompt.len() > 2 * BLOCK, "{} tokens", prompt.len());
-        for flavour in [Flavour::Avx512, Flavour::Avx2] {
+        assert!(whole.len() > 2 * BLOCK, "{} tokens", whole.len());
+        // The whole prompt, and one whose last 32-chunk would be 4 rows where blocks leave 36.
+        for (prompt, flavour) in [&whole[..], &whole[..BLOCK + 36]]
+            .into_iter()
+            .flat_map(|p| [(p, Flavour::Avx512), (p, Flavour::Avx2)])
+        {
             let mut logits = Vec::new();
-            for chunk in [BLOCK, 64, 32] {
+            for chunk in [BLOCK, 64, 32, 16] {
                 let mut model = Model::load_full(&file).unwrap();
                 model.set_flavour(flavour);
                 let mut batch = Batch::new(model, 2, 1, 1024).unwrap();
-                let (slot, _) = batch.admit(&prompt).unwrap();
+                let (slot, _) = batch.admit(prompt).unwrap();
                 let mut at = 0;
                 let mut last = Vec::new();
+                let tail = match prompt.len() % BLOCK {
+                    0 => BLOCK,
+                    r => r,
+                };
                 while at < prompt.len() {
                     let mut end = prompt.len().min((at / chunk + 1) * chunk);
-                    // A last chunk of one token would take the one-token order.
-                    if prompt.len() - end == 1 {
-                        end += 1;
+                    // The server's rule: a last chunk of fewer than 8 rows (which would take the
+                    // small-batch kernels, or with one row the one-token order) joins the one
+                    // before unless whole blocks leave the same one.
+                    let rest = prompt.len() - end;
+                    if rest > 0 && rest < 8 && tail >= 8 {
+                        end = prompt.len();
                     }
                     last = batch.extend(slot, &prompt[at..end]).unwrap().to_vec();
                     at = end;
@@ -188,7 +199,8 @@ fn prefill_logits_do_not_depend_on_the_chunk_size() {
             for (chunk, bits) in &logits[1..] {
                 assert!(
                     bits == &logits[0].1,
-                    "{id} {flavour:?}: chunks of {chunk} differ from chunks of {BLOCK}"
+                    "{id} {flavour:?} {} tokens: chunks of {chunk} differ from chunks of {BLOCK}",
+                    prompt.len()
                 );
             }
         }
