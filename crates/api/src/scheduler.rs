@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use strata_engine::prefix::BLOCK;
+use strata_engine::prefix::{BLOCK, REUSABLE_STEP};
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
 use crate::engine::{Engine, EngineError};
@@ -620,7 +620,9 @@ pub(crate) const PREFILL_CHUNK: usize = BLOCK;
 /// SmolLM2, 8 streams, 2 threads): the median gap while a 1,830-token prompt is admitted is
 /// 2.0-2.1x the usual one with 16 (3.1x with 32, 18-19x with 256); the prompt itself takes
 /// about twice as long to admit as in whole blocks.
-pub(crate) const LIVE_CHUNK: usize = 16;
+/// It is the engine's finest reusable grid, so the prefix cache keeps the blocks such chunks
+/// fill.
+pub(crate) const LIVE_CHUNK: usize = REUSABLE_STEP;
 
 /// Fewest rows of a chunk that runs the same kernels as longer ones: fewer take the matrix
 /// kernels' small-batch path, and one row the one-token attention order.

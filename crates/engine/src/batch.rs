@@ -6,7 +6,7 @@
 //! memory once per step for the whole batch instead of once per sequence.
 
 use crate::generate::PREFILL_BATCH;
-use crate::prefix::{BLOCK, PrefixCache, PrefixStats};
+use crate::prefix::{BLOCK, PrefixCache, PrefixStats, REUSABLE_STEP};
 use crate::{Error, KvCache, Model, NoComm, Result, Scratch, StageInput};
 use strata_kernels::ThreadPool;
 
@@ -241,13 +241,16 @@ impl Batch {
         Ok(())
     }
 
-    /// Records a pass of `tokens` at position `at` of `slot` as reusable when it is a whole
-    /// aligned block on top of reusable positions, and keeps it in the prefix cache.
+    /// Records a pass of `tokens` at position `at` of `slot` as reusable when it continues the
+    /// reusable positions on the grid of [`REUSABLE_STEP`] (whole steps from a multiple of it:
+    /// the passes whose rows compute exactly as in whole-block passes), and keeps every block it
+    /// completes in the prefix cache. A pass off the grid (a decode step, a few forced tokens)
+    /// ends what is reusable in the slot.
     fn keep_block(&mut self, slot: usize, at: usize, tokens: &[u32]) {
         let held = &mut self.held[slot];
         if self.prefix.is_none()
-            || tokens.len() != BLOCK
-            || !at.is_multiple_of(BLOCK)
+            || !tokens.len().is_multiple_of(REUSABLE_STEP)
+            || !at.is_multiple_of(REUSABLE_STEP)
             || held.len() != at
         {
             return;
@@ -257,20 +260,22 @@ impl Batch {
         let Some(prefix) = self.prefix.as_mut() else {
             return;
         };
-        if chain.len() != at / BLOCK {
-            return;
-        }
-        let parent = chain.last().copied().unwrap_or(crate::prefix::ROOT);
         let cache = &self.caches[slot];
-        let id = prefix.find(parent, tokens).or_else(|| {
-            if !prefix.admits(cache.block_len(BLOCK) * 2) {
-                return None;
+        while chain.len() < held.len() / BLOCK {
+            let start = chain.len() * BLOCK;
+            let block = &held[start..start + BLOCK];
+            let parent = chain.last().copied().unwrap_or(crate::prefix::ROOT);
+            let id = prefix.find(parent, block).or_else(|| {
+                if !prefix.admits(cache.block_len(BLOCK) * 2) {
+                    return None;
+                }
+                let data = cache.save_block(start, BLOCK)?;
+                prefix.insert(parent, block, data)
+            });
+            match id {
+                Some(id) => chain.push(id),
+                None => break,
             }
-            let data = cache.save_block(at, BLOCK)?;
-            prefix.insert(parent, tokens, data)
-        });
-        if let Some(id) = id {
-            chain.push(id);
         }
     }
 

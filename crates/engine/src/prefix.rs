@@ -22,6 +22,13 @@ use std::collections::HashMap;
 /// Positions per cached block, and the prefill chunk that makes blocks reusable.
 pub const BLOCK: usize = 256;
 
+/// The finest grid of prefill passes whose rows compute exactly as in whole-block passes (the
+/// matrix kernels' small-batch path starts under 8 rows; tested down to 16 with
+/// `prefill_logits_do_not_depend_on_the_chunk_size`): blocks filled by passes of whole steps
+/// of it, from multiples of it, are kept, so a server prefilling in short chunks while other
+/// sequences generate still fills the cache. Divides [`BLOCK`].
+pub const REUSABLE_STEP: usize = 16;
+
 /// The id of the root of the trie (the empty prefix).
 pub(crate) const ROOT: u64 = 0;
 

@@ -15,8 +15,8 @@ fn smollm2() -> std::path::PathBuf {
 }
 
 /// Runs the rest of `prompt` from position `from` in chunks that end on multiples of
-/// [`BLOCK`] (as the server prefills), then `n` greedy steps: the logits after the prompt and
-/// the tokens.
+/// [`BLOCK`] (as the server prefills alone), then `n` greedy steps: the logits after the
+/// prompt and the tokens.
 fn finish(
     batch: &mut Batch,
     slot: SlotId,
@@ -24,10 +24,22 @@ fn finish(
     from: usize,
     n: usize,
 ) -> (Vec<f32>, Vec<u32>) {
+    finish_in(batch, slot, prompt, (from, BLOCK), n)
+}
+
+/// [`finish`] in chunks ending on multiples of `chunk` (16: as the server prefills while other
+/// sequences generate).
+fn finish_in(
+    batch: &mut Batch,
+    slot: SlotId,
+    prompt: &[u32],
+    (from, chunk): (usize, usize),
+    n: usize,
+) -> (Vec<f32>, Vec<u32>) {
     let mut at = from;
     let mut logits = Vec::new();
     while at < prompt.len() {
-        let end = prompt.len().min((at / BLOCK + 1) * BLOCK);
+        let end = prompt.len().min((at / chunk + 1) * chunk);
         logits = batch.extend(slot, &prompt[at..end]).unwrap().to_vec();
         at = end;
     }
@@ -75,7 +87,8 @@ fn a_cached_prefix_gives_the_logits_of_a_cold_prefill() {
         .with_prefix_cache(256 << 20);
     let (sa, held) = warm.admit(&a).unwrap();
     assert_eq!(held, 0);
-    finish(&mut warm, sa, &a, 0, 4);
+    // Prefilled in chunks of 16 (as while other streams run): the blocks are kept all the same.
+    finish_in(&mut warm, sa, &a, (0, 16), 4);
     warm.release(sa);
     let blocks = shared.len() / BLOCK;
     let stats = warm.prefix_stats().unwrap();
@@ -97,7 +110,7 @@ fn a_cached_prefix_gives_the_logits_of_a_cold_prefill() {
     let (sc, held) = warm.admit(&c).unwrap();
     assert_ne!(sc, sb);
     assert_eq!(held, blocks * BLOCK);
-    let got_c = finish(&mut warm, sc, &c, held, 8);
+    let got_c = finish_in(&mut warm, sc, &c, (held, 16), 8);
     assert!(
         got_c.0 == want_c.0,
         "logits after a restored prefix differ from a cold prefill"
