@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::cli_cluster::{Net, names};
-use crate::cli_serve::test_cache_dir;
+use crate::cli_serve::venv_python;
 
 const PLAYWRIGHT: &str = "playwright==1.65.2";
 const MODEL: &str = "smollm2-135m-instruct";
@@ -41,31 +41,7 @@ fn chromium() -> PathBuf {
 
 /// A Python with Playwright (its own browser download is never used: the system's Chromium is).
 fn python() -> PathBuf {
-    let venv = test_cache_dir("test-venv-browser");
-    let py = venv.join("bin/python");
-    let ready = venv.join(format!(".installed-{PLAYWRIGHT}"));
-    if !ready.exists() {
-        let ok = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "creating the venv");
-        let ok = Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(PLAYWRIGHT)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "installing playwright");
-        std::fs::write(&ready, b"").expect("marker");
-    }
-    py
+    venv_python("test-venv-browser", &[PLAYWRIGHT])
 }
 
 fn shots_dir() -> PathBuf {

@@ -82,7 +82,7 @@ const CLIENTS: [&str; 4] = [
 ];
 
 /// `~/.cache/strata/NAME`: where the test clients are installed once and kept.
-pub(crate) fn test_cache_dir(name: &str) -> PathBuf {
+fn test_cache_dir(name: &str) -> PathBuf {
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
@@ -92,17 +92,22 @@ pub(crate) fn test_cache_dir(name: &str) -> PathBuf {
 
 /// A Python with the official clients ([`CLIENTS`]), in a venv kept under the cache directory.
 fn python() -> PathBuf {
-    let venv = test_cache_dir("test-venv-clients");
+    venv_python("test-venv-clients", &CLIENTS)
+}
+
+/// The Python of a venv `~/.cache/strata/NAME` with `packages` installed by pip, made once
+/// (a marker file names the packages, so a changed list installs again).
+pub(crate) fn venv_python(name: &str, packages: &[&str]) -> PathBuf {
+    let venv = test_cache_dir(name);
     let py = venv.join("bin/python");
-    let ready = venv.join(format!(".installed-{}", CLIENTS.join("-")));
+    let ready = venv.join(format!(".installed-{}", packages.join("-")));
     if !ready.exists() {
         let ok = Command::new("python3")
             .args(["-m", "venv"])
             .arg(&venv)
             .status()
-            .expect("python3 -m venv")
-            .success();
-        assert!(ok, "creating the venv");
+            .is_ok_and(|s| s.success());
+        assert!(ok, "creating the venv {name}");
         let ok = Command::new(&py)
             .args([
                 "-m",
@@ -111,12 +116,11 @@ fn python() -> PathBuf {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(CLIENTS)
+            .args(packages)
             .status()
-            .expect("pip install")
-            .success();
-        assert!(ok, "installing the API clients");
-        std::fs::write(&ready, b"").unwrap();
+            .is_ok_and(|s| s.success());
+        assert!(ok, "installing {packages:?}");
+        std::fs::write(&ready, b"").expect("marker");
     }
     py
 }
