@@ -32,6 +32,10 @@ enum BenchCmd {
     /// and llama.cpp's RPC backend.
     #[command(allow_negative_numbers = true)]
     Scaling(crate::cmd_bench_scaling::ScalingArgs),
+    /// Serving speed of a cluster through the OpenAI API: N nodes on this machine over
+    /// emulated links, each strategy, 1/4/16 concurrent clients, against one node and
+    /// llama.cpp's RPC backend, beside the planner's predictions.
+    Cluster(crate::cmd_bench_cluster::ClusterArgs),
 }
 
 /// `strata bench engine`.
@@ -96,6 +100,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Engine(a) => engine(a),
         BenchCmd::Scaling(a) => crate::cmd_bench_scaling::scaling(a),
+        BenchCmd::Cluster(a) => crate::cmd_bench_cluster::cluster(a),
     }
 }
 

@@ -304,7 +304,7 @@ fn peak_rss(model: &Path, strategies: &[&str]) -> Result<serde_json::Value> {
 }
 
 /// Two ggml RPC servers with one thread each, stopped on drop.
-struct RpcServers(Vec<Child>);
+pub(crate) struct RpcServers(Vec<Child>);
 
 impl Drop for RpcServers {
     fn drop(&mut self) {
@@ -315,10 +315,10 @@ impl Drop for RpcServers {
     }
 }
 
-fn start_rpc_servers(exe: &Path) -> Result<(RpcServers, String)> {
+pub(crate) fn start_rpc_servers(exe: &Path, n: usize) -> Result<(RpcServers, String)> {
     let mut servers = RpcServers(Vec::new());
     let mut addrs = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new(exe)
             .args(["-t", "1", "-H", "127.0.0.1", "-p", &port.to_string()])
@@ -440,7 +440,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         let rpc = exe.with_file_name("ggml-rpc-server");
         if rpc.is_file() {
             progress("llama.cpp RPC");
-            let (_servers, list) = start_rpc_servers(&rpc)?;
+            let (_servers, list) = start_rpc_servers(&rpc, 2)?;
             let extra = ["-rpc".to_string(), list, "-ngl".into(), "99".into()];
             let (pp, tg) = run_llama_bench(exe, &path, 1, a.pp, a.tg, a.repetitions, &extra)?;
             llama_rows.push(json!({"config": "llama.cpp RPC, 2 servers x 1 thread, tcp", "prefill_tok_s": pp, "decode_tok_s": tg}));

@@ -92,6 +92,13 @@ pub(crate) struct NodeArgs {
     /// cluster requests name models by id only, and no path on this node is opened for them.
     #[arg(long = "allow-model-dir", value_name = "DIR")]
     allow_model_dirs: Vec<PathBuf>,
+    /// For benchmarks on one machine: one-way latency added to every data-plane message of
+    /// the instances this node leads, and to the links it publishes (e.g. 5us, 300us).
+    #[arg(long, value_parser = strata_net::parse_latency, value_name = "LATENCY")]
+    emulate_link_latency: Option<std::time::Duration>,
+    /// For benchmarks on one machine: a bandwidth cap on the same messages (e.g. 10gbit).
+    #[arg(long, value_parser = strata_net::parse_bandwidth, value_name = "RATE")]
+    emulate_link_bandwidth: Option<f64>,
     #[command(flatten)]
     http: crate::cmd_serve::HttpArgs,
 }
@@ -119,6 +126,10 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         advertise: a.advertise_addr,
         model_dirs: a.allow_model_dirs,
         http: a.http.options()?,
+        emulate: strata_net::LinkShape {
+            latency: a.emulate_link_latency.unwrap_or_default(),
+            bandwidth: a.emulate_link_bandwidth,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -144,6 +155,14 @@ pub(crate) struct NodeAddr {
 }
 
 impl NodeAddr {
+    /// The node at `url`, without a key.
+    pub(crate) fn at(url: &str) -> NodeAddr {
+        NodeAddr {
+            node: Some(url.to_string()),
+            api_key: None,
+        }
+    }
+
     fn base(&self) -> String {
         let raw = self
             .node
@@ -494,7 +513,7 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
 }
 
 /// Waits until rank 0 of the newest epoch of `instance` reports ready (or failed).
-fn wait_ready(node: &NodeAddr, instance: &str, limit: Duration) -> Result<()> {
+pub(crate) fn wait_ready(node: &NodeAddr, instance: &str, limit: Duration) -> Result<()> {
     let t = std::time::Instant::now();
     loop {
         let s: Status = node.call("GET", "/v1/cluster/status", None)?;

@@ -5,6 +5,7 @@
 
 mod args;
 mod cmd_bench;
+mod cmd_bench_cluster;
 mod cmd_bench_scaling;
 mod cmd_cluster;
 mod cmd_models;

@@ -195,6 +195,8 @@ pub struct Rank0Start<'a> {
     pub token: String,
     /// Compute threads.
     pub threads: usize,
+    /// The emulated link of the instance's data plane (ideal unless benchmarking).
+    pub emulate: strata_net::LinkShape,
     /// API keys for the instance's routes.
     pub keys: Option<strata_api::auth::Keys>,
     /// Where to get the model if this node lacks it.
@@ -259,7 +261,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         listen: None,
         token: s.token,
         transport: strata_net::Transport::Tcp,
-        shape: strata_net::LinkShape::default(),
+        shape: s.emulate,
         join_timeout: Duration::from_secs(60),
         stall_timeout: Duration::from_millis(1500),
         insecure_plaintext: false,

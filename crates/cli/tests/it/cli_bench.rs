@@ -84,3 +84,77 @@ fn bench_engine_rejects_zero_threads() {
     assert!(err.contains("--threads"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `strata bench cluster` end to end, small: one node and two nodes over an emulated
+/// Thunderbolt-TCP link (300 us), tensor and pipeline, 1 and 2 streaming clients through the
+/// OpenAI API, every figure beside the planner's prediction.
+#[test]
+fn bench_cluster_measures_every_strategy_through_the_api() {
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("default model");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("cluster.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "cluster", "--no-llama", "--links", "tb-tcp"])
+        .args(["--strategies", "tensor,pipeline", "--streams", "1,2"])
+        .args(["--tokens", "6", "--rounds", "1", "--prefill-tokens", "32"])
+        .args(["--ctx-size", "512", "--json"])
+        .arg(&json)
+        .output()
+        .expect("running strata");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("tb-tcp (300 us)"), "{table}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let configs: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["nodes"].as_u64().unwrap(),
+                r["strategy"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(configs, [(1, "single"), (2, "tensor"), (2, "pipeline")]);
+    // The planner picks exactly one of the two strategies it could use.
+    let picks = rows[1..]
+        .iter()
+        .filter(|r| r["planner_pick"] == true)
+        .count();
+    assert_eq!(picks, 1, "{v}");
+    for r in rows {
+        assert!(r["prefill_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["predicted_prefill_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["predicted_decode_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        let levels = r["levels"].as_array().unwrap();
+        assert_eq!(levels.len(), 2);
+        for l in levels {
+            let clients = l["clients"].as_u64().unwrap();
+            assert_eq!(l["requests"].as_u64().unwrap(), clients);
+            // Every request produced tokens (a stop is possible, nothing else).
+            assert!(l["tokens"].as_u64().unwrap() >= clients, "{l}");
+            assert!(l["aggregate_tok_s"].as_f64().unwrap() > 0.0, "{l}");
+            assert!(l["itl_p99_ms"].as_f64().unwrap() >= l["itl_p50_ms"].as_f64().unwrap());
+            assert!(
+                l["predicted_aggregate_tok_s"].as_f64().unwrap() > 0.0,
+                "{l}"
+            );
+            assert_eq!(l["vs_one_node"].is_null(), r["nodes"] == 1, "{l}");
+        }
+    }
+}
+
+#[test]
+fn bench_cluster_names_an_unknown_link() {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "cluster", "--no-llama", "--links", "tb9-warp"])
+        .output()
+        .expect("running strata");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tb9-warp"), "{err}");
+}

@@ -178,6 +178,7 @@ pub(super) fn start_rank0(
             listener,
             token,
             threads: shared.threads,
+            emulate: shared.emulate,
             keys: None,
             peers: transfer::Peers {
                 arrival: Some(arrival),

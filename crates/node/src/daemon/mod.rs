@@ -74,6 +74,11 @@ pub struct NodeOptions {
     pub model_dirs: Vec<PathBuf>,
     /// Browser checks, deadlines and the connection cap of the HTTP API.
     pub http: strata_api::listen::HttpOptions,
+    /// An emulated link (`--emulate-link-latency`, `--emulate-link-bandwidth`): added to every
+    /// data-plane message of the instances this node leads (their workers learn it at the
+    /// handshake) and to the links this node measures and publishes, so the planner sees the
+    /// link it is asked to plan for. For benchmarks of link regimes on one machine.
+    pub emulate: strata_net::LinkShape,
 }
 
 /// What the node's lifecycle commands changed.
@@ -103,6 +108,8 @@ struct Shared {
     /// The address peers reach this node's data plane at.
     data_host: std::net::IpAddr,
     threads: usize,
+    /// The emulated link ([`NodeOptions::emulate`]).
+    emulate: strata_net::LinkShape,
     /// The instance table, while this node leads.
     table: Mutex<Vec<InstanceSpec>>,
     /// How many changes `table` has seen in the cluster's history (see [`Followed`]).
@@ -334,6 +341,7 @@ pub async fn run(
         key,
         data_host,
         threads,
+        emulate: opts.emulate,
         table: Mutex::new(Vec::new()),
         table_version: std::sync::atomic::AtomicU64::new(0),
         last_table: Mutex::new(Followed::default()),

@@ -94,7 +94,14 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
         };
         for peer in due {
             match shared.control.probe(&peer).await {
-                Ok(report) => {
+                Ok(mut report) => {
+                    // The emulated link delays data-plane messages only; the planner must
+                    // see it too.
+                    let e = shared.emulate;
+                    report.latency_s += e.latency.as_secs_f64();
+                    if let Some(bw) = e.bandwidth {
+                        report.bandwidth_bps = report.bandwidth_bps.min(bw);
+                    }
                     shared
                         .links
                         .lock()

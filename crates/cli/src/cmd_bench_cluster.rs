@@ -1,0 +1,834 @@
+//! `strata bench cluster`: serving speed through the OpenAI API, on the path users take.
+//!
+//! It starts `strata node` processes on this machine (loopback ports, `--threads` each, so one
+//! node is one core when `--threads 1`), emulates the link between them in the data plane at
+//! each regime asked for (the planner's link presets: RDMA over Thunderbolt 5, TCP over
+//! Thunderbolt, gigabit Ethernet...), loads the model with each strategy, and drives
+//! `/v1/chat/completions` with 1, 4 and 16 concurrent streaming clients. Every configuration is
+//! measured in the same run as one node on the same path (the baseline) and, where llama.cpp's
+//! tools are installed, llama.cpp's RPC backend with two single-threaded servers on loopback.
+//! Each figure is printed beside the planner's prediction for it, so the planner's error is
+//! measured where it matters.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use strata_cluster::{StrategyChoice, Workload};
+use strata_node::daemon::Status;
+use strata_node::instances::{InstanceSpec, LoadRequest};
+
+use crate::cmd_bench::median;
+use crate::cmd_cluster::NodeAddr;
+
+/// `strata bench cluster`.
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    /// Model id from the catalog or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
+    model: String,
+    /// Nodes of the cluster (one node is always measured too, as the baseline).
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// Compute threads of every node.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Link presets to emulate, comma-separated (`strata plan --help` lists them; `none` is
+    /// loopback as it is).
+    #[arg(long, value_delimiter = ',', default_values_t = ["tb5-rdma".to_string(), "tb-tcp".into(), "1gbe".into()])]
+    links: Vec<String>,
+    /// Strategies to load the model with on every link: tensor, pipeline, expert, hybrid.
+    #[arg(long, value_delimiter = ',', default_values_t = ["tensor".to_string(), "pipeline".into()])]
+    strategies: Vec<String>,
+    /// Concurrent streaming clients of each measurement, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
+    streams: Vec<usize>,
+    /// Tokens each request generates (at most).
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Requests each client makes in a row at each level.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Prompt tokens of the prefill measurement (one request, one token generated).
+    #[arg(long, default_value_t = 256)]
+    prefill_tokens: usize,
+    /// Context positions per sequence of the loaded instances.
+    #[arg(long, default_value_t = 2048)]
+    ctx_size: usize,
+    /// Sampling temperature of the clients (0 is greedy); top-k 40, as llama.cpp samples.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    /// Write the results as JSON here (`scripts/plot-cluster.py` draws them).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Leave the node logs and state here instead of a temporary directory.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    llama: crate::cmd_bench::LlamaOpts,
+}
+
+/// One level of concurrent clients.
+#[derive(Debug, Clone, Serialize)]
+struct Level {
+    clients: usize,
+    requests: usize,
+    tokens: usize,
+    aggregate_tok_s: f64,
+    per_stream_tok_s: f64,
+    ttft_p50_s: f64,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+    predicted_aggregate_tok_s: Option<f64>,
+    predicted_per_stream_tok_s: Option<f64>,
+    /// Aggregate over one node's at the same level.
+    vs_one_node: Option<f64>,
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    link: String,
+    latency_us: f64,
+    bandwidth_gbit: Option<f64>,
+    nodes: usize,
+    strategy: String,
+    /// The strategy the planner picks by itself on this link.
+    planner_pick: bool,
+    /// The tok/s the planner predicted for one stream when it placed the instance.
+    predicted_decode_tok_s: f64,
+    prefill_tok_s: f64,
+    predicted_prefill_tok_s: Option<f64>,
+    levels: Vec<Level>,
+}
+
+/// Node processes of one configuration; killed when dropped.
+struct Nodes {
+    children: Vec<Child>,
+    urls: Vec<String>,
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The CPU's name as the kernel reports it (figures are meaningless without it).
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// What a link preset asks the nodes to emulate.
+struct LinkSetting {
+    id: String,
+    latency: Duration,
+    bandwidth: Option<f64>,
+}
+
+fn link_setting(id: &str) -> Result<LinkSetting> {
+    if id == "none" {
+        return Ok(LinkSetting {
+            id: id.into(),
+            latency: Duration::ZERO,
+            bandwidth: None,
+        });
+    }
+    let p = strata_cluster::hardware::presets().link(id)?;
+    if p.measured.is_some() {
+        bail!("link {id} is measured, not emulated: use `none` for loopback as it is");
+    }
+    Ok(LinkSetting {
+        id: id.into(),
+        latency: Duration::from_secs_f64(p.latency_us * 1e-6),
+        bandwidth: (p.bandwidth_gbit > 0.0).then_some(p.bandwidth_gbit * 1e9 / 8.0),
+    })
+}
+
+/// Starts `n` nodes that know each other, and waits until each has measured its links.
+fn start_nodes(
+    dir: &Path,
+    n: usize,
+    threads: usize,
+    link: &LinkSetting,
+    model_dir: Option<&Path>,
+) -> Result<Nodes> {
+    let exe = std::env::current_exe().context("finding the strata binary")?;
+    let key = dir.join("cluster.key");
+    let mut nodes = Nodes {
+        children: Vec::new(),
+        urls: Vec::new(),
+    };
+    let mut first_control = None;
+    for i in 0..n {
+        let (api, control) = (free_port()?, free_port()?);
+        let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("node")
+            .args(["--name", &format!("bench{i}"), "--no-multicast"])
+            .args(["--threads", &threads.to_string()])
+            .args(["--api-addr", &format!("127.0.0.1:{api}")])
+            .args(["--control-addr", &format!("127.0.0.1:{control}")])
+            .args(["--advertise-addr", "127.0.0.1"])
+            .arg("--state-dir")
+            .arg(dir.join(format!("state{i}")))
+            .arg("--cluster-key-file")
+            .arg(&key);
+        if let Some(c) = first_control {
+            cmd.args(["--peer", &format!("127.0.0.1:{c}")]);
+        }
+        if !link.latency.is_zero() {
+            cmd.args([
+                "--emulate-link-latency",
+                &format!("{}ns", link.latency.as_nanos()),
+            ]);
+        }
+        if let Some(bw) = link.bandwidth {
+            cmd.args(["--emulate-link-bandwidth", &format!("{bw}B/s")]);
+        }
+        if let Some(d) = model_dir {
+            cmd.arg("--allow-model-dir").arg(d);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        strata_node::process::die_with_parent(&mut cmd);
+        nodes.children.push(cmd.spawn().context("starting a node")?);
+        let url = format!("http://127.0.0.1:{api}");
+        wait_http(&url, Duration::from_secs(120))
+            .with_context(|| format!("node {i} (log: {})", dir.display()))?;
+        nodes.urls.push(url);
+        first_control.get_or_insert(control);
+    }
+    // Every node must see the others and have measured its links (with the emulated latency)
+    // before the planner can be asked anything.
+    let node = NodeAddr::at(&nodes.urls[0]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s: Status = node.call("GET", "/v1/cluster/status", None)?;
+        let measured = s.topology.nodes.len() == n
+            && s.topology.links.len() == n * (n - 1) / 2
+            && s.topology
+                .links
+                .iter()
+                .all(|l| l.latency >= link.latency.as_secs_f64());
+        if measured {
+            return Ok(nodes);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the {n} nodes did not all see each other's measured links within 120 s (logs: {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn wait_http(url: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .into();
+    while agent.get(&format!("{url}/health")).call().is_err() {
+        if Instant::now() > deadline {
+            bail!("{url} did not answer within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+fn strategy_choice(s: &str, nodes: usize) -> Result<StrategyChoice> {
+    Ok(match s {
+        "tensor" => StrategyChoice::Tensor,
+        "pipeline" => StrategyChoice::Pipeline,
+        "expert" => StrategyChoice::Expert,
+        "hybrid" => StrategyChoice::Hybrid {
+            tp: (nodes / 2).max(1),
+        },
+        other => bail!("unknown strategy {other:?} (tensor, pipeline, expert, hybrid)"),
+    })
+}
+
+/// One streamed request: tokens, time to the first token and the arrival of every chunk.
+struct Stream {
+    tokens: usize,
+    ttft: f64,
+    arrivals: Vec<f64>,
+}
+
+/// Streams one chat completion and times its chunks.
+fn stream_one(
+    url: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+    temp: f32,
+    seed: u64,
+) -> Result<Stream> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(1800)))
+        .build()
+        .into();
+    let body = json!({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": temp,
+        "top_k": 40,
+        "seed": seed,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let t0 = Instant::now();
+    let mut resp = agent
+        .post(&format!("{url}/v1/chat/completions"))
+        .send_json(&body)
+        .with_context(|| format!("reaching {url}"))?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        bail!("{url}: {status}: {text}");
+    }
+    let reader = BufReader::new(resp.body_mut().as_reader());
+    let mut arrivals = Vec::new();
+    let mut tokens = None;
+    for line in reader.lines() {
+        let line = line.context("reading the stream")?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).context("a stream chunk")?;
+        if let Some(e) = v.get("error") {
+            bail!("the stream failed: {e}");
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            tokens = Some(n as usize);
+        }
+        let content = v["choices"].as_array().is_some_and(|c| {
+            c.iter().any(|c| {
+                c["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty())
+            })
+        });
+        if content {
+            arrivals.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let end = t0.elapsed().as_secs_f64();
+    Ok(Stream {
+        tokens: tokens.context("the stream carried no usage")?,
+        ttft: arrivals.first().copied().unwrap_or(end),
+        arrivals,
+    })
+}
+
+const TOPICS: [&str; 4] = [
+    "Write a long story about a lighthouse keeper.",
+    "Explain how a steam engine works, step by step.",
+    "Describe a journey across the mountains in winter.",
+    "Write a detailed recipe for bread, with every step.",
+];
+
+/// `clients` concurrent clients, each making `rounds` requests in a row. Every prompt starts
+/// with its own tag, so no request's prompt is served from another's prefix cache.
+fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> Result<Level> {
+    let t0 = Instant::now();
+    let results: Vec<Result<Vec<Stream>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                s.spawn(move || {
+                    (0..a.rounds)
+                        .map(|r| {
+                            let i = c * a.rounds + r;
+                            let prompt = format!("[{tag}-{i}] {}", TOPICS[i % TOPICS.len()]);
+                            stream_one(url, model, &prompt, a.tokens, a.temperature, i as u64)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a client panicked")))
+            })
+            .collect()
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let streams: Vec<Stream> = results
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let tokens: usize = streams.iter().map(|s| s.tokens).sum();
+    let per: Vec<f64> = streams
+        .iter()
+        .filter(|s| s.arrivals.len() > 1)
+        .map(|s| {
+            let span = s.arrivals[s.arrivals.len() - 1] - s.arrivals[0];
+            (s.tokens.saturating_sub(1)) as f64 / span.max(1e-9)
+        })
+        .collect();
+    let mut gaps: Vec<f64> = streams
+        .iter()
+        .flat_map(|s| s.arrivals.windows(2).map(|w| (w[1] - w[0]) * 1e3))
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let ttfts: Vec<f64> = streams.iter().map(|s| s.ttft).collect();
+    Ok(Level {
+        clients,
+        requests: streams.len(),
+        tokens,
+        aggregate_tok_s: tokens as f64 / wall,
+        per_stream_tok_s: if per.is_empty() { 0.0 } else { median(&per) },
+        ttft_p50_s: median(&ttfts),
+        itl_p50_ms: quantile(&gaps, 0.5),
+        itl_p99_ms: quantile(&gaps, 0.99),
+        predicted_aggregate_tok_s: None,
+        predicted_per_stream_tok_s: None,
+        vs_one_node: None,
+    })
+}
+
+/// The `q` quantile of sorted values (nearest rank); 0 when empty.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Prompt tokens per second of one long prompt (one token generated).
+fn prefill(url: &str, model: &str, words: usize, tag: &str) -> Result<(usize, f64)> {
+    let text: String = (0..words)
+        .map(|i| {
+            [
+                "river", "stone", "lamp", "north", "green", "bridge", "salt", "window",
+            ][i % 8]
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let prompt = format!("[{tag}] Summarise: {text}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(1800)))
+        .build()
+        .into();
+    let t0 = Instant::now();
+    let mut resp = agent
+        .post(&format!("{url}/v1/chat/completions"))
+        .send_json(json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 1,
+            "temperature": 0,
+        }))
+        .with_context(|| format!("reaching {url}"))?;
+    let secs = t0.elapsed().as_secs_f64();
+    let status = resp.status();
+    let v: serde_json::Value =
+        serde_json::from_str(&resp.body_mut().read_to_string()?).context("the prefill answer")?;
+    if !status.is_success() {
+        bail!("{url}: {status}: {v}");
+    }
+    let n = v["usage"]["prompt_tokens"]
+        .as_u64()
+        .context("no prompt_tokens")? as usize;
+    Ok((n, n as f64 / secs))
+}
+
+/// Loads the model, waits until it serves, and returns its spec.
+fn load(node: &NodeAddr, req: &LoadRequest) -> Result<InstanceSpec> {
+    let spec: InstanceSpec = serde_json::from_value(ask_load(node, req)?)?;
+    crate::cmd_cluster::wait_ready(node, &spec.id, Duration::from_secs(900))?;
+    Ok(spec)
+}
+
+/// The strategy the planner picks by itself (a dry run).
+fn planner_pick(node: &NodeAddr, req: &LoadRequest) -> Result<StrategyChoice> {
+    let dry = LoadRequest {
+        strategy: None,
+        dry_run: true,
+        ..req.clone()
+    };
+    let v = ask_load(node, &dry)?;
+    let p: strata_cluster::Placement = serde_json::from_value(v["placement"].clone())?;
+    Ok(p.strategy)
+}
+
+fn ask_load(node: &NodeAddr, req: &LoadRequest) -> Result<serde_json::Value> {
+    let body = serde_json::to_value(req)?;
+    let mut last = None;
+    // A node that joined a moment ago may not have published everything yet.
+    for _ in 0..5 {
+        match node.call::<serde_json::Value>("POST", "/v1/cluster/load", Some(&body)) {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("load failed")))
+}
+
+/// The planner's predictions for one instance on the cluster as it stands.
+struct Predictor {
+    facts: strata_cluster::ModelFacts,
+    status: Status,
+    placement: strata_cluster::Placement,
+    context: usize,
+}
+
+impl Predictor {
+    fn estimate(&self, prompt: usize, streams: usize) -> Option<strata_cluster::Estimate> {
+        strata_cluster::estimate(
+            &self.facts,
+            &self.status.topology.nodes,
+            &self.status.topology.links,
+            &self.placement,
+            &Workload {
+                context: self.context,
+                prompt,
+                streams,
+            },
+        )
+    }
+}
+
+/// Measures one loaded instance: prefill, then every level of clients.
+fn measure(
+    url: &str,
+    model: &str,
+    a: &ClusterArgs,
+    p: &Predictor,
+    name: &str,
+) -> Result<(f64, Option<f64>, Vec<Level>)> {
+    // Warm-up: the first request pays for page faults and thread start-up.
+    stream_one(url, model, &format!("[{name}-warm] Hello"), 4, 0.0, 0)?;
+    let (n, prefill_rate) = prefill(url, model, a.prefill_tokens, &format!("{name}-prefill"))?;
+    let predicted_prefill = p.estimate(n, 1).and_then(|e| e.prefill_tok_s);
+    let mut levels = Vec::new();
+    for &c in &a.streams {
+        eprintln!("  {name}: {c} client(s)");
+        let mut l = level(url, model, a, c, &format!("{name}-{c}"))?;
+        // The clients' prompts are ~40 tokens after the chat template; decoding runs on
+        // average half its tokens deeper.
+        if let Some(e) = p.estimate(40 + a.tokens / 2, c) {
+            l.predicted_aggregate_tok_s = Some(e.decode_aggregate_tok_s);
+            l.predicted_per_stream_tok_s = Some(e.decode_per_stream_tok_s);
+        }
+        levels.push(l);
+    }
+    Ok((prefill_rate, predicted_prefill, levels))
+}
+
+fn percent_error(measured: f64, predicted: Option<f64>) -> String {
+    match predicted {
+        Some(p) if measured > 0.0 => format!("{:+.0} %", (p - measured) / measured * 100.0),
+        _ => "-".into(),
+    }
+}
+
+/// Loads `strategy` (or the planner's pick when `None`) on running nodes and measures it.
+fn run_config(
+    nodes: &Nodes,
+    a: &ClusterArgs,
+    model: &str,
+    facts: &strata_cluster::ModelFacts,
+    strategy: Option<StrategyChoice>,
+    name: &str,
+) -> Result<(InstanceSpec, f64, Option<f64>, Vec<Level>)> {
+    let node = NodeAddr::at(&nodes.urls[0]);
+    let req = LoadRequest {
+        strategy,
+        ..load_request(a, model)
+    };
+    eprintln!("{name}: loading");
+    let spec = load(&node, &req)?;
+    let status: Status = node.call("GET", "/v1/cluster/status", None)?;
+    let placement = spec
+        .placement
+        .clone()
+        .context("the instance has no placement")?;
+    let p = Predictor {
+        facts: facts.clone(),
+        status,
+        placement,
+        context: a.ctx_size,
+    };
+    let served = served_model(&nodes.urls[0])?;
+    let (prefill, predicted_prefill, levels) = measure(&nodes.urls[0], &served, a, &p, name)?;
+    let body = json!({ "instance": spec.id });
+    node.call::<serde_json::Value>("POST", "/v1/cluster/unload", Some(&body))?;
+    // Wait until the ranks have let go of their memory before the next load.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while served_count(&nodes.urls[0])? > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    Ok((spec, prefill, predicted_prefill, levels))
+}
+
+/// What every load of the run asks for: one slot per client of the largest level.
+fn load_request(a: &ClusterArgs, model: &str) -> LoadRequest {
+    LoadRequest {
+        model: model.to_string(),
+        strategy: None,
+        nodes: None,
+        context: Some(a.ctx_size),
+        dry_run: false,
+        parallel: Some(a.streams.iter().copied().max().unwrap_or(1)),
+    }
+}
+
+fn models(url: &str) -> Result<Vec<String>> {
+    let v: serde_json::Value = NodeAddr::at(url).call("GET", "/v1/models", None)?;
+    Ok(v["data"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+fn served_count(url: &str) -> Result<usize> {
+    Ok(models(url)?.len())
+}
+
+/// The id the loaded instance answers to.
+fn served_model(url: &str) -> Result<String> {
+    models(url)?
+        .into_iter()
+        .next()
+        .context("the node serves no model after loading")
+}
+
+pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
+    if a.nodes < 2 || a.threads == 0 || a.tokens < 2 || a.rounds == 0 || a.streams.contains(&0) {
+        bail!(
+            "--nodes must be at least 2; --threads, --rounds and every --streams at least 1; --tokens at least 2"
+        );
+    }
+    let links = a
+        .links
+        .iter()
+        .map(|l| link_setting(l))
+        .collect::<Result<Vec<_>>>()?;
+    let strategies = a
+        .strategies
+        .iter()
+        .map(|s| strategy_choice(s, a.nodes))
+        .collect::<Result<Vec<_>>>()?;
+    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let file = strata_gguf::GgufFile::open(&path)?;
+    let facts = strata_cluster::ModelFacts::from_gguf(&file)?;
+    drop(file);
+    // A catalog id is loaded by id; a file by its path, from a directory the nodes allow.
+    let (model, model_dir) = if Path::new(&a.model).is_file() {
+        let canon = std::fs::canonicalize(&path)?;
+        let dir = canon.parent().map(Path::to_path_buf);
+        (canon.display().to_string(), dir)
+    } else {
+        (a.model.clone(), None)
+    };
+    let dir = match &a.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("strata-bench-cluster-{}", std::process::id())),
+    };
+    let cpu = cpu_name();
+    eprintln!(
+        "strata bench cluster: {} on {cpu}; work directory {}",
+        a.model,
+        dir.display()
+    );
+
+    // One node on the same path: the baseline.
+    let base_dir = dir.join("one-node");
+    std::fs::create_dir_all(&base_dir)?;
+    let one = {
+        let none = link_setting("none")?;
+        let nodes = start_nodes(&base_dir, 1, a.threads, &none, model_dir.as_deref())?;
+        let (spec, prefill, pred_prefill, levels) =
+            run_config(&nodes, &a, &model, &facts, None, "1 node")?;
+        Row {
+            link: "-".into(),
+            latency_us: 0.0,
+            bandwidth_gbit: None,
+            nodes: 1,
+            strategy: "single".into(),
+            planner_pick: true,
+            predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
+            prefill_tok_s: prefill,
+            predicted_prefill_tok_s: pred_prefill,
+            levels,
+        }
+    };
+    let mut rows = vec![one.clone()];
+    for link in &links {
+        let ldir = dir.join(&link.id);
+        std::fs::create_dir_all(&ldir)?;
+        let nodes = start_nodes(&ldir, a.nodes, a.threads, link, model_dir.as_deref())?;
+        let pick = planner_pick(&NodeAddr::at(&nodes.urls[0]), &load_request(&a, &model)).ok();
+        for &s in &strategies {
+            let name = format!("{} nodes {} {}", a.nodes, s.name(), link.id);
+            let (spec, prefill, pred_prefill, mut levels) =
+                run_config(&nodes, &a, &model, &facts, Some(s), &name)?;
+            for l in &mut levels {
+                l.vs_one_node = one
+                    .levels
+                    .iter()
+                    .find(|b| b.clients == l.clients)
+                    .map(|b| l.aggregate_tok_s / b.aggregate_tok_s);
+            }
+            rows.push(Row {
+                link: link.id.clone(),
+                latency_us: link.latency.as_secs_f64() * 1e6,
+                bandwidth_gbit: link.bandwidth.map(|b| b * 8.0 / 1e9),
+                nodes: a.nodes,
+                strategy: s.name().into(),
+                planner_pick: pick == Some(s),
+                predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
+                prefill_tok_s: prefill,
+                predicted_prefill_tok_s: pred_prefill,
+                levels,
+            });
+        }
+    }
+    let llama = llama_rpc(&a, &path);
+    print_table(&a, &cpu, &rows, llama.as_ref());
+    if let Some(out) = &a.json {
+        let doc = json!({
+            "model": a.model,
+            "cpu": cpu,
+            "threads_per_node": a.threads,
+            "tokens": a.tokens,
+            "rounds": a.rounds,
+            "temperature": a.temperature,
+            "rows": rows,
+            "llama_cpp": llama,
+        });
+        std::fs::write(out, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    if a.work_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+/// llama.cpp alone (one thread) and its RPC backend over two single-threaded servers on
+/// loopback: one stream's decode and prefill, where llama.cpp's tools are installed.
+fn llama_rpc(a: &ClusterArgs, model: &Path) -> Option<serde_json::Value> {
+    let exe = a.llama.find()?;
+    let rpc = exe.with_file_name("ggml-rpc-server");
+    let alone =
+        crate::cmd_bench::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &[]);
+    let split = if rpc.is_file() {
+        crate::cmd_bench_scaling::start_rpc_servers(&rpc, a.nodes).and_then(|(_servers, list)| {
+            let extra = ["-rpc".to_string(), list, "-ngl".into(), "99".into()];
+            crate::cmd_bench::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &extra)
+        })
+    } else {
+        Err(anyhow::anyhow!("{} not found", rpc.display()))
+    };
+    let pair = |r: &Result<(f64, f64)>| match r {
+        Ok((pp, tg)) => json!({"prefill_tok_s": pp, "decode_tok_s": tg}),
+        Err(e) => json!({"error": format!("{e:#}")}),
+    };
+    Some(json!({ "one_thread": pair(&alone), "rpc": pair(&split), "rpc_servers": a.nodes }))
+}
+
+fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_json::Value>) {
+    println!(
+        "strata bench cluster: {} on {cpu}; {} thread(s) per node; {} tokens per request, {} requests per client; planner's prediction in brackets, its error in %\n",
+        a.model, a.threads, a.tokens, a.rounds
+    );
+    println!(
+        "| nodes | strategy | link | prefill tok/s | clients | aggregate tok/s | per stream tok/s | TTFT p50 s | ITL p50/p99 ms | vs 1 node |"
+    );
+    println!("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let strategy = if r.planner_pick && r.nodes > 1 {
+            format!("{} (planner's pick)", r.strategy)
+        } else {
+            r.strategy.clone()
+        };
+        let link = if r.nodes == 1 {
+            "-".to_string()
+        } else {
+            format!("{} ({:.0} us)", r.link, r.latency_us)
+        };
+        for (i, l) in r.levels.iter().enumerate() {
+            let prefill = if i == 0 {
+                format!(
+                    "{:.1} [{}] {}",
+                    r.prefill_tok_s,
+                    r.predicted_prefill_tok_s
+                        .map_or("-".into(), |p| format!("{p:.1}")),
+                    percent_error(r.prefill_tok_s, r.predicted_prefill_tok_s)
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "| {} | {} | {} | {} | {} | {:.1} [{}] {} | {:.1} [{}] {} | {:.2} | {:.0}/{:.0} | {} |",
+                r.nodes,
+                strategy,
+                link,
+                prefill,
+                l.clients,
+                l.aggregate_tok_s,
+                l.predicted_aggregate_tok_s
+                    .map_or("-".into(), |p| format!("{p:.1}")),
+                percent_error(l.aggregate_tok_s, l.predicted_aggregate_tok_s),
+                l.per_stream_tok_s,
+                l.predicted_per_stream_tok_s
+                    .map_or("-".into(), |p| format!("{p:.1}")),
+                percent_error(l.per_stream_tok_s, l.predicted_per_stream_tok_s),
+                l.ttft_p50_s,
+                l.itl_p50_ms,
+                l.itl_p99_ms,
+                l.vs_one_node.map_or("1.00x".into(), |x| format!("{x:.2}x")),
+            );
+        }
+    }
+    if let Some(l) = llama {
+        println!(
+            "\nllama.cpp (llama-bench, one stream, loopback, no emulated link): one thread {}; RPC backend over {} single-threaded servers {}",
+            l["one_thread"], a.nodes, l["rpc"]
+        );
+    }
+}
