@@ -99,7 +99,10 @@ struct Row {
     bandwidth_gbit: Option<f64>,
     nodes: usize,
     strategy: String,
-    /// The strategy the planner picks by itself on this link.
+    /// What the planner picks by itself on this link (`single` when it would rather use one
+    /// node than split over it).
+    planner_choice: String,
+    /// Whether that is this row's strategy.
     planner_pick: bool,
     /// The tok/s the planner predicted for one stream when it placed the instance.
     predicted_decode_tok_s: f64,
@@ -689,6 +692,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
             bandwidth_gbit: None,
             nodes: 1,
             strategy: "single".into(),
+            planner_choice: "single".into(),
             planner_pick: true,
             predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
             prefill_tok_s: prefill,
@@ -701,7 +705,16 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
         let ldir = dir.join(&link.id);
         std::fs::create_dir_all(&ldir)?;
         let nodes = start_nodes(&ldir, a.nodes, a.threads, link, model_dir.as_deref())?;
-        let pick = planner_pick(&NodeAddr::at(&nodes.urls[0]), &load_request(&a, &model)).ok();
+        let pick = match planner_pick(&NodeAddr::at(&nodes.urls[0]), &load_request(&a, &model)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!(
+                    "note: the planner's own pick on {} is unknown: {e:#}",
+                    link.id
+                );
+                None
+            }
+        };
         for &s in &strategies {
             let name = format!("{} nodes {} {}", a.nodes, s.name(), link.id);
             let (spec, prefill, pred_prefill, mut levels) =
@@ -719,6 +732,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
                 bandwidth_gbit: link.bandwidth.map(|b| b * 8.0 / 1e9),
                 nodes: a.nodes,
                 strategy: s.name().into(),
+                planner_choice: pick.map_or("unknown".into(), |p| p.name().to_string()),
                 planner_pick: pick == Some(s),
                 predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
                 prefill_tok_s: prefill,
@@ -823,6 +837,17 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
                 l.itl_p99_ms,
                 l.vs_one_node.map_or("1.00x".into(), |x| format!("{x:.2}x")),
             );
+        }
+    }
+    let mut said = Vec::new();
+    for r in rows.iter().filter(|r| r.nodes > 1) {
+        if !said.contains(&&r.link) {
+            said.push(&r.link);
+            let what = match r.planner_choice.as_str() {
+                "single" => "one node (splitting over this link is predicted slower)".to_string(),
+                other => other.to_string(),
+            };
+            println!("\nOn {}, the planner by itself picks {what}.", r.link);
         }
     }
     if let Some(l) = llama {
