@@ -3,7 +3,8 @@
 //! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   Anthropic's `/v1/messages` (translated in `messages`),
 //!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
-//! - [`scheduler`]: continuous batching over the engine's [`strata_engine::Batch`].
+//! - [`scheduler`]: continuous batching over a [`strata_engine::Sequences`] engine (the
+//!   one-process [`strata_engine::Batch`], or rank 0 of a sharded model, built by the node).
 //! - [`grammar`], [`tools`] and [`call_format`]: tool calls in each model family's syntax and
 //!   JSON output, constrained by llguidance.
 //! - [`auth`]: API keys (constant-time check) and per-key token buckets.
@@ -17,7 +18,6 @@ pub mod auth;
 pub mod browser;
 pub(crate) mod call_format;
 pub mod dashboard;
-pub mod engine;
 pub(crate) mod error;
 pub(crate) mod grammar;
 mod harmony;
@@ -223,7 +223,7 @@ pub struct EngineOptions {
 
 /// Starts the scheduler over a loaded engine (one process or rank 0 of a sharded instance).
 pub fn start_engine(
-    engine: Box<dyn engine::Engine>,
+    engine: Box<dyn strata_engine::Sequences>,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     opts: EngineOptions,

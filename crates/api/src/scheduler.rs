@@ -13,7 +13,7 @@ use std::time::Instant;
 use strata_engine::prefix::{BLOCK, REUSABLE_STEP};
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
-use crate::engine::{Engine, EngineError};
+use strata_engine::{EngineError, Sequences};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -136,7 +136,7 @@ pub enum SubmitError {
 impl Scheduler {
     /// Starts the engine thread over `batch`; at most `queue` requests wait for a slot.
     pub fn start(
-        batch: Box<dyn Engine>,
+        batch: Box<dyn Sequences>,
         tokenizer: Arc<Tokenizer>,
         queue: usize,
         metrics: Arc<Metrics>,
@@ -198,18 +198,10 @@ impl Seq {
     /// greedy, `top_k` under top-k sampling; `None` when anything reads the whole row
     /// (penalties, a grammar, log-probabilities, sampling without top-k).
     fn reads_top(&self) -> Option<usize> {
-        let p = &self.job.sampling;
-        let whole = p.repeat_penalty != 1.0
-            || p.presence_penalty != 0.0
-            || p.frequency_penalty != 0.0
-            || self.job.logprobs.is_some()
-            || self.job.constraint.is_some();
-        if whole {
+        if self.job.logprobs.is_some() || self.job.constraint.is_some() {
             None
-        } else if p.is_greedy() {
-            Some(1)
         } else {
-            (p.top_k > 0).then_some(p.top_k)
+            self.job.sampling.reads_top()
         }
     }
 
@@ -401,7 +393,7 @@ const MAX_FORCED: usize = 32;
 /// and samples what follows. A sequence whose grammar then forces more waits for the next
 /// round, after the other sequences' step. Sequences that end leave their slots.
 fn run_forced(
-    batch: &mut dyn Engine,
+    batch: &mut dyn Sequences,
     active: &mut Vec<Seq>,
     tok: &Tokenizer,
     n_ctx: usize,
@@ -429,7 +421,7 @@ fn run_forced(
 /// fails everything queued and stops, so `/health` says so and requests get 503. An engine that
 /// cannot go on after a panic (a sharded one) stops at the first.
 fn supervise(
-    mut batch: Box<dyn Engine>,
+    mut batch: Box<dyn Sequences>,
     tok: &Tokenizer,
     mut rx: mpsc::Receiver<Job>,
     m: &Metrics,
@@ -480,7 +472,7 @@ fn supervise(
 }
 
 fn run(
-    batch: &mut dyn Engine,
+    batch: &mut dyn Sequences,
     tok: &Tokenizer,
     rx: &mut mpsc::Receiver<Job>,
     m: &Metrics,
@@ -606,11 +598,10 @@ fn run(
 }
 
 /// Prompt tokens run per round across all sequences being admitted (see [`run`]) while no
-/// other sequence is generating: large enough that the matrix kernels work on full tiles. It
-/// is the prefix cache's block: chunks end on multiples of it (or of [`LIVE_CHUNK`], which
-/// divides it), so a pass completes each block and a restored prefix gives the logits of a cold
-/// prefill.
-pub(crate) const PREFILL_CHUNK: usize = BLOCK;
+/// other sequence is generating: the engine's prefill chunk, the prefix cache's block (chunks
+/// end on multiples of it, or of [`LIVE_CHUNK`], which divides it, so a pass completes each
+/// block and a restored prefix gives the logits of a cold prefill).
+use strata_engine::PREFILL_CHUNK;
 
 /// Prompt tokens per round while other sequences are generating: their next tokens wait for
 /// each round's chunk, so it is short (a 2,000-token prompt among eight streams would
@@ -654,7 +645,7 @@ pub(crate) fn next_chunk(len: usize, done: usize, step: usize) -> usize {
 /// [`next_chunk`]) per round, counted in `spent` (a chunk that does not fit waits for the next
 /// round). A sequence whose prompt is complete samples its first token.
 fn continue_prefills(
-    batch: &mut dyn Engine,
+    batch: &mut dyn Sequences,
     active: &mut Vec<Seq>,
     spent: &mut usize,
     tok: &Tokenizer,
@@ -740,7 +731,7 @@ mod tests {
         }
     }
 
-    impl Engine for Scripted {
+    impl Sequences for Scripted {
         fn n_ctx(&self) -> usize {
             64
         }
@@ -853,7 +844,7 @@ mod tests {
         panics: Arc<std::sync::atomic::AtomicUsize>,
     }
 
-    impl Engine for Panicky {
+    impl Sequences for Panicky {
         fn n_ctx(&self) -> usize {
             self.inner.n_ctx()
         }
@@ -967,7 +958,7 @@ mod tests {
         }
     }
 
-    impl Engine for Recorder {
+    impl Sequences for Recorder {
         fn n_ctx(&self) -> usize {
             1 << 20
         }

@@ -79,6 +79,8 @@ pub(crate) struct ClusterArgs {
 struct Level {
     clients: usize,
     requests: usize,
+    /// Prompt tokens of all requests (each prompt is prefilled while others decode).
+    prompt_tokens: usize,
     tokens: usize,
     aggregate_tok_s: f64,
     per_stream_tok_s: f64,
@@ -278,6 +280,7 @@ fn strategy_choice(s: &str, nodes: usize) -> Result<StrategyChoice> {
 
 /// One streamed request: tokens, time to the first token and the arrival of every chunk.
 struct Stream {
+    prompt_tokens: usize,
     tokens: usize,
     ttft: f64,
     arrivals: Vec<f64>,
@@ -320,6 +323,7 @@ fn stream_one(
     let reader = BufReader::new(resp.body_mut().as_reader());
     let mut arrivals = Vec::new();
     let mut tokens = None;
+    let mut prompt_tokens = 0;
     for line in reader.lines() {
         let line = line.context("reading the stream")?;
         let Some(data) = line.strip_prefix("data: ") else {
@@ -334,6 +338,7 @@ fn stream_one(
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             tokens = Some(n as usize);
+            prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
         }
         let content = v["choices"].as_array().is_some_and(|c| {
             c.iter().any(|c| {
@@ -348,6 +353,7 @@ fn stream_one(
     }
     let end = t0.elapsed().as_secs_f64();
     Ok(Stream {
+        prompt_tokens,
         tokens: tokens.context("the stream carried no usage")?,
         ttft: arrivals.first().copied().unwrap_or(end),
         arrivals,
@@ -412,6 +418,7 @@ fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> 
     Ok(Level {
         clients,
         requests: streams.len(),
+        prompt_tokens: streams.iter().map(|s| s.prompt_tokens).sum(),
         tokens,
         aggregate_tok_s: tokens as f64 / wall,
         per_stream_tok_s: if per.is_empty() { 0.0 } else { median(&per) },
@@ -545,10 +552,16 @@ fn measure(
     for &c in &a.streams {
         eprintln!("  {name}: {c} client(s)");
         let mut l = level(url, model, a, c, &format!("{name}-{c}"))?;
-        // The clients' prompts are ~40 tokens after the chat template; decoding runs on
-        // average half its tokens deeper.
-        if let Some(e) = p.estimate(40 + a.tokens / 2, c) {
-            l.predicted_aggregate_tok_s = Some(e.decode_aggregate_tok_s);
+        // What the planner predicts for this work: each request's prompt prefilled, then
+        // its tokens decoded `c` at a time, on average half of them deeper than the prompt.
+        let n = l.requests.max(1) as f64;
+        let (prompt, generated) = (l.prompt_tokens as f64 / n, l.tokens as f64 / n);
+        let decode = p.estimate(prompt as usize + generated as usize / 2, c);
+        let prefill = p.estimate(prompt as usize, 1).and_then(|e| e.prefill_tok_s);
+        if let (Some(e), Some(rate)) = (decode, prefill) {
+            let step = c as f64 / e.decode_aggregate_tok_s;
+            let round = c as f64 * prompt / rate + generated * step;
+            l.predicted_aggregate_tok_s = Some(c as f64 * generated / round);
             l.predicted_per_stream_tok_s = Some(e.decode_per_stream_tok_s);
         }
         levels.push(l);
@@ -596,7 +609,7 @@ fn run_config(
     node.call::<serde_json::Value>("POST", "/v1/cluster/unload", Some(&body))?;
     // Wait until the ranks have let go of their memory before the next load.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while served_count(&nodes.urls[0])? > 0 && Instant::now() < deadline {
+    while models(&nodes.urls[0]).map_or(1, |m| m.len()) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(300));
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -625,10 +638,6 @@ fn models(url: &str) -> Result<Vec<String>> {
                 .collect()
         })
         .unwrap_or_default())
-}
-
-fn served_count(url: &str) -> Result<usize> {
-    Ok(models(url)?.len())
 }
 
 /// The id the loaded instance answers to.

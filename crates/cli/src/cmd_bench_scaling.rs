@@ -153,7 +153,7 @@ impl Ctx<'_> {
         )?;
         let mut session = session;
         let result = (|| -> Result<(Row, Option<f64>)> {
-            let g = &mut session.generator;
+            let g = &mut session.engine;
             g.time_prefill(&self.prompt)?;
             g.time_decode(&self.gen_tokens, a.tg.min(16))?;
             let (mut pp, mut tg, mut comm) = (Vec::new(), Vec::new(), Vec::new());

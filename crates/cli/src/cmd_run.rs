@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use strata_engine::{GenerateRequest, GenerationStats, Generator, SamplingParams};
+use strata_engine::{Batch, GenerateRequest, GenerationStats, Model, SamplingParams, Sequences};
 use strata_kernels::attn::Flavour;
 use strata_store::{Store, TerminalProgress};
-use strata_tokenizer::{ChatMessage, ChatTemplate};
+use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Options shared by `run` and `chat`.
 #[derive(Debug, Args)]
@@ -186,11 +186,10 @@ impl ModelOpts {
         if let Some(spec) = &self.chat_template {
             let path = resolve_model(&self.model)?;
             let file = strata_gguf::GgufFile::open(&path)?;
-            let tpl = ChatTemplate::for_model(file.metadata(), template_source(spec)?)?;
-            match &mut backend {
-                Backend::Local(g) => g.set_template(tpl),
-                Backend::Sharded(s) => s.generator.set_template(tpl),
-            }
+            backend.template = Some(ChatTemplate::for_model(
+                file.metadata(),
+                template_source(spec)?,
+            )?);
         }
         Ok(backend)
     }
@@ -200,33 +199,51 @@ impl ModelOpts {
             if self.shard.listen.is_some() {
                 bail!("--listen needs --ranks of 2 or more");
             }
-            return Ok(Backend::Local(Box::new(self.load()?)));
+            return self.load();
         }
         if self.threads.is_some() {
             bail!("with --ranks, set threads with --threads-per-rank");
         }
         let path = resolve_model(&self.model)?;
-        let session = crate::cmd_shard::launch(
+        let mut session = crate::cmd_shard::launch(
             &path,
             &self.shard,
             self.ctx_size,
             1,
             self.numerics.flavour(),
         )?;
-        Ok(Backend::Sharded(Box::new(session)))
+        Ok(Backend {
+            tokenizer: std::sync::Arc::clone(&session.tokenizer),
+            template: session.template.take(),
+            engine: Engine::Sharded(Box::new(session)),
+        })
     }
 
-    fn load(&self) -> Result<Generator> {
+    /// The whole model in this process: a one-slot batch.
+    fn load(&self) -> Result<Backend> {
         let path = resolve_model(&self.model)?;
         let threads = match self.threads {
             Some(0) => bail!("--threads must be at least 1"),
             Some(t) => t,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let mut g = Generator::load(&path, threads, self.ctx_size)
-            .with_context(|| format!("loading {}", path.display()))?;
-        g.set_flavour(self.numerics.flavour());
-        Ok(g)
+        let loaded = (|| -> Result<Backend> {
+            let file = strata_gguf::GgufFile::open(&path)?;
+            let tokenizer = std::sync::Arc::new(Tokenizer::from_gguf(file.metadata())?);
+            let template = ChatTemplate::from_gguf(file.metadata())?;
+            let mut model = Model::load_full(&file)?;
+            model.set_flavour(self.numerics.flavour());
+            let n_ctx = self
+                .ctx_size
+                .unwrap_or(model.config().default_context())
+                .max(1);
+            Ok(Backend {
+                engine: Engine::Local(Box::new(Batch::new(model, threads, 1, n_ctx)?)),
+                tokenizer,
+                template,
+            })
+        })();
+        loaded.with_context(|| format!("loading {}", path.display()))
     }
 }
 
@@ -259,34 +276,27 @@ pub(crate) fn resolve_model(spec: &str) -> Result<PathBuf> {
     Ok(resolved?.path)
 }
 
-/// The model a command talks to: in this process, or sharded across ranks.
-pub(crate) enum Backend {
-    /// One process.
-    Local(Box<Generator>),
-    /// Rank 0 of a sharded instance.
+/// The model a command talks to, its tokenizer and chat template.
+pub(crate) struct Backend {
+    engine: Engine,
+    tokenizer: std::sync::Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+}
+
+/// Where the sequence runs: a one-slot batch in this process, or rank 0 of a sharded
+/// instance (whose workers are shut down and reaped at the end).
+enum Engine {
+    Local(Box<Batch>),
     Sharded(Box<crate::cmd_shard::Session>),
 }
 
 impl Backend {
-    fn tokenizer(&self) -> &strata_tokenizer::Tokenizer {
-        match self {
-            Backend::Local(g) => g.tokenizer(),
-            Backend::Sharded(s) => s.generator.tokenizer(),
-        }
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
-    fn tokenizer_shared(&self) -> std::sync::Arc<strata_tokenizer::Tokenizer> {
-        match self {
-            Backend::Local(g) => g.tokenizer_shared(),
-            Backend::Sharded(s) => s.generator.tokenizer_shared(),
-        }
-    }
-
-    fn template(&self) -> Option<&strata_tokenizer::ChatTemplate> {
-        match self {
-            Backend::Local(g) => g.template(),
-            Backend::Sharded(s) => s.generator.template(),
-        }
+    fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
     }
 
     fn generate(
@@ -294,20 +304,27 @@ impl Backend {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<GenerationStats> {
-        Ok(match self {
-            Backend::Local(g) => g.generate(req, on_token)?,
-            Backend::Sharded(s) => s.generator.generate(req, on_token)?,
-        })
+        let engine: &mut dyn Sequences = match &mut self.engine {
+            Engine::Local(b) => &mut **b,
+            Engine::Sharded(s) => &mut s.engine,
+        };
+        let tok = &self.tokenizer;
+        Ok(strata_engine::generate(
+            engine,
+            &|t| tok.is_eog(t),
+            req,
+            on_token,
+        )?)
     }
 
     /// Ends the run: shuts sharded ranks down, or (after `err`) reaps them and says how they
     /// ended.
     fn finish(self, err: Option<anyhow::Error>) -> Result<()> {
-        match (self, err) {
-            (Backend::Local(_), None) => Ok(()),
-            (Backend::Local(_), Some(e)) => Err(e),
-            (Backend::Sharded(s), None) => s.close(),
-            (Backend::Sharded(s), Some(e)) => Err(s.fail(e)),
+        match (self.engine, err) {
+            (Engine::Local(_), None) => Ok(()),
+            (Engine::Local(_), Some(e)) => Err(e),
+            (Engine::Sharded(s), None) => s.close(),
+            (Engine::Sharded(s), Some(e)) => Err(s.fail(e)),
         }
     }
 }
@@ -330,7 +347,7 @@ fn stream(
     let mut text = String::new();
     let mut io_err = None;
     let stats = {
-        let tok = g.tokenizer_shared();
+        let tok = std::sync::Arc::clone(&g.tokenizer);
         let mut dec = tok.stream_decoder(false);
         let stats = g.generate(&req, &mut |id| {
             ids.push(id);
@@ -398,21 +415,18 @@ fn run_on(g: &mut Backend, args: &RunArgs, prompt_text: &str) -> Result<()> {
                 serde_json::to_value(crate::cmd_shard::peak_rss_mb(None))?,
             );
         }
-        if let (Backend::Sharded(s), Some(obj)) = (&*g, v.as_object_mut()) {
+        if let (Engine::Sharded(s), Some(obj)) = (&g.engine, v.as_object_mut()) {
             let mut rss = vec![crate::cmd_shard::peak_rss_mb(None)];
             rss.extend(s.workers.peak_rss_mb());
             obj.insert("rank_peak_rss_mb".into(), serde_json::to_value(rss)?);
-            let plan = s.generator.rank().plan();
+            let plan = s.engine.rank().plan();
             obj.insert("ranks".into(), plan.world().into());
             obj.insert("strategy".into(), serde_json::to_value(plan.strategy)?);
             obj.insert(
                 "transport".into(),
-                s.generator.rank().comm().transport().into(),
+                s.engine.rank().comm().transport().into(),
             );
-            obj.insert(
-                "comm".into(),
-                serde_json::to_value(s.generator.last_comm())?,
-            );
+            obj.insert("comm".into(), serde_json::to_value(s.engine.last_comm())?);
         }
         eprintln!("{}", serde_json::to_string(&v)?);
     }

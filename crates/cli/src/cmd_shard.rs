@@ -15,7 +15,7 @@ use clap::Args;
 use strata_gguf::GgufFile;
 use strata_net::{LinkShape, MeshConfig, Transport};
 use strata_parallel::{
-    Assignment, CombineStyle, Rank, ShardedGenerator, Strategy, make_plan, numerics_name,
+    Assignment, CombineStyle, Rank, ShardedBatch, Strategy, make_plan, numerics_name,
 };
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -212,17 +212,19 @@ impl Drop for Workers {
     }
 }
 
-/// A running sharded instance: rank 0 and its workers.
+/// A running sharded instance: rank 0 (a sequence engine) and its workers.
 pub(crate) struct Session {
-    pub(crate) generator: ShardedGenerator,
+    pub(crate) engine: ShardedBatch,
     pub(crate) workers: Workers,
+    pub(crate) tokenizer: std::sync::Arc<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
 }
 
 impl Session {
     /// Shuts every rank down and reaps the workers.
     pub(crate) fn close(mut self) -> Result<()> {
-        let sent = self.generator.shutdown();
-        drop(self.generator);
+        let sent = self.engine.shutdown();
+        drop(self.engine);
         let report = self.workers.reap(Duration::from_secs(5));
         sent.context("shutting the ranks down")?;
         if !report.is_empty() {
@@ -235,8 +237,8 @@ impl Session {
     pub(crate) fn fail(mut self, err: anyhow::Error) -> anyhow::Error {
         // Healthy workers are told to stop (best effort: after a broken link this may fail,
         // and the closed links stop them instead).
-        let _ = self.generator.shutdown();
-        drop(self.generator);
+        let _ = self.engine.shutdown();
+        drop(self.engine);
         let mut workers = self.workers;
         let report = workers.reap(Duration::from_secs(2));
         if report.is_empty() {
@@ -337,8 +339,10 @@ pub(crate) fn launch(
     let tokenizer = Tokenizer::from_gguf(file.metadata())?;
     let template = ChatTemplate::from_gguf(file.metadata())?;
     Ok(Session {
-        generator: ShardedGenerator::new(rank, tokenizer, template)?,
+        engine: ShardedBatch::new(rank, cfg.n_vocab)?,
         workers,
+        tokenizer: std::sync::Arc::new(tokenizer),
+        template,
     })
 }
 

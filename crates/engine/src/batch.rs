@@ -310,6 +310,13 @@ impl Batch {
         Ok(self.scratch.logits_mut())
     }
 
+    /// Weight bytes one step read on average over the `steps` steps since the last call (the
+    /// fixed tensors, and a mixture's experts as routed), which also restarts the count.
+    pub fn weight_bytes_per_step(&mut self, steps: u64) -> f64 {
+        let experts = self.scratch.take_expert_bytes() as f64 / steps.max(1) as f64;
+        self.model.fixed_bytes_per_step() as f64 + experts
+    }
+
     /// Frees a slot for the next sequence.
     pub fn release(&mut self, slot: SlotId) {
         if let Some(b) = self.busy.get_mut(slot.0) {

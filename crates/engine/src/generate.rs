@@ -1,5 +1,7 @@
-//! The generation loop: prefill the prompt in batches, then decode token by token until an
-//! end-of-generation token, the token budget, the context limit, or the caller says stop.
+//! What a generation asks and reports ([`GenerateRequest`], [`GenerationStats`]), and
+//! [`Generator`]: one sequence on the whole model, for measuring prefill and decode speed and
+//! for reading logits along a path (the benchmarks and the parity tests). Generating text goes
+//! through [`crate::generate`] on a [`crate::Sequences`] engine.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use strata_gguf::GgufFile;
 use strata_kernels::ThreadPool;
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::{Error, KvCache, Model, NoComm, Result, Sampler, SamplingParams, Scratch, StageInput};
+use crate::{Error, KvCache, Model, NoComm, Result, SamplingParams, Scratch, StageInput};
 
 /// Prompt tokens processed per forward step during prefill (llama.cpp's default batch).
 pub(crate) const PREFILL_BATCH: usize = 512;
@@ -282,75 +284,5 @@ impl Generator {
             )?;
         }
         Ok(())
-    }
-
-    /// Generates a continuation of `req.prompt`, calling `on_token` with each new token id as soon
-    /// as it is sampled; `on_token` returns `false` to stop early.
-    pub fn generate(
-        &mut self,
-        req: &GenerateRequest,
-        on_token: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<GenerationStats> {
-        req.sampling
-            .validate()
-            .map_err(|m| Error::InvalidModel(format!("invalid sampling parameters: {m}")))?;
-        let start = Instant::now();
-        self.prefill(&req.prompt)?;
-        let prefill_s = start.elapsed().as_secs_f64();
-
-        let mut sampler = Sampler::new(req.sampling.clone());
-        let mut history = req.prompt.clone();
-        let mut generated = 0usize;
-        let mut ttft = None;
-        let mut decode_start = Instant::now();
-        let mut steps = 0u64;
-        self.scratch.take_expert_bytes();
-        let stop = loop {
-            if generated >= req.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            let tok = sampler.sample(self.scratch.logits_mut(), &history);
-            generated += 1;
-            history.push(tok);
-            if ttft.is_none() {
-                ttft = Some(start.elapsed().as_secs_f64());
-                decode_start = Instant::now();
-            }
-            if !on_token(tok) {
-                break StopReason::Cancelled;
-            }
-            if !req.ignore_eos && self.tokenizer.is_eog(tok) {
-                break StopReason::Eog;
-            }
-            if generated >= req.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if self.cache.len() >= self.cache.capacity() {
-                break StopReason::ContextFull;
-            }
-            self.model.forward(
-                &self.pool,
-                &mut self.cache,
-                &mut self.scratch,
-                StageInput::Tokens(&[tok]),
-                &mut NoComm,
-            )?;
-            steps += 1;
-        };
-        let decode_s = decode_start.elapsed().as_secs_f64();
-        let mut stats = GenerationStats::from_timing(
-            req.prompt.len(),
-            generated,
-            ttft.unwrap_or(prefill_s),
-            prefill_s,
-            decode_s,
-            stop,
-        );
-        if steps > 0 {
-            let fixed = self.model.fixed_bytes_per_step() as f64;
-            let experts = self.scratch.take_expert_bytes() as f64 / steps as f64;
-            stats.weight_bytes_per_token = Some(fixed + experts);
-        }
-        Ok(stats)
     }
 }

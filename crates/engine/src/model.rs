@@ -263,7 +263,7 @@ impl Model {
     }
 
     /// The llama.cpp build whose arithmetic this model reproduces.
-    pub(crate) fn flavour(&self) -> Flavour {
+    pub fn flavour(&self) -> Flavour {
         self.flavour
     }
 

@@ -46,6 +46,22 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// How many of a row's greatest logits these settings read: 1 when greedy, `top_k` under
+    /// top-k sampling, `None` when they need the whole row (penalties, or sampling over every
+    /// token). An engine may then move only those candidates (see `Sequences::step_top`).
+    pub fn reads_top(&self) -> Option<usize> {
+        let penalties = self.repeat_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0;
+        if penalties {
+            None
+        } else if self.is_greedy() {
+            Some(1)
+        } else {
+            (self.top_k > 0).then_some(self.top_k)
+        }
+    }
+
     /// Checks ranges, naming the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
         let finite = |v: f32| v.is_finite();

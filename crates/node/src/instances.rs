@@ -282,7 +282,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata()).map_err(|e| err(&e))?);
     let template =
         strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).map_err(|e| err(&e))?;
-    let engine = strata_api::engine::Sharded::new(rank, cfg.n_vocab);
+    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab).map_err(|e| err(&e))?;
     let opts = strata_api::EngineOptions {
         info: strata_api::ModelInfo::from_gguf(&file),
         ..opts

@@ -28,5 +28,16 @@ pub enum Error {
     Protocol(String),
 }
 
+impl From<Error> for strata_engine::EngineError {
+    /// A model failure stays one (a full context is the request's fault, not the ranks');
+    /// everything else is the ranks' or their links'.
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Engine(m) => strata_engine::EngineError::Model(m),
+            other => strata_engine::EngineError::Ranks(Box::new(other)),
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, Error>;

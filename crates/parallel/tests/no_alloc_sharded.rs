@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_engine::ModelConfig;
 use strata_gguf::GgufFile;
-use strata_parallel::{CombineStyle, ShardedGenerator, Strategy, local_pair, make_plan};
-use strata_tokenizer::Tokenizer;
+use strata_parallel::{CombineStyle, ShardedBatch, Strategy, local_pair, make_plan};
 
 struct Counting;
 
@@ -58,8 +57,7 @@ fn sharded_decode_steps_do_not_allocate() {
         let cfg = ModelConfig::from_gguf(&file).unwrap();
         let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
         let (rank, worker) = local_pair(&file, &path, plan, 256, 1).unwrap();
-        let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
-        let mut g = ShardedGenerator::new(rank, tok, None).unwrap();
+        let mut g = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
         let tokens: Vec<u32> = (100..140).collect();
         // Warm-up sizes every buffer on both ranks.
         g.time_decode(&tokens, 24).unwrap();

@@ -126,9 +126,12 @@ fn check_batched_decode(path: &std::path::Path) {
     for (i, e) in expected.iter().enumerate() {
         assert_eq!(got[i][..steps], e.0[..], "tokens of sequence {i}");
     }
-    // Sanity: the plain generation loop agrees with the solo reference.
+    // The one-sequence loop `strata run` uses, on a slot of the batch, agrees with the solo
+    // reference.
     let mut first = Vec::new();
-    g.generate(
+    strata_engine::generate(
+        &mut batch,
+        &|t| tok.is_eog(t),
         &GenerateRequest {
             prompt: prompts[0].clone(),
             max_tokens: steps,

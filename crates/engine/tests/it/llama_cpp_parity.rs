@@ -240,6 +240,14 @@ fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_toler
         Some("avx2") => Flavour::Avx2,
         _ => Flavour::Avx512,
     });
+    // Tokens come from the loop `strata run` uses, on a one-slot batch of the same model.
+    let mut one = {
+        let file = GgufFile::open(path).unwrap();
+        let mut model = strata_engine::Model::load_full(&file).unwrap();
+        model.set_flavour(g.model().flavour());
+        strata_engine::Batch::new(model, 2, 1, 1024).unwrap()
+    };
+    let tok = g.tokenizer_shared();
     let mut failures = Vec::new();
     let mut worst_logit_err = 0.0f32;
     for case in fx["cases"].as_array().unwrap() {
@@ -263,7 +271,7 @@ fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_toler
             ignore_eos: false,
         };
         let mut got = Vec::new();
-        g.generate(&req, &mut |t| {
+        strata_engine::generate(&mut one, &|t| tok.is_eog(t), &req, &mut |t| {
             got.push(t);
             true
         })

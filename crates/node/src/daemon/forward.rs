@@ -83,8 +83,9 @@ pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request)
     }
     if req.method() == axum::http::Method::GET
         && matches!(path.as_str(), "/v1/models" | "/api/tags" | "/api/ps")
-        && serving.len() > 1
     {
+        // Through the joined listing even for one instance: one that is going away (unloaded
+        // a moment ago) then drops out of the list instead of failing it.
         return gathered(&shared, &serving, req).await;
     }
     let (parts, body) = req.into_parts();
@@ -153,7 +154,12 @@ async fn gathered(shared: &Shared, serving: &[Serving], req: Request) -> Respons
         }
         first.get_or_insert(v);
     }
-    let mut out = first.unwrap_or_else(|| serde_json::json!({}));
+    let Some(mut out) = first else {
+        let mut empty = Request::new(axum::body::Body::empty());
+        *empty.method_mut() = parts.method;
+        *empty.uri_mut() = parts.uri;
+        return nothing_served(&empty);
+    };
     out[field] = serde_json::Value::Array(joined);
     Json(out).into_response()
 }
@@ -165,7 +171,7 @@ fn nothing_served(req: &Request) -> Response {
         (&axum::http::Method::GET, "/v1/models") => {
             Json(serde_json::json!({ "object": "list", "data": [] })).into_response()
         }
-        (&axum::http::Method::GET, "/api/tags") => {
+        (&axum::http::Method::GET, "/api/tags" | "/api/ps") => {
             Json(serde_json::json!({ "models": [] })).into_response()
         }
         (&axum::http::Method::GET, "/metrics") => (

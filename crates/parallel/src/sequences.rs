@@ -1,103 +1,39 @@
-//! What the scheduler drives: a set of sequence slots that take a prompt, then one token per
-//! step, and give back a vocabulary-long row of logits for each. Two engines implement it: the
-//! engine's [`Batch`] (the whole model in this process, every live sequence in one forward pass)
-//! and [`Sharded`] (rank 0 of a model split across nodes: every live sequence in one batched
-//! step through the ranks, split into one micro-batch per pipeline stage so the stages work at
-//! once).
+//! Rank 0 of a sharded model as a [`Sequences`] engine: the API scheduler's continuous batching
+//! and `strata run`'s one sequence both drive it, as they drive the one-process [`Batch`]. Every
+//! live sequence goes through the ranks in one batched step, split into one micro-batch per
+//! pipeline stage so the stages work at once. It also times prefill and decode passes for
+//! `strata bench scaling`.
+//!
+//! [`Batch`]: strata_engine::Batch
 
-use strata_engine::prefix::{BLOCK, PrefixStats};
-use strata_engine::{Batch, SamplingParams, SlotId};
-use strata_parallel::Rank;
+use std::time::{Duration, Instant};
 
-/// Why an engine could not take a sequence or run a step.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The model refused or failed (a token outside the vocabulary, a full context).
-    #[error(transparent)]
-    Model(#[from] strata_engine::Error),
-    /// A rank or link of a sharded instance failed.
-    #[error(transparent)]
-    Ranks(#[from] strata_parallel::Error),
-    /// A request the slots cannot take (a free slot stepped, no slot left, too long).
-    #[error("{0}")]
-    Slots(String),
+use strata_engine::prefix::BLOCK;
+use strata_engine::{EngineError, SamplingParams, Sequences, SlotId};
+
+use crate::rank::Rank;
+use crate::{Error, Result};
+
+/// Prompt tokens per pass when timing a prefill: llama-bench's micro-batch.
+const MEASURED_PREFILL: usize = 512;
+
+/// Communication figures of a sequence's decoding, seen from rank 0.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CommFigures {
+    /// Messages rank 0 sent while decoding.
+    pub messages: u64,
+    /// Bytes rank 0 sent while decoding.
+    pub bytes: u64,
+    /// Rank 0's time inside exchanges per decoded token (moving data and waiting for peers), in
+    /// microseconds.
+    pub wait_us_per_token: f64,
 }
 
-/// A model the scheduler can run sequences on.
-pub trait Engine: Send + 'static {
-    /// Context positions per sequence.
-    fn n_ctx(&self) -> usize;
-    /// Slots free for a new sequence.
-    fn free_slots(&self) -> usize;
-    /// Takes a free slot for `prompt` and fills it with the longest prefix of it already
-    /// computed (whole blocks of [`BLOCK`], leaving at least one token); returns the slot and
-    /// the positions it holds. The caller runs the rest with [`Engine::extend`] in chunks that
-    /// end on multiples of [`BLOCK`], as a cold prompt is run, so the logits are the same.
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError>;
-    /// Appends one token to each listed slot and returns the logits that follow, one row per
-    /// step in the same order.
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError>;
-    /// [`Engine::step`] for a step whose every sequence reads only the `k` greatest logits of
-    /// its row (greedy, `k` = 1, or top-k sampling with a `top_k` of at most `k`; no
-    /// penalties, grammar or log-probabilities): an engine may fill only those (ties to the
-    /// lower id, the rest minus infinity), from which the sampler picks exactly what it picks
-    /// from the whole row. A sharded engine then moves `k` candidates per rank and row, not
-    /// its vocabulary slice.
-    fn step_top(&mut self, steps: &[(SlotId, u32)], _k: usize) -> Result<&mut [f32], EngineError> {
-        self.step(steps)
-    }
-    /// Appends several tokens to one slot in one pass and returns the logits that follow the
-    /// last (the fast path for tokens a grammar forces).
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError>;
-    /// Frees a slot.
-    fn release(&mut self, slot: SlotId);
-    /// What the prefix cache holds (`None`: the engine has none).
-    fn prefix_stats(&self) -> Option<PrefixStats> {
-        None
-    }
-    /// Whether the engine may go on after a panic once every slot is freed. True where all
-    /// state is per slot; false where a panic can leave other parties mid-protocol (ranks on
-    /// other nodes waiting inside a collective), which only a restart can bring back in step.
-    fn survives_panic(&self) -> bool {
-        true
-    }
-}
-
-impl Engine for Batch {
-    fn n_ctx(&self) -> usize {
-        Batch::n_ctx(self)
-    }
-
-    fn free_slots(&self) -> usize {
-        Batch::free_slots(self)
-    }
-
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
-        Batch::admit(self, prompt).map_err(EngineError::from)
-    }
-
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
-        Batch::step(self, steps).map_err(EngineError::from)
-    }
-
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
-        Batch::extend(self, slot, tokens).map_err(EngineError::from)
-    }
-
-    fn release(&mut self, slot: SlotId) {
-        Batch::release(self, slot);
-    }
-
-    fn prefix_stats(&self) -> Option<PrefixStats> {
-        Batch::prefix_stats(self)
-    }
-}
-
-/// Rank 0 of a sharded model as a scheduler engine. The last pipeline stage returns every logit
+/// Rank 0 of a sharded model as a sequence engine. The last pipeline stage returns every logit
 /// of its vocabulary shard (sampling settings that keep all candidates), so the scheduler sees
 /// the same full rows as with one process and samples, constrains and scores them the same way.
 #[derive(Debug)]
-pub struct Sharded {
+pub struct ShardedBatch {
     rank: Rank,
     vocab: usize,
     busy: Vec<bool>,
@@ -107,13 +43,20 @@ pub struct Sharded {
     /// The current step as (slot, position, token), and its candidates per row.
     batch: Vec<(usize, usize, u32)>,
     rows: Vec<Vec<(u32, f32)>>,
+    /// Rank 0's communication counters at the last prefill pass, and steps since.
+    mark: strata_net::CommStats,
+    steps: u64,
 }
 
-impl Sharded {
+impl ShardedBatch {
     /// Wraps rank 0 of an instance whose vocabulary has `vocab` entries.
-    pub fn new(rank: Rank, vocab: usize) -> Sharded {
+    pub fn new(rank: Rank, vocab: usize) -> Result<ShardedBatch> {
+        if rank.rank() != 0 {
+            return Err(Error::Protocol("only rank 0 drives generation".into()));
+        }
         let slots = rank.max_seqs();
-        Sharded {
+        let mark = rank.comm().stats();
+        Ok(ShardedBatch {
             rank,
             vocab,
             busy: vec![false; slots],
@@ -122,6 +65,28 @@ impl Sharded {
             cands: Vec::new(),
             batch: Vec::new(),
             rows: Vec::new(),
+            mark,
+            steps: 0,
+        })
+    }
+
+    /// Rank 0.
+    pub fn rank(&self) -> &Rank {
+        &self.rank
+    }
+
+    /// What rank 0 sent and waited for in the steps since the last prefill pass (for a single
+    /// sequence: its decoding).
+    pub fn last_comm(&self) -> CommFigures {
+        let c = self.rank.comm().stats();
+        CommFigures {
+            messages: c.messages - self.mark.messages,
+            bytes: c.bytes - self.mark.bytes,
+            wait_us_per_token: if self.steps > 0 {
+                (c.wait - self.mark.wait).as_secs_f64() * 1e6 / self.steps as f64
+            } else {
+                0.0
+            },
         }
     }
 
@@ -136,7 +101,7 @@ impl Sharded {
     }
 
     /// Takes the candidates of the oldest step and writes them as row `row` of the logits.
-    fn collect_row(&mut self, row: usize) -> Result<(), EngineError> {
+    fn collect_row(&mut self, row: usize) -> std::result::Result<(), EngineError> {
         self.rank.collect(&mut self.cands)?;
         fill_row(
             &mut self.logits[row * self.vocab..(row + 1) * self.vocab],
@@ -147,7 +112,12 @@ impl Sharded {
 
     /// Runs `tokens` through `slot` from position `at` in prefill chunks, and takes the logits
     /// that follow the last as row 0.
-    fn submit_chunks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> Result<(), EngineError> {
+    fn submit_chunks(
+        &mut self,
+        slot: usize,
+        at: usize,
+        tokens: &[u32],
+    ) -> std::result::Result<(), EngineError> {
         let raw = Self::raw();
         let chunks = tokens.len().div_ceil(BLOCK);
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
@@ -164,7 +134,7 @@ impl Sharded {
         &mut self,
         steps: &[(SlotId, u32)],
         params: &SamplingParams,
-    ) -> Result<&mut [f32], EngineError> {
+    ) -> std::result::Result<&mut [f32], EngineError> {
         for &(slot, _) in steps {
             let slot = slot.index();
             if !self.busy.get(slot).copied().unwrap_or(false) {
@@ -203,12 +173,83 @@ impl Sharded {
         for &(slot, _) in steps {
             self.lens[slot.index()] += 1;
         }
+        self.steps += 1;
         Ok(&mut self.logits[..steps.len() * self.vocab])
     }
 
+    /// Times one prefill of `prompt` (llama-bench's `pp`).
+    pub fn time_prefill(&mut self, prompt: &[u32]) -> Result<Duration> {
+        if prompt.is_empty() || prompt.len() >= self.rank.n_ctx() {
+            return Err(Error::Protocol(format!(
+                "cannot time a prefill of {} tokens in a context of {}",
+                prompt.len(),
+                self.rank.n_ctx()
+            )));
+        }
+        let params = SamplingParams::default();
+        let start = Instant::now();
+        let chunks = prompt.len().div_ceil(MEASURED_PREFILL);
+        for (i, chunk) in prompt.chunks(MEASURED_PREFILL).enumerate() {
+            self.rank.submit(
+                0,
+                i * MEASURED_PREFILL,
+                chunk,
+                i + 1 == chunks,
+                &params,
+                &[],
+            )?;
+        }
+        self.rank.collect(&mut self.cands)?;
+        Ok(start.elapsed())
+    }
+
+    /// Times `n` greedy single-token steps from an empty cache, each fed the next of `tokens`
+    /// (llama-bench's `tg`); returns the time and rank 0's exchange time.
+    pub fn time_decode(&mut self, tokens: &[u32], n: usize) -> Result<(Duration, Duration)> {
+        if tokens.is_empty() {
+            return Err(strata_engine::Error::EmptyPrompt.into());
+        }
+        let params = Default::default();
+        let before = self.rank.comm().stats().wait;
+        let start = Instant::now();
+        for i in 0..n.min(self.rank.n_ctx()) {
+            self.rank
+                .submit(0, i, &[tokens[i % tokens.len()]], true, &params, &[])?;
+            self.rank.collect(&mut self.cands)?;
+        }
+        Ok((start.elapsed(), self.rank.comm().stats().wait - before))
+    }
+
+    /// Decodes `n` tokens for each of `seqs` sequences kept in flight together (pipeline stages
+    /// then work on different sequences at once); returns the elapsed time.
+    pub fn time_decode_batch(&mut self, tokens: &[u32], seqs: usize, n: usize) -> Result<Duration> {
+        let seqs = seqs.clamp(1, self.rank.max_seqs());
+        if tokens.is_empty() {
+            return Err(strata_engine::Error::EmptyPrompt.into());
+        }
+        let params = Default::default();
+        let n = n.min(self.rank.n_ctx());
+        let start = Instant::now();
+        for s in 0..seqs {
+            self.rank
+                .submit(s, 0, &[tokens[s % tokens.len()]], true, &params, &[])?;
+        }
+        for i in 1..n {
+            for s in 0..seqs {
+                self.rank.collect(&mut self.cands)?;
+                let t = tokens[(i + s) % tokens.len()];
+                self.rank.submit(s, i, &[t], true, &params, &[])?;
+            }
+        }
+        for _ in 0..seqs {
+            self.rank.collect(&mut self.cands)?;
+        }
+        Ok(start.elapsed())
+    }
+
     /// Tells every rank to stop (the instance is being unloaded).
-    pub fn shutdown(&mut self) -> Result<(), EngineError> {
-        Ok(self.rank.shutdown()?)
+    pub fn shutdown(&mut self) -> Result<()> {
+        self.rank.shutdown()
     }
 }
 
@@ -222,7 +263,7 @@ fn fill_row(dst: &mut [f32], cands: &[(u32, f32)]) {
     }
 }
 
-impl Engine for Sharded {
+impl Sequences for ShardedBatch {
     fn n_ctx(&self) -> usize {
         self.rank.n_ctx()
     }
@@ -235,7 +276,7 @@ impl Engine for Sharded {
         self.busy.iter().filter(|b| !**b).count()
     }
 
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
+    fn admit(&mut self, prompt: &[u32]) -> std::result::Result<(SlotId, usize), EngineError> {
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.into());
         }
@@ -256,11 +297,15 @@ impl Engine for Sharded {
         Ok((SlotId::from_index(slot), 0))
     }
 
-    fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
+    fn step(&mut self, steps: &[(SlotId, u32)]) -> std::result::Result<&mut [f32], EngineError> {
         self.step_with(steps, &Self::raw())
     }
 
-    fn step_top(&mut self, steps: &[(SlotId, u32)], k: usize) -> Result<&mut [f32], EngineError> {
+    fn step_top(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        k: usize,
+    ) -> std::result::Result<&mut [f32], EngineError> {
         // Each rank's `k` greatest raw logits per row, ordered and tied as the sampler's top-k
         // orders them.
         let top = SamplingParams {
@@ -271,7 +316,11 @@ impl Engine for Sharded {
         self.step_with(steps, &top)
     }
 
-    fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+    fn extend(
+        &mut self,
+        slot: SlotId,
+        tokens: &[u32],
+    ) -> std::result::Result<&mut [f32], EngineError> {
         let at = slot.index();
         if !self.busy.get(at).copied().unwrap_or(false) {
             return Err(EngineError::Slots(format!("slot {at} holds no sequence")));
@@ -286,6 +335,8 @@ impl Engine for Sharded {
         }
         self.submit_chunks(at, self.lens[at], tokens)?;
         self.lens[at] += tokens.len();
+        self.mark = self.rank.comm().stats();
+        self.steps = 0;
         Ok(&mut self.logits[..self.vocab])
     }
 
@@ -299,10 +350,11 @@ impl Engine for Sharded {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use crate::{CombineStyle, Strategy, local_pair, make_plan};
+    use strata_engine::Batch;
     use strata_engine::{Model, ModelConfig};
     use strata_gguf::GgufFile;
     use strata_kernels::attn::Flavour;
-    use strata_parallel::{CombineStyle, Strategy, local_pair, make_plan};
 
     use super::*;
 
@@ -342,18 +394,18 @@ mod tests {
         for strategy in [Strategy::Tensor, Strategy::Pipeline] {
             let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
             let (rank, worker) = local_pair(&file, &path, plan, 96, 4).unwrap();
-            let mut sharded = Sharded::new(rank, cfg.n_vocab);
+            let mut sharded = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
             let mut model = Model::load_full(&file).unwrap();
             model.set_flavour(flavour);
             let mut local = Batch::new(model, 1, 4, 96).unwrap();
 
             // Each sequence: its slot in either engine and its next token.
             let mut live: Vec<(SlotId, SlotId, u32)> = Vec::new();
-            let join = |sharded: &mut Sharded, local: &mut Batch, prompt: &[u32]| {
-                let (s, _) = Engine::admit(sharded, prompt).unwrap();
-                let (l, cached) = Engine::admit(local, prompt).unwrap();
-                let a = Engine::extend(sharded, s, prompt).unwrap().to_vec();
-                let b = Engine::extend(local, l, &prompt[cached..])
+            let join = |sharded: &mut ShardedBatch, local: &mut Batch, prompt: &[u32]| {
+                let (s, _) = Sequences::admit(sharded, prompt).unwrap();
+                let (l, cached) = Sequences::admit(local, prompt).unwrap();
+                let a = Sequences::extend(sharded, s, prompt).unwrap().to_vec();
+                let b = Sequences::extend(local, l, &prompt[cached..])
                     .unwrap()
                     .to_vec();
                 assert_eq!(a, b, "{strategy:?}: prefill of {} tokens", prompt.len());
@@ -371,13 +423,13 @@ mod tests {
                 }
                 if step == 6 {
                     let (s, l, _) = live.remove(0);
-                    Engine::release(&mut sharded, s);
-                    Engine::release(&mut local, l);
+                    Sequences::release(&mut sharded, s);
+                    Sequences::release(&mut local, l);
                 }
                 let s_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.0, x.2)).collect();
                 let l_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.1, x.2)).collect();
-                let a = Engine::step(&mut sharded, &s_steps).unwrap().to_vec();
-                let b = Engine::step(&mut local, &l_steps).unwrap().to_vec();
+                let a = Sequences::step(&mut sharded, &s_steps).unwrap().to_vec();
+                let b = Sequences::step(&mut local, &l_steps).unwrap().to_vec();
                 let v = cfg.n_vocab;
                 for (i, seq) in live.iter_mut().enumerate() {
                     let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
@@ -393,10 +445,10 @@ mod tests {
                 let k = if step < 2 { 1 } else { 5 };
                 let s_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.0, x.2)).collect();
                 let l_steps: Vec<(SlotId, u32)> = live.iter().map(|x| (x.1, x.2)).collect();
-                let a = Engine::step_top(&mut sharded, &s_steps, k)
+                let a = Sequences::step_top(&mut sharded, &s_steps, k)
                     .unwrap()
                     .to_vec();
-                let b = Engine::step(&mut local, &l_steps).unwrap().to_vec();
+                let b = Sequences::step(&mut local, &l_steps).unwrap().to_vec();
                 let v = cfg.n_vocab;
                 for (i, seq) in live.iter_mut().enumerate() {
                     let (ra, rb) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
