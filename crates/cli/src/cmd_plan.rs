@@ -144,6 +144,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
             crate::cmd_shard::StrategyArg::Expert => StrategyChoice::Expert,
         }),
         nodes: described.use_nodes.clone(),
+        fewest: false,
     };
     let cluster = &described.cluster;
     let p = place(facts, &cluster.nodes, &cluster.links, &req)?;
@@ -159,6 +160,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
         let free = Request {
             nodes: None,
             strategy: None,
+            fewest: true,
             ..req.clone()
         };
         place(facts, &cluster.nodes, &cluster.links, &free)

@@ -13,6 +13,6 @@ pub mod published;
 
 pub use estimate::{Estimate, PREFILL_CHUNK, Workload, estimate};
 pub use placement::{
-    Combine, Link, Load, ModelFacts, Node, Placement, PlacementError, Request, StrategyChoice,
-    place, predict_decode, predict_step,
+    Combine, Link, Load, ModelFacts, Node, Placement, PlacementError, Request, SPLIT_MARGIN,
+    StrategyChoice, place, predict_decode, predict_step,
 };

@@ -263,8 +263,13 @@ pub struct Request {
     pub combine: Combine,
     /// Force a strategy (default: the fastest predicted).
     pub strategy: Option<StrategyChoice>,
-    /// Use exactly these nodes (default: the fewest that fit).
+    /// Use exactly these nodes (default: the fastest predicted set; more nodes only where
+    /// clearly faster, see [`SPLIT_MARGIN`]).
     pub nodes: Option<Vec<String>>,
+    /// Use the fewest nodes that hold the model (the fastest set of that size), however much
+    /// faster more would be: what `strata plan` shows a buyer as the smallest cluster.
+    #[serde(default)]
+    pub fewest: bool,
 }
 
 /// The planner's answer.
@@ -650,6 +655,11 @@ fn islands<'a>(c: &Cluster<'a>, nodes: &[&'a Node], threshold: f64) -> Vec<Vec<&
     out
 }
 
+/// How much faster than the best placement on fewer nodes a placement on more must be
+/// predicted to be to win: each node added is one more that can fail and more traffic, for a
+/// prediction that may be off by this much.
+pub const SPLIT_MARGIN: f64 = 1.15;
+
 /// Candidate (strategy, rank order) pairs for a set of nodes.
 fn candidates<'a>(
     c: &Cluster<'a>,
@@ -774,8 +784,10 @@ pub fn place(
             missing: needed.saturating_sub(available),
         });
     }
-    // The fewest nodes that fit (all of the requested ones, if the request names them); among
-    // sets of that size, the fastest predicted.
+    // Among the sets of nodes that fit (all of the requested ones, if the request names them),
+    // the fastest predicted; more nodes only where they are predicted clearly faster
+    // ([`SPLIT_MARGIN`]) than the best of fewer, since every node added is one more that can
+    // fail and more traffic for a prediction that may be off.
     // A forced multi-node strategy starts at two nodes: tensor parallel on one node is no
     // request anyone makes.
     let multi = req
@@ -787,7 +799,9 @@ pub fn place(
         (if multi { 2 } else { 1 }..=pool.len()).collect()
     };
     let mut best: Option<Placement> = None;
+    let mut fewest: Option<(usize, f64)> = None;
     for k in sizes {
+        let mut best_k: Option<Placement> = None;
         for set in subsets(&pool, k) {
             if shares(model, &set, req.context).is_none() {
                 continue;
@@ -801,11 +815,11 @@ pub fn place(
                 };
                 let t = cost.step(&order, strategy, &weights, Load::ONE);
                 let tok_s = 1.0 / t;
-                let better = best
+                let better = best_k
                     .as_ref()
                     .is_none_or(|b| tok_s > b.predicted_decode_tok_s * (1.0 + 1e-9));
                 if better {
-                    best = Some(Placement {
+                    best_k = Some(Placement {
                         nodes: order.iter().map(|n| n.id.clone()).collect(),
                         strategy,
                         combine: req.combine,
@@ -817,8 +831,19 @@ pub fn place(
                 }
             }
         }
-        if best.is_some() {
+        let Some(b) = best_k else {
+            continue;
+        };
+        fewest.get_or_insert((k, b.predicted_decode_tok_s));
+        if req.fewest {
+            best = Some(b);
             break;
+        }
+        if best
+            .as_ref()
+            .is_none_or(|a| b.predicted_decode_tok_s > a.predicted_decode_tok_s * SPLIT_MARGIN)
+        {
+            best = Some(b);
         }
     }
     let mut p = best.ok_or_else(|| {
@@ -843,11 +868,17 @@ pub fn place(
                 .push((s, 1.0 / cost.step(&order, s, &w, Load::ONE)));
         }
     }
-    p.explanation = explain(model, &p, &chosen, req);
+    p.explanation = explain(model, &p, &chosen, req, fewest);
     Ok(p)
 }
 
-fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> String {
+fn explain(
+    m: &ModelFacts,
+    p: &Placement,
+    nodes: &[&Node],
+    req: &Request,
+    fewest: Option<(usize, f64)>,
+) -> String {
     let gb = |b: u64| b as f64 / 1e9;
     let mut s = format!(
         "{} needs {:.2} GB of weights plus {:.2} GB of KV cache for {} positions; ",
@@ -876,10 +907,21 @@ fn explain(m: &ModelFacts, p: &Placement, nodes: &[&Node], req: &Request) -> Str
             p.nodes.join(", ")
         ));
     } else {
-        s.push_str(&format!(
-            "the fewest nodes that hold it are {}",
-            p.nodes.join(", ")
-        ));
+        match fewest {
+            Some((k, tok_s)) if k < nodes.len() => s.push_str(&format!(
+                "{} node{} could hold it ({tok_s:.0} tok/s predicted), and {} over {} is \
+                 predicted {:.1}x that",
+                k,
+                if k == 1 { "" } else { "s" },
+                p.strategy.name(),
+                p.nodes.join(", "),
+                p.predicted_decode_tok_s / tok_s
+            )),
+            _ => s.push_str(&format!(
+                "the fewest nodes that hold it are {}",
+                p.nodes.join(", ")
+            )),
+        }
     }
     s.push_str(&format!(
         ". On {}, one stream is predicted to decode {:.0} tok/s",

@@ -90,6 +90,7 @@ pub fn check_row(row: &Row) -> Result<Checked, String> {
         combine: row.combine,
         strategy: Some(strategy),
         nodes: Some(nodes.iter().map(|n| n.id.clone()).collect()),
+        fewest: false,
     };
     let p = place(&facts, &nodes, &links, &req).map_err(|e| e.to_string())?;
     Ok(Checked {

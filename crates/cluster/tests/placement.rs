@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use strata_cluster::{Link, ModelFacts, Node, PlacementError, Request, StrategyChoice, place};
+use strata_cluster::{
+    Link, ModelFacts, Node, PlacementError, Request, SPLIT_MARGIN, StrategyChoice, place,
+};
 
 const GB: u64 = 1_000_000_000;
 
@@ -71,9 +73,9 @@ fn req() -> Request {
 }
 
 #[test]
-fn a_model_that_fits_on_one_node_stays_there() {
+fn a_model_that_fits_on_one_node_stays_there_over_slow_links() {
     let nodes = [node("a", 8.0, 30.0), node("b", 8.0, 60.0)];
-    let p = place(&model(), &nodes, &[link("a", "b", 5.0)], &req()).unwrap();
+    let p = place(&model(), &nodes, &[link("a", "b", 300.0)], &req()).unwrap();
     assert_eq!(p.strategy, StrategyChoice::Single);
     // The faster of the two.
     assert_eq!(p.nodes, vec!["b"]);
@@ -82,6 +84,52 @@ fn a_model_that_fits_on_one_node_stays_there() {
         "{}",
         p.explanation
     );
+}
+
+#[test]
+fn a_model_is_split_over_fast_links_when_that_is_clearly_faster() {
+    let nodes = [node("a", 8.0, 30.0), node("b", 8.0, 60.0)];
+    let p = place(&model(), &nodes, &[link("a", "b", 5.0)], &req()).unwrap();
+    assert_eq!(p.strategy, StrategyChoice::Tensor, "{p:?}");
+    assert!(p.explanation.contains("could hold it"), "{}", p.explanation);
+    // Across link speeds: two nodes only where predicted at least SPLIT_MARGIN times one
+    // node's speed, one node only where splitting is predicted slower than that.
+    let alone = |links: &[Link]| {
+        let r = Request {
+            nodes: Some(vec!["b".into()]),
+            ..req()
+        };
+        place(&model(), &nodes, links, &r)
+            .unwrap()
+            .predicted_decode_tok_s
+    };
+    let mut seen = (false, false);
+    for lat in [
+        1.0, 5.0, 10.0, 20.0, 40.0, 60.0, 100.0, 200.0, 300.0, 1000.0,
+    ] {
+        let links = [link("a", "b", lat)];
+        let p = place(&model(), &nodes, &links, &req()).unwrap();
+        let one = alone(&links);
+        if p.nodes.len() == 2 {
+            seen.0 = true;
+            assert!(
+                p.predicted_decode_tok_s >= one * SPLIT_MARGIN,
+                "{lat} us: {p:?}"
+            );
+        } else {
+            seen.1 = true;
+            let forced = Request {
+                strategy: Some(StrategyChoice::Tensor),
+                ..req()
+            };
+            let split = place(&model(), &nodes, &links, &forced).unwrap();
+            assert!(
+                split.predicted_decode_tok_s < one * SPLIT_MARGIN,
+                "{lat} us"
+            );
+        }
+    }
+    assert_eq!(seen, (true, true), "the sweep crosses the margin");
 }
 
 #[test]
@@ -94,11 +142,12 @@ fn a_forced_multi_node_strategy_uses_at_least_two_nodes() {
         };
         let p = place(&model(), &nodes, &links, &r).expect("placement");
         assert_eq!(p.strategy, s);
-        assert_eq!(p.nodes.len(), 2, "{p:?}");
+        assert!(p.nodes.len() >= 2, "{p:?}");
     }
-    // Unforced, the model stays on one node.
+    // Unforced over slow links, the model stays on one node.
+    let (nodes, links) = triangle(64.0, 100.0, 1000.0);
     let p = place(&model(), &nodes, &links, &req()).expect("placement");
-    assert_eq!(p.nodes.len(), 1);
+    assert_eq!(p.nodes.len(), 1, "{p:?}");
 }
 
 #[test]
@@ -128,11 +177,20 @@ fn an_absurd_context_is_refused_as_too_big_not_wrapped_to_fitting() {
 }
 
 #[test]
-fn the_fewest_nodes_that_fit_are_used() {
+fn the_fewest_nodes_that_fit_are_used_unless_more_are_clearly_faster() {
     // No node alone holds 0.6 GB of weights plus 0.27 GB of cache; two do.
-    let (nodes, links) = triangle(0.6, 30.0, 5.0);
+    let (nodes, links) = triangle(0.6, 30.0, 300.0);
     let p = place(&model(), &nodes, &links, &req()).unwrap();
     assert_eq!(p.nodes.len(), 2, "{p:?}");
+    // Over fast links, the third node is worth it.
+    let (nodes, links) = triangle(0.6, 30.0, 5.0);
+    let p = place(&model(), &nodes, &links, &req()).unwrap();
+    assert_eq!(p.nodes.len(), 3, "{p:?}");
+    assert!(
+        p.explanation.contains("2 nodes could hold it"),
+        "{}",
+        p.explanation
+    );
 }
 
 #[test]

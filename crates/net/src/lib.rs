@@ -21,6 +21,7 @@ mod error;
 pub mod fuzz;
 mod handshake;
 mod link;
+mod probe;
 mod seal;
 mod shape;
 
@@ -31,5 +32,6 @@ pub use collectives::RING_MIN_BYTES;
 pub use comm::{CommStats, Communicator};
 pub use error::{Error, Result};
 pub use handshake::PROTOCOL_VERSION;
+pub use probe::{LinkFigures, ProbeSize, answer_probe, probe_link};
 pub use seal::{MAX_MESSAGE, sealing_cost};
 pub use shape::{LinkShape, parse_bandwidth, parse_latency};

@@ -55,9 +55,11 @@ pub struct ControlConfig {
 pub struct LinkReport {
     /// The other end.
     pub peer: String,
-    /// One-way latency (half the best round trip), seconds.
+    /// One-way latency, seconds: over the data plane, half the median round trip of a small
+    /// message (see [`crate::linkprobe`]); over the control plane where the peer answers no
+    /// data-plane probe, half the best round trip of a query.
     pub latency_s: f64,
-    /// Throughput of a 1 MiB transfer, bytes per second.
+    /// Throughput of a large transfer, bytes per second.
     pub bandwidth_bps: f64,
     /// Unix time of the measurement, ms.
     pub measured_at_ms: u64,

@@ -115,6 +115,7 @@ pub fn plan(
             nodes,
             // Cluster loads combine by all-gathers: bit for bit one process's output.
             combine: placement::Combine::Gather,
+            fewest: false,
         },
     )
     .map_err(|e| Error::Instance(e.to_string()))?;

@@ -17,6 +17,7 @@ mod error;
 pub mod identity;
 pub mod instances;
 pub mod key;
+pub mod linkprobe;
 pub mod process;
 pub mod profile;
 pub(crate) mod transfer;

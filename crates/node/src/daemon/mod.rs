@@ -110,6 +110,8 @@ struct Shared {
     threads: usize,
     /// The emulated link ([`NodeOptions::emulate`]).
     emulate: strata_net::LinkShape,
+    /// Where this node answers data-plane link probes (published, so peers can time the link).
+    link_probe: std::net::SocketAddr,
     /// The instance table, while this node leads.
     table: Mutex<Vec<InstanceSpec>>,
     /// How many changes `table` has seen in the cluster's history (see [`Followed`]).
@@ -329,6 +331,7 @@ pub async fn run(
             "multicast discovery off"
         }
     );
+    let probe_server = crate::linkprobe::ProbeServer::start(data_host, &key, opts.emulate)?;
     let shared = Arc::new(Shared {
         control,
         profile: Mutex::new(profile),
@@ -342,6 +345,7 @@ pub async fn run(
         data_host,
         threads,
         emulate: opts.emulate,
+        link_probe: probe_server.addr(),
         table: Mutex::new(Vec::new()),
         table_version: std::sync::atomic::AtomicU64::new(0),
         last_table: Mutex::new(Followed::default()),

@@ -31,6 +31,7 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
                 "hosted": locked(&shared.hosted).values().map(Host::published).collect::<Vec<_>>(),
                 "cpu_busy": cpu_busy(&shared.cpu_ticks),
                 "followed": followed(shared),
+                "link_probe": shared.link_probe.to_string(),
             }),
         }
     };
@@ -93,32 +94,68 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
                 .collect()
         };
         for peer in due {
-            match shared.control.probe(&peer).await {
-                Ok(mut report) => {
-                    // The emulated link delays data-plane messages only; the planner must
-                    // see it too.
-                    let e = shared.emulate;
-                    report.latency_s += e.latency.as_secs_f64();
-                    if let Some(bw) = e.bandwidth {
-                        report.bandwidth_bps = report.bandwidth_bps.min(bw);
-                    }
-                    shared
-                        .links
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(peer, report);
+            let report = measure_link(&shared, &peer).await;
+            let mut links = shared
+                .links
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match report {
+                Some(r) => {
+                    links.insert(peer, r);
                 }
                 // A member that just left; the next round forgets it.
-                Err(_) => {
-                    shared
-                        .links
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(&peer);
+                None => {
+                    links.remove(&peer);
                 }
             }
         }
     }
+}
+
+/// Measures the link to `peer`: over the data plane where it answers probes there, else over
+/// the control plane (with the emulated link added, which only the data plane applies).
+async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<LinkReport> {
+    let probe_addr: Option<std::net::SocketAddr> = shared
+        .control
+        .snapshot()
+        .members
+        .iter()
+        .find(|m| m.id == peer)
+        .and_then(|m| {
+            m.state
+                .as_ref()?
+                .extra
+                .get("link_probe")?
+                .as_str()?
+                .parse()
+                .ok()
+        });
+    if let Some(addr) = probe_addr {
+        let key = shared.key.clone();
+        let measured =
+            tokio::task::spawn_blocking(move || crate::linkprobe::measure(addr, &key)).await;
+        if let Ok(Ok(f)) = measured {
+            return Some(LinkReport {
+                peer: peer.to_string(),
+                latency_s: f.latency,
+                bandwidth_bps: f.bandwidth,
+                measured_at_ms: now_ms(),
+            });
+        }
+        // Busy answering another node, most likely: keep the last figures (still due, so
+        // tried again in half a second) rather than a control-plane guess.
+        let last = locked(&shared.links).get(peer).cloned();
+        if last.is_some() {
+            return last;
+        }
+    }
+    let mut report = shared.control.probe(peer).await.ok()?;
+    let e = shared.emulate;
+    report.latency_s += e.latency.as_secs_f64();
+    if let Some(bw) = e.bandwidth {
+        report.bandwidth_bps = report.bandwidth_bps.min(bw);
+    }
+    Some(report)
 }
 
 /// Says on stderr who joined and left, as the control plane sees it.

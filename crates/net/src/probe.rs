@@ -1,0 +1,163 @@
+//! Measuring a link the way the data plane uses it: small messages bounced to time the round
+//! trip (what every exchange of a tensor-parallel step waits for), then large ones streamed to
+//! time the bandwidth, over an established [`Communicator`] (sealed, heartbeats, emulated shape
+//! and all). The planner's link figures come from here, so they price what decoding pays, not
+//! what a control-plane query pays.
+
+use std::time::Instant;
+
+use crate::{Communicator, Error, Result};
+
+/// What a probe found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkFigures {
+    /// One-way latency: half the median round trip of a small message, seconds.
+    pub latency: f64,
+    /// Bytes per second of a stream of large messages.
+    pub bandwidth: f64,
+}
+
+/// How much a probe sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSize {
+    /// Small messages bounced.
+    pub rounds: u32,
+    /// Size of each large message, bytes.
+    pub big: u32,
+    /// Large messages streamed.
+    pub bigs: u32,
+}
+
+const SMALL: usize = 64;
+
+/// Measures the link to `peer`, which must be running [`answer_probe`].
+pub fn probe_link(comm: &mut Communicator, peer: usize, size: ProbeSize) -> Result<LinkFigures> {
+    if size.rounds == 0 || size.big == 0 || size.bigs == 0 {
+        return Err(Error::Handshake(
+            "a probe needs rounds and large messages".into(),
+        ));
+    }
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&size.rounds.to_le_bytes());
+    head[4..8].copy_from_slice(&size.big.to_le_bytes());
+    head[8..].copy_from_slice(&size.bigs.to_le_bytes());
+    comm.send(peer, &head)?;
+    let small = [0u8; SMALL];
+    let mut trips = Vec::with_capacity(size.rounds as usize);
+    for _ in 0..size.rounds {
+        let t = Instant::now();
+        comm.send(peer, &small)?;
+        comm.recv(peer)?;
+        trips.push(t.elapsed().as_secs_f64());
+    }
+    // The median round trip: exchanges during decoding meet the typical wake-up, not the
+    // luckiest one.
+    trips.sort_by(f64::total_cmp);
+    let trip = trips[trips.len() / 2];
+    let big = vec![0x5a_u8; size.big as usize];
+    let t = Instant::now();
+    for _ in 0..size.bigs {
+        comm.send(peer, &big)?;
+    }
+    comm.recv(peer)?;
+    // The last reply's own trip is not transfer time.
+    let transfer = (t.elapsed().as_secs_f64() - trip).max(1e-9);
+    Ok(LinkFigures {
+        latency: trip / 2.0,
+        bandwidth: f64::from(size.big) * f64::from(size.bigs) / transfer,
+    })
+}
+
+/// Answers one [`probe_link`] from `peer`: echoes its small messages, takes its large ones, and
+/// says when they have all arrived. Refuses a probe larger than `limit` bytes in all.
+pub fn answer_probe(comm: &mut Communicator, peer: usize, limit: u64) -> Result<()> {
+    let head = comm.recv(peer)?;
+    let word = |i: usize| -> Result<u32> {
+        head.get(i..i + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| Error::Handshake("a malformed probe".into()))
+    };
+    let (rounds, big, bigs) = (word(0)?, word(4)?, word(8)?);
+    let total = u64::from(rounds) * SMALL as u64 + u64::from(big) * u64::from(bigs);
+    if total > limit {
+        return Err(Error::Handshake(format!(
+            "a probe of {total} bytes is over the limit of {limit}"
+        )));
+    }
+    for _ in 0..rounds {
+        let m = comm.recv(peer)?.to_vec();
+        comm.send(peer, &m)?;
+    }
+    for _ in 0..bigs {
+        comm.recv(peer)?;
+    }
+    comm.send(peer, b"done")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{LinkShape, MeshConfig, Transport, coordinate, join};
+
+    /// A probe over an emulated link finds the latency it was given (and the answering side
+    /// taught the shape to the probing one, as rank 0 teaches workers).
+    #[test]
+    fn a_probe_measures_the_emulated_link() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let cfg = move |rank: usize| MeshConfig {
+            rank,
+            world: 2,
+            coordinator: at,
+            listen: None,
+            token: "probe-test".into(),
+            transport: Transport::Tcp,
+            shape: LinkShape {
+                latency: Duration::from_micros(500),
+                bandwidth: Some(100e6),
+            },
+            join_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(5),
+            insecure_plaintext: false,
+        };
+        let answerer = std::thread::spawn(move || {
+            let mut c = coordinate(&cfg(0), listener).unwrap();
+            answer_probe(&mut c, 1, 1 << 30).unwrap();
+        });
+        let mut c = join(&cfg(1)).unwrap();
+        let size = ProbeSize {
+            rounds: 20,
+            big: 1 << 20,
+            bigs: 4,
+        };
+        let f = probe_link(&mut c, 0, size).unwrap();
+        answerer.join().unwrap();
+        assert!(
+            (500e-6..900e-6).contains(&f.latency),
+            "latency {} us",
+            f.latency * 1e6
+        );
+        assert!(
+            (50e6..=110e6).contains(&f.bandwidth),
+            "bandwidth {} MB/s",
+            f.bandwidth / 1e6
+        );
+    }
+
+    #[test]
+    fn an_oversized_probe_is_refused() {
+        let (mut a, mut b) = crate::loopback_pair(Transport::Tcp).unwrap();
+        let t = std::thread::spawn(move || answer_probe(&mut b, 0, 1000));
+        let size = ProbeSize {
+            rounds: 1,
+            big: 1 << 20,
+            bigs: 1,
+        };
+        assert!(probe_link(&mut a, 1, size).is_err());
+        assert!(t.join().unwrap().is_err());
+    }
+}
