@@ -108,6 +108,9 @@ struct Row {
     planner_pick: bool,
     /// The tok/s the planner predicted for one stream when it placed the instance.
     predicted_decode_tok_s: f64,
+    /// The link as the nodes measured it (what the planner priced), one-way us and Gbit/s.
+    measured_latency_us: Option<f64>,
+    measured_gbit: Option<f64>,
     prefill_tok_s: f64,
     predicted_prefill_tok_s: Option<f64>,
     levels: Vec<Level>,
@@ -536,6 +539,19 @@ impl Predictor {
     }
 }
 
+impl Predictor {
+    /// The slowest measured link among the instance's nodes.
+    fn link(&self) -> Option<(f64, f64)> {
+        self.status
+            .topology
+            .links
+            .iter()
+            .filter(|l| self.placement.nodes.contains(&l.a) && self.placement.nodes.contains(&l.b))
+            .map(|l| (l.latency * 1e6, l.bandwidth * 8.0 / 1e9))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    }
+}
+
 /// Measures one loaded instance: prefill, then every level of clients.
 fn measure(
     url: &str,
@@ -576,6 +592,16 @@ fn percent_error(measured: f64, predicted: Option<f64>) -> String {
     }
 }
 
+/// What one loaded instance gave.
+struct Measured {
+    spec: InstanceSpec,
+    prefill: f64,
+    predicted_prefill: Option<f64>,
+    levels: Vec<Level>,
+    /// The slowest link among its nodes as measured (one-way us, Gbit/s).
+    link: Option<(f64, f64)>,
+}
+
 /// Loads `strategy` (or the planner's pick when `None`) on running nodes and measures it.
 fn run_config(
     nodes: &Nodes,
@@ -584,7 +610,7 @@ fn run_config(
     facts: &strata_cluster::ModelFacts,
     strategy: Option<StrategyChoice>,
     name: &str,
-) -> Result<(InstanceSpec, f64, Option<f64>, Vec<Level>)> {
+) -> Result<Measured> {
     let node = NodeAddr::at(&nodes.urls[0]);
     let req = LoadRequest {
         strategy,
@@ -604,6 +630,7 @@ fn run_config(
         context: a.ctx_size,
     };
     let served = served_model(&nodes.urls[0])?;
+    let link = p.link();
     let (prefill, predicted_prefill, levels) = measure(&nodes.urls[0], &served, a, &p, name)?;
     let body = json!({ "instance": spec.id });
     node.call::<serde_json::Value>("POST", "/v1/cluster/unload", Some(&body))?;
@@ -613,7 +640,13 @@ fn run_config(
         std::thread::sleep(Duration::from_millis(300));
     }
     std::thread::sleep(Duration::from_secs(1));
-    Ok((spec, prefill, predicted_prefill, levels))
+    Ok(Measured {
+        spec,
+        prefill,
+        predicted_prefill,
+        levels,
+        link,
+    })
 }
 
 /// What every load of the run asks for: one slot per client of the largest level.
@@ -693,8 +726,13 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
     let one = {
         let none = link_setting("none")?;
         let nodes = start_nodes(&base_dir, 1, a.threads, &none, model_dir.as_deref())?;
-        let (spec, prefill, pred_prefill, levels) =
-            run_config(&nodes, &a, &model, &facts, None, "1 node")?;
+        let Measured {
+            spec,
+            prefill,
+            predicted_prefill: pred_prefill,
+            levels,
+            ..
+        } = run_config(&nodes, &a, &model, &facts, None, "1 node")?;
         Row {
             link: "-".into(),
             latency_us: 0.0,
@@ -704,6 +742,8 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
             planner_choice: "single".into(),
             planner_pick: true,
             predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
+            measured_latency_us: None,
+            measured_gbit: None,
             prefill_tok_s: prefill,
             predicted_prefill_tok_s: pred_prefill,
             levels,
@@ -726,8 +766,13 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
         };
         for &s in &strategies {
             let name = format!("{} nodes {} {}", a.nodes, s.name(), link.id);
-            let (spec, prefill, pred_prefill, mut levels) =
-                run_config(&nodes, &a, &model, &facts, Some(s), &name)?;
+            let Measured {
+                spec,
+                prefill,
+                predicted_prefill: pred_prefill,
+                mut levels,
+                link: measured,
+            } = run_config(&nodes, &a, &model, &facts, Some(s), &name)?;
             for l in &mut levels {
                 l.vs_one_node = one
                     .levels
@@ -744,6 +789,8 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
                 planner_choice: pick.map_or("unknown".into(), |p| p.name().to_string()),
                 planner_pick: pick == Some(s),
                 predicted_decode_tok_s: spec.placement.map_or(0.0, |p| p.predicted_decode_tok_s),
+                measured_latency_us: measured.map(|m| m.0),
+                measured_gbit: measured.map(|m| m.1),
                 prefill_tok_s: prefill,
                 predicted_prefill_tok_s: pred_prefill,
                 levels,
@@ -812,7 +859,13 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
         let link = if r.nodes == 1 {
             "-".to_string()
         } else {
-            format!("{} ({:.0} us)", r.link, r.latency_us)
+            match (r.measured_latency_us, r.measured_gbit) {
+                (Some(l), Some(g)) => format!(
+                    "{} ({:.0} us; measured {l:.1} us, {g:.1} Gbit/s)",
+                    r.link, r.latency_us
+                ),
+                _ => format!("{} ({:.0} us)", r.link, r.latency_us),
+            }
         };
         for (i, l) in r.levels.iter().enumerate() {
             let prefill = if i == 0 {

@@ -55,8 +55,8 @@ pub struct ControlConfig {
 pub struct LinkReport {
     /// The other end.
     pub peer: String,
-    /// One-way latency, seconds: over the data plane, half the median round trip of a small
-    /// message (see [`crate::linkprobe`]); over the control plane where the peer answers no
+    /// One-way latency, seconds: over the data plane, half a low percentile of small messages'
+    /// round trips (see [`crate::linkprobe`]); over the control plane where the peer answers no
     /// data-plane probe, half the best round trip of a query.
     pub latency_s: f64,
     /// Throughput of a large transfer, bytes per second.

@@ -135,7 +135,7 @@ mod tests {
         .unwrap();
         let f = measure(server.addr(), &key).unwrap();
         assert!(
-            (300e-6..700e-6).contains(&f.latency),
+            (300e-6..5e-3).contains(&f.latency),
             "{} us",
             f.latency * 1e6
         );

@@ -107,7 +107,7 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("tb-tcp (300 us)"), "{table}");
+    assert!(table.contains("tb-tcp (300 us; measured "), "{table}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = v["rows"].as_array().unwrap();
     let configs: Vec<(u64, &str)> = rows
@@ -133,6 +133,11 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
         "tensor" | "pipeline" => assert_eq!(picks, [choice], "{v}"),
         "single" => assert!(picks.is_empty(), "{v}"),
         other => panic!("the planner chose {other:?}: {v}"),
+    }
+    // The planner priced the link the nodes emulated, measured over the data plane.
+    for r in &rows[1..] {
+        let lat = r["measured_latency_us"].as_f64().unwrap();
+        assert!((300.0..2000.0).contains(&lat), "{r}");
     }
     for r in rows {
         assert!(r["prefill_tok_s"].as_f64().unwrap() > 0.0, "{r}");

@@ -74,6 +74,7 @@ pub(super) async fn publish_loop(shared: Arc<Shared>) {
 /// [`PROBE_EVERY`].
 pub(super) async fn probe_loop(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut history = BTreeMap::new();
     loop {
         tick.tick().await;
         let due: Vec<String> = {
@@ -94,7 +95,11 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
                 .collect()
         };
         for peer in due {
-            let report = measure_link(&shared, &peer).await;
+            let report = match measure_link(&shared, &peer).await {
+                Some((r, true)) => Some(steadied(&mut history, r)),
+                Some((r, false)) => Some(r),
+                None => None,
+            };
             let mut links = shared
                 .links
                 .lock()
@@ -112,41 +117,66 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
     }
 }
 
-/// Measures the link to `peer`: over the data plane where it answers probes there, else over
-/// the control plane (with the emulated link added, which only the data plane applies).
-async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<LinkReport> {
-    let probe_addr: Option<std::net::SocketAddr> = shared
-        .control
-        .snapshot()
+/// Data-plane probes of a link kept to steady its figures.
+const PROBES_KEPT: usize = 4;
+
+/// The link's figures over its last [`PROBES_KEPT`] data-plane probes: the lowest latency and
+/// the highest bandwidth. A link's speed is a property of the link; a probe that meets both
+/// cores busy (a model loading, a prompt being prefilled) measures the scheduler instead,
+/// by 20 times on two cores, and would tell the planner a fast link is slow.
+fn steadied(history: &mut BTreeMap<String, Vec<LinkReport>>, r: LinkReport) -> LinkReport {
+    let kept = history.entry(r.peer.clone()).or_default();
+    if kept.len() == PROBES_KEPT {
+        kept.remove(0);
+    }
+    kept.push(r.clone());
+    LinkReport {
+        latency_s: kept
+            .iter()
+            .map(|k| k.latency_s)
+            .fold(f64::INFINITY, f64::min),
+        bandwidth_bps: kept.iter().map(|k| k.bandwidth_bps).fold(0.0, f64::max),
+        ..r
+    }
+}
+
+/// Measures the link to `peer`: over the data plane where it answers probes there (`true`),
+/// else over the control plane (with the emulated link added, which only the data plane
+/// applies).
+async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<(LinkReport, bool)> {
+    let snapshot = shared.control.snapshot();
+    // A peer whose state has not arrived yet is measured next round, when it says where it
+    // answers probes (a control-plane guess now would stand for a whole round).
+    let state = snapshot
         .members
         .iter()
         .find(|m| m.id == peer)
-        .and_then(|m| {
-            m.state
-                .as_ref()?
-                .extra
-                .get("link_probe")?
-                .as_str()?
-                .parse()
-                .ok()
-        });
+        .and_then(|m| m.state.as_ref());
+    let Some(state) = state else {
+        return locked(&shared.links).get(peer).cloned().map(|l| (l, false));
+    };
+    let probe_addr: Option<std::net::SocketAddr> = state
+        .extra
+        .get("link_probe")
+        .and_then(|a| a.as_str()?.parse().ok());
     if let Some(addr) = probe_addr {
         let key = shared.key.clone();
         let measured =
             tokio::task::spawn_blocking(move || crate::linkprobe::measure(addr, &key)).await;
         if let Ok(Ok(f)) = measured {
-            return Some(LinkReport {
+            let report = LinkReport {
                 peer: peer.to_string(),
                 latency_s: f.latency,
                 bandwidth_bps: f.bandwidth,
                 measured_at_ms: now_ms(),
-            });
+            };
+            return Some((report, true));
         }
         // Busy answering another node, most likely: keep the last figures (still due, so
         // tried again in half a second) rather than a control-plane guess.
         let last = locked(&shared.links).get(peer).cloned();
-        if last.is_some() {
-            return last;
+        if let Some(l) = last {
+            return Some((l, false));
         }
     }
     let mut report = shared.control.probe(peer).await.ok()?;
@@ -155,7 +185,7 @@ async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<LinkReport> {
     if let Some(bw) = e.bandwidth {
         report.bandwidth_bps = report.bandwidth_bps.min(bw);
     }
-    Some(report)
+    Some((report, false))
 }
 
 /// Says on stderr who joined and left, as the control plane sees it.
@@ -172,5 +202,32 @@ pub(super) async fn log_membership(shared: Arc<Shared>) {
             eprintln!("strata: {}", e.what);
         }
         seen = total;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_that_met_busy_cores_does_not_slow_the_link() {
+        let mut history = BTreeMap::new();
+        let r = |lat_us: f64, gbit: f64| LinkReport {
+            peer: "p".into(),
+            latency_s: lat_us * 1e-6,
+            bandwidth_bps: gbit * 1e9 / 8.0,
+            measured_at_ms: 0,
+        };
+        let first = steadied(&mut history, r(5.0, 2.0));
+        assert!((first.latency_s - 5e-6).abs() < 1e-12);
+        let busy = steadied(&mut history, r(127.0, 0.5));
+        assert!((busy.latency_s - 5e-6).abs() < 1e-12);
+        assert!((busy.bandwidth_bps - 2e9 / 8.0).abs() < 1.0);
+        // Once the quick probe is PROBES_KEPT probes old, a link that really slowed shows.
+        for _ in 0..PROBES_KEPT {
+            steadied(&mut history, r(300.0, 1.0));
+        }
+        let slow = steadied(&mut history, r(300.0, 1.0));
+        assert!((slow.latency_s - 300e-6).abs() < 1e-12);
     }
 }
