@@ -321,15 +321,29 @@ pub(crate) fn run_llama_bench(
     reps: usize,
     extra: &[String],
 ) -> Result<(f64, f64)> {
-    let out = Command::new(exe)
-        .arg("-m")
-        .arg(model)
-        .args(extra)
-        .args(["-p", &pp.to_string(), "-n", &tg.to_string()])
-        .args(["-t", &threads.to_string(), "-r", &reps.to_string()])
-        .args(["-o", "json"])
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
+    let run = |more: &[&str]| {
+        Command::new(exe)
+            .arg("-m")
+            .arg(model)
+            .args(extra)
+            .args(more)
+            .args(["-p", &pp.to_string(), "-n", &tg.to_string()])
+            .args(["-t", &threads.to_string(), "-r", &reps.to_string()])
+            .args(["-o", "json"])
+            .output()
+            .with_context(|| format!("running {}", exe.display()))
+    };
+    let mut out = run(&[])?;
+    if out.status.code().is_none() && extra.is_empty() {
+        // Killed by a signal: on CPUs with AMX under a hypervisor that does not grant its tile
+        // state, llama.cpp's repacked (AMX) weights crash; its plain CPU path still runs.
+        eprintln!(
+            "note: llama-bench crashed ({}); measuring it again with --repack 0 (no AMX or \
+             repacked weights)",
+            out.status
+        );
+        out = run(&["--repack", "0"])?;
+    }
     if !out.status.success() {
         bail!(
             "{} failed ({}): {}",
