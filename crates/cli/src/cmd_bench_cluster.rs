@@ -87,6 +87,11 @@ struct Level {
     ttft_p50_s: f64,
     itl_p50_ms: f64,
     itl_p99_ms: f64,
+    /// Decode rate while every client's stream is live (from the last first token to the first
+    /// last token, every stream's tokens in that window): batched decoding with no prompt in
+    /// the way. `None` when the streams never all overlapped.
+    steady_tok_s: Option<f64>,
+    predicted_steady_tok_s: Option<f64>,
     predicted_aggregate_tok_s: Option<f64>,
     predicted_per_stream_tok_s: Option<f64>,
     /// Aggregate over one node's at the same level.
@@ -418,6 +423,7 @@ fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> 
         .collect();
     gaps.sort_by(f64::total_cmp);
     let ttfts: Vec<f64> = streams.iter().map(|s| s.ttft).collect();
+    let steady = steady_rate(&streams, a.rounds);
     Ok(Level {
         clients,
         requests: streams.len(),
@@ -428,10 +434,39 @@ fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> 
         ttft_p50_s: median(&ttfts),
         itl_p50_ms: quantile(&gaps, 0.5),
         itl_p99_ms: quantile(&gaps, 0.99),
+        steady_tok_s: steady,
+        predicted_steady_tok_s: None,
         predicted_aggregate_tok_s: None,
         predicted_per_stream_tok_s: None,
         vs_one_node: None,
     })
+}
+
+/// Tokens per second across the streams of the first round while all of them are decoding.
+fn steady_rate(streams: &[Stream], rounds: usize) -> Option<f64> {
+    // Streams are stored client by client, `rounds` each; the first of each started together.
+    let first: Vec<&Stream> = streams.iter().step_by(rounds.max(1)).collect();
+    let start = first
+        .iter()
+        .map(|s| s.arrivals.first().copied())
+        .try_fold(0.0f64, |m, t| t.map(|t| m.max(t)))?;
+    let end = first
+        .iter()
+        .map(|s| s.arrivals.last().copied())
+        .try_fold(f64::INFINITY, |m, t| t.map(|t| m.min(t)))?;
+    if end - start < 1e-3 {
+        return None;
+    }
+    let tokens = first
+        .iter()
+        .map(|s| {
+            s.arrivals
+                .iter()
+                .filter(|&&t| t > start && t <= end)
+                .count()
+        })
+        .sum::<usize>();
+    Some(tokens as f64 / (end - start))
 }
 
 /// The `q` quantile of sorted values (nearest rank); 0 when empty.
@@ -578,7 +613,11 @@ fn measure(
             let step = c as f64 / e.decode_aggregate_tok_s;
             let round = c as f64 * prompt / rate + generated * step;
             l.predicted_aggregate_tok_s = Some(c as f64 * generated / round);
-            l.predicted_per_stream_tok_s = Some(e.decode_per_stream_tok_s);
+            l.predicted_steady_tok_s = Some(e.decode_aggregate_tok_s);
+            // A stream's decoding also waits for the other clients' prompts (its own came
+            // before its first token).
+            let span = generated * step + (c - 1) as f64 * prompt / rate;
+            l.predicted_per_stream_tok_s = Some(generated / span);
         }
         levels.push(l);
     }
@@ -880,7 +919,7 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
                 String::new()
             };
             println!(
-                "| {} | {} | {} | {} | {} | {:.1} [{}] {} | {:.1} [{}] {} | {:.2} | {:.0}/{:.0} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} [{}] {} | {} | {:.1} [{}] {} | {:.2} | {:.0}/{:.0} | {} |",
                 r.nodes,
                 strategy,
                 link,
@@ -890,6 +929,12 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
                 l.predicted_aggregate_tok_s
                     .map_or("-".into(), |p| format!("{p:.1}")),
                 percent_error(l.aggregate_tok_s, l.predicted_aggregate_tok_s),
+                l.steady_tok_s.map_or("-".into(), |m| format!(
+                    "{m:.1} [{}] {}",
+                    l.predicted_steady_tok_s
+                        .map_or("-".into(), |p| format!("{p:.1}")),
+                    percent_error(m, l.predicted_steady_tok_s)
+                )),
                 l.per_stream_tok_s,
                 l.predicted_per_stream_tok_s
                     .map_or("-".into(), |p| format!("{p:.1}")),
@@ -917,5 +962,51 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
             "\nllama.cpp (llama-bench, one stream, loopback, no emulated link): one thread {}; RPC backend over {} single-threaded servers {}",
             l["one_thread"], a.nodes, l["rpc"]
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn stream(arrivals: &[f64]) -> Stream {
+        Stream {
+            prompt_tokens: 10,
+            tokens: arrivals.len(),
+            ttft: arrivals[0],
+            arrivals: arrivals.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_steady_rate_counts_only_while_every_stream_is_live() {
+        // Two clients, one round: live together from 1.0 s (the later first token) to 3.0 s
+        // (the earlier last one); tokens inside: 1.5, 2, 2.5, 3 and 1.2, 2.2.
+        let s = [
+            stream(&[0.5, 1.0, 1.5, 2.0, 2.5, 3.0]),
+            stream(&[1.0, 1.2, 2.2, 3.5, 4.0]),
+        ];
+        let rate = steady_rate(&s, 1).unwrap();
+        assert!((rate - 6.0 / 2.0).abs() < 1e-9, "{rate}");
+        // With two rounds per client only the first of each counts.
+        let s = [
+            stream(&[0.5, 1.0, 1.5, 2.0, 2.5, 3.0]),
+            stream(&[5.0, 6.0]),
+            stream(&[1.0, 1.2, 2.2, 3.5, 4.0]),
+            stream(&[5.0, 6.0]),
+        ];
+        assert!((steady_rate(&s, 2).unwrap() - 3.0).abs() < 1e-9);
+        // Streams that never overlap have no steady rate.
+        let s = [stream(&[0.0, 1.0]), stream(&[2.0, 3.0])];
+        assert!(steady_rate(&s, 1).is_none());
+    }
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
     }
 }

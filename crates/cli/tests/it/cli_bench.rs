@@ -156,6 +156,10 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
                 l["predicted_aggregate_tok_s"].as_f64().unwrap() > 0.0,
                 "{l}"
             );
+            assert!(l["predicted_steady_tok_s"].as_f64().unwrap() > 0.0, "{l}");
+            if clients == 1 {
+                assert!(l["steady_tok_s"].as_f64().unwrap() > 0.0, "{l}");
+            }
             assert_eq!(l["vs_one_node"].is_null(), r["nodes"] == 1, "{l}");
         }
     }
