@@ -886,9 +886,9 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
         a.model, a.threads, a.tokens, a.rounds
     );
     println!(
-        "| nodes | strategy | link | prefill tok/s | clients | aggregate tok/s | per stream tok/s | TTFT p50 s | ITL p50/p99 ms | vs 1 node |"
+        "| nodes | strategy | link | prefill tok/s | clients | aggregate tok/s | all streams live tok/s | per stream tok/s | TTFT p50 s | ITL p50/p99 ms | vs 1 node |"
     );
-    println!("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let strategy = if r.planner_pick && r.nodes > 1 {
             format!("{} (planner's pick)", r.strategy)

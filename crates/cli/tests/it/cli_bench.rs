@@ -108,6 +108,13 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
     assert!(out.status.success(), "{stderr}");
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("tb-tcp (300 us; measured "), "{table}");
+    // Every row of the table has the header's columns.
+    let lines: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
+    let columns = lines[0].matches('|').count();
+    assert!(
+        lines.iter().all(|l| l.matches('|').count() == columns),
+        "{table}"
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = v["rows"].as_array().unwrap();
     let configs: Vec<(u64, &str)> = rows
