@@ -572,9 +572,7 @@ impl Predictor {
             },
         )
     }
-}
 
-impl Predictor {
     /// The slowest measured link among the instance's nodes.
     fn link(&self) -> Option<(f64, f64)> {
         self.status
