@@ -26,18 +26,22 @@ function headers(json) {
   return h;
 }
 
-async function failure(resp) {
+/** The error of a refused call; `sent` is the key the call carried. */
+async function failure(resp, sent) {
   let msg = `${resp.status} ${resp.statusText}`;
   try {
     const body = await resp.json();
     msg = body?.error?.message || body?.error || msg;
   } catch { /* not JSON */ }
-  if (resp.status === 401) listeners.forEach((f) => f());
+  // A refusal of a call made with another key (one in flight while the user entered a new key)
+  // says nothing about the key now in use: asking again would reopen the prompt over it.
+  if (resp.status === 401 && sent === key()) listeners.forEach((f) => f());
   return new ApiError(resp.status, String(msg));
 }
 
 /** GET or POST JSON; resolves to the parsed answer, rejects with ApiError. */
 export async function call(path, { method = "GET", body, signal } = {}) {
+  const sent = key();
   const resp = await fetch(path, {
     method,
     headers: headers(body !== undefined),
@@ -45,7 +49,7 @@ export async function call(path, { method = "GET", body, signal } = {}) {
     signal,
     cache: "no-store",
   });
-  if (!resp.ok) throw await failure(resp);
+  if (!resp.ok) throw await failure(resp, sent);
   const type = resp.headers.get("content-type") || "";
   return type.includes("json") ? resp.json() : resp.text();
 }
@@ -55,13 +59,14 @@ export async function call(path, { method = "GET", body, signal } = {}) {
  * (or `[DONE]`). Rejects with ApiError when the server refuses the request.
  */
 export async function stream(path, body, onData, signal) {
+  const sent = key();
   const resp = await fetch(path, {
     method: "POST",
     headers: headers(true),
     body: JSON.stringify(body),
     signal,
   });
-  if (!resp.ok) throw await failure(resp);
+  if (!resp.ok) throw await failure(resp, sent);
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
