@@ -7,7 +7,9 @@ Starts the servers itself (the strata binary given by --strata). Reports:
     cache on, and the ratio of the first to the median of the later ones;
   - whether every answer is the same with the cache on and off (greedy);
   - N concurrent clients sharing the prefix: their median time to first token, the bytes the
-    prefix cache holds (one copy of the prefix) and the server's resident memory.
+    prefix cache holds (one copy of the prefix), the peaks while they run of the keys and
+    values the running sequences read in shared blocks (each block once), would read as private
+    copies, and computed themselves (`/metrics`), and the server's resident memory.
 Standard library only.
 
     python3 scripts/bench-prefix-cache.py --strata target/release/strata \\
@@ -18,6 +20,7 @@ import concurrent.futures
 import json
 import random
 import statistics
+import threading
 import time
 import urllib.request
 
@@ -70,6 +73,38 @@ def metric(url, name):
     return None
 
 
+def metrics(url):
+    """Every unlabelled sample of `/metrics`, by name."""
+    out = {}
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.split()[:2]
+                out[name] = float(value)
+    return out
+
+
+class Peaks(threading.Thread):
+    """Samples the server's KV metrics and resident memory until stopped; keeps the peaks."""
+    NAMES = ("strata_kv_shared_bytes", "strata_kv_shared_read_bytes", "strata_kv_own_bytes")
+
+    def __init__(self, url, pid):
+        super().__init__(daemon=True)
+        self.url, self.pid, self.done = url, pid, threading.Event()
+        self.peak = {n: 0.0 for n in self.NAMES}
+        self.peak["rss"] = 0.0
+
+    def run(self):
+        while not self.done.wait(0.2):
+            try:
+                m = metrics(self.url)
+            except OSError:
+                continue
+            for n in self.NAMES:
+                self.peak[n] = max(self.peak[n], m.get(n, 0.0))
+            self.peak["rss"] = max(self.peak["rss"], rss_bytes(self.pid) or 0)
+
+
 def rss_bytes(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -98,10 +133,14 @@ def main():
         on = [ask(url, a.model, p, a.max_tokens) for p in prompts]
         shared = [prefix + tail_text(1000 + i, a.tail_tokens) for i in range(a.clients)]
         rss_before = rss_bytes(pid)
+        peaks = Peaks(url, pid)
+        peaks.start()
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(a.clients) as ex:
             together = list(ex.map(lambda p: ask(url, a.model, p, a.max_tokens), shared))
         wall = time.perf_counter() - t0
+        peaks.done.set()
+        peaks.join()
         cache_bytes = metric(url, "strata_prefix_cache_bytes")
         rss_after = rss_bytes(pid)
     with serving(a.strata, a.model, *common, "--cache-mem", "0") as (url, _):
@@ -127,6 +166,10 @@ def main():
         "prefix_cache_bytes": cache_bytes,
         "rss_before_concurrent_bytes": rss_before,
         "rss_after_concurrent_bytes": rss_after,
+        "rss_peak_concurrent_bytes": peaks.peak["rss"],
+        "kv_shared_bytes_peak": peaks.peak["strata_kv_shared_bytes"],
+        "kv_shared_read_bytes_peak": peaks.peak["strata_kv_shared_read_bytes"],
+        "kv_own_bytes_peak": peaks.peak["strata_kv_own_bytes"],
     }
     print(f"model {a.model}, prompts of {prompt_tokens} tokens ({a.prefix_tokens} shared), greedy")
     print("request  cached  TTFT cache on  TTFT cache off  same output")
@@ -136,7 +179,12 @@ def main():
     print(f"first / later (median): {report['first_over_later']:.1f}x")
     print(f"{a.clients} concurrent clients: TTFT median {report['concurrent_ttft_median_s']:.2f}s, "
           f"wall {wall:.1f}s, prefix cache {cache_bytes / 2**20:.0f} MiB, "
-          f"server RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
+          f"server RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB "
+          f"(peak {peaks.peak['rss'] / 2**20:.0f})")
+    mib = lambda k: report[k] / 2**20
+    print(f"while they ran (peaks): shared prefix blocks held {mib('kv_shared_bytes_peak'):.0f} MiB, "
+          f"as private copies {mib('kv_shared_read_bytes_peak'):.0f} MiB, "
+          f"own positions {mib('kv_own_bytes_peak'):.0f} MiB")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

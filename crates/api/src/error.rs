@@ -105,12 +105,17 @@ impl ApiError {
         )
     }
 
-    /// 404: the model is not served here.
-    pub fn model_not_found(model: &str, served: &str) -> ApiError {
+    /// 404: the model is not served here; the message names every model that is.
+    pub fn model_not_found(model: &str, served: &[String]) -> ApiError {
+        let list = served
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let mut e = ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("The model `{model}` does not exist here; this server serves `{served}`."),
+            format!("The model `{model}` does not exist here; this server serves {list}."),
         );
         e.param = Some("model".into());
         e.code = Some("model_not_found");

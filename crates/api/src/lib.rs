@@ -270,6 +270,7 @@ pub fn start_engine(
         created: server::unix_now(),
         max_token_bytes,
         prepare: shared.prepare,
+        served: shared.served,
     }))
 }
 
@@ -284,6 +285,35 @@ pub struct Shared {
     registry: Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
     prepare: Arc<tokio::sync::Semaphore>,
     several: bool,
+    /// Every model name answered at this address (the other models of a server, a cluster's
+    /// other instances), for "not found" errors to name; kept up to date by whoever routes.
+    served: ServedNames,
+}
+
+/// The model names answered at one address, shared by the APIs behind it (their "not found"
+/// errors list them) and kept up to date by whoever routes between them.
+#[derive(Debug, Clone, Default)]
+pub struct ServedNames(Arc<std::sync::RwLock<Vec<String>>>);
+
+impl ServedNames {
+    /// Names every model answered (ids and aliases).
+    pub fn set(&self, names: Vec<String>) {
+        let mut list = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *list != names {
+            *list = names;
+        }
+    }
+
+    /// The names.
+    pub fn get(&self) -> Vec<String> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Shared {
@@ -297,7 +327,20 @@ impl Shared {
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
             several: models > 1,
+            served: ServedNames::default(),
         }
+    }
+
+    /// Names every model answered at this address (ids and aliases), for a request naming
+    /// another to be told what there is.
+    pub fn set_served(&self, names: Vec<String>) {
+        self.served.set(names);
+    }
+
+    /// The same, with the list of names answered kept in `served` (shared with whoever routes).
+    pub fn with_served(mut self, served: ServedNames) -> Shared {
+        self.served = served;
+        self
     }
 
     /// Whether requests need a key.

@@ -48,6 +48,12 @@ pub struct Metrics {
     pub prefix_cache_evictions: Gauge,
     /// Finished calls or JSON answers that break a schema keyword the grammar cannot enforce.
     pub schema_violations: Counter,
+    /// Bytes of keys and values running sequences computed themselves.
+    pub kv_own_bytes: Gauge,
+    /// Bytes of the shared prefix blocks running sequences read in place, each counted once.
+    pub kv_shared_bytes: Gauge,
+    /// Bytes private copies of those blocks would have taken (one per reading sequence).
+    pub kv_shared_read_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -147,6 +153,24 @@ impl Metrics {
             "Blocks dropped from the prefix cache to stay within its budget, since start",
             prefix_cache_evictions.clone(),
         );
+        let kv_own_bytes = Gauge::default();
+        registry.register(
+            "kv_own_bytes",
+            "Bytes of keys and values running sequences computed themselves",
+            kv_own_bytes.clone(),
+        );
+        let kv_shared_bytes = Gauge::default();
+        registry.register(
+            "kv_shared_bytes",
+            "Bytes of prompt-prefix blocks running sequences read in place, each block counted once",
+            kv_shared_bytes.clone(),
+        );
+        let kv_shared_read_bytes = Gauge::default();
+        registry.register(
+            "kv_shared_read_bytes",
+            "Bytes private copies of the shared prefix blocks would take, one per reading sequence",
+            kv_shared_read_bytes.clone(),
+        );
         let schema_violations = Counter::default();
         registry.register(
             "schema_violations",
@@ -162,6 +186,9 @@ impl Metrics {
             prefix_cache_bytes,
             prefix_cache_blocks,
             prefix_cache_evictions,
+            kv_own_bytes,
+            kv_shared_bytes,
+            kv_shared_read_bytes,
             requests,
             prompt_tokens,
             completion_tokens,
@@ -178,6 +205,14 @@ impl Metrics {
         self.prefix_cache_bytes.set(g(s.bytes as u64));
         self.prefix_cache_blocks.set(g(s.blocks as u64));
         self.prefix_cache_evictions.set(g(s.evicted));
+    }
+
+    /// Shows what the running sequences' caches hold.
+    pub fn show_kv(&self, s: &strata_engine::prefix::KvStats) {
+        let g = |x: usize| i64::try_from(x).unwrap_or(i64::MAX);
+        self.kv_own_bytes.set(g(s.own_bytes));
+        self.kv_shared_bytes.set(g(s.shared_bytes));
+        self.kv_shared_read_bytes.set(g(s.shared_read_bytes));
     }
 
     /// Counts one answered request.

@@ -130,11 +130,14 @@ fn check_model(st: &AppState, model: &str) -> Result<(), ApiError> {
     if st.serves(model) || model.strip_suffix(":latest").is_some_and(|m| st.serves(m)) {
         Ok(())
     } else {
-        let mut e = ApiError::model_not_found(model, &st.model_id);
-        e.message = format!(
-            "model \"{model}\" not found; this server serves \"{}\"",
-            st.model_id
-        );
+        let served = st.served_names();
+        let mut e = ApiError::model_not_found(model, &served);
+        let list = served
+            .iter()
+            .map(|m| format!("\"{m}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        e.message = format!("model \"{model}\" not found; this server serves {list}");
         e.param = None;
         Err(e)
     }

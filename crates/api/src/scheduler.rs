@@ -541,6 +541,9 @@ fn run(
             !gone
         });
         m.active_sequences.set(active.len() as i64);
+        if let Some(stats) = batch.kv_stats() {
+            m.show_kv(&stats);
+        }
         steps.clear();
         // Sequences with forced tokens waiting take their own pass instead (next round), and
         // sequences still prefilling have nothing to decode yet.

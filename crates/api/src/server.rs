@@ -70,9 +70,26 @@ pub struct AppState {
     /// off the async workers: one per core, so a burst of huge requests queues here instead
     /// of stalling `/health` and every stream.
     pub prepare: Arc<tokio::sync::Semaphore>,
+    /// Every model name answered at this address (see [`crate::Shared::set_served`]).
+    pub served: crate::ServedNames,
 }
 
 impl AppState {
+    /// The names a "not found" lists: this model's id and aliases, then every other model
+    /// answered at this address.
+    pub(crate) fn served_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::iter::once(&self.model_id)
+            .chain(&self.aliases)
+            .cloned()
+            .collect();
+        for n in self.served.get() {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        names
+    }
+
     /// Whether requests naming `model` are served here: the model's id or one of its aliases.
     pub fn serves(&self, model: &str) -> bool {
         model == self.model_id || self.aliases.iter().any(|a| a == model)
@@ -83,7 +100,7 @@ impl AppState {
         if self.serves(model) {
             Ok(())
         } else {
-            Err(ApiError::model_not_found(model, &self.model_id))
+            Err(ApiError::model_not_found(model, &self.served_names()))
         }
     }
 }
@@ -267,7 +284,7 @@ async fn model(
     if st.serves(&id) {
         Ok(Json(model_object(&st, &id)))
     } else {
-        Err(ApiError::model_not_found(&id, &st.model_id))
+        Err(ApiError::model_not_found(&id, &st.served_names()))
     }
 }
 

@@ -321,6 +321,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("loading {}", path.display()))?;
         states.push(state);
     }
+    shared.set_served(
+        states
+            .iter()
+            .flat_map(|s| std::iter::once(&s.model_id).chain(&s.aliases))
+            .cloned()
+            .collect(),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -6,8 +6,9 @@
 //! memory once per step for the whole batch instead of once per sequence.
 
 use crate::generate::PREFILL_BATCH;
-use crate::prefix::{BLOCK, PrefixCache, PrefixStats, REUSABLE_STEP};
+use crate::prefix::{BLOCK, KvStats, PrefixStats, SlotBlocks};
 use crate::{Error, KvCache, Model, NoComm, Result, Scratch, StageInput};
+use std::sync::Arc;
 use strata_kernels::ThreadPool;
 
 /// Which slot a sequence lives in (valid until [`Batch::release`]).
@@ -38,14 +39,8 @@ pub struct Batch {
     /// avoid allocating).
     order: Vec<usize>,
     tokens: Vec<u32>,
-    /// Blocks of finished prompts, when prefix caching is on.
-    prefix: Option<PrefixCache>,
-    /// Per slot, the leading tokens whose keys and values are reusable (whole blocks computed
-    /// as [`crate::prefix`] requires), kept after the slot is freed.
-    held: Vec<Vec<u32>>,
-    /// Per slot, the prefix cache entries of the held blocks (shorter when a block could not
-    /// be kept; then nothing after it is kept either).
-    chain: Vec<Vec<u64>>,
+    /// Blocks of computed prompts and what each slot holds, when prefix caching is on.
+    prefix: Option<SlotBlocks<Arc<[half::f16]>>>,
 }
 
 impl Batch {
@@ -69,8 +64,6 @@ impl Batch {
             order: Vec::with_capacity(slots),
             tokens: Vec::with_capacity(slots),
             prefix: None,
-            held: vec![Vec::new(); slots],
-            chain: vec![Vec::new(); slots],
         })
     }
 
@@ -78,13 +71,33 @@ impl Batch {
     /// off): [`Batch::admit`] then restores the longest cached prefix of a prompt, from the
     /// slot that still holds it without copying, or else from the cache.
     pub fn with_prefix_cache(mut self, budget: usize) -> Batch {
-        self.prefix = (budget > 0).then(|| PrefixCache::new(budget));
+        let block_bytes = self.caches.first().map_or(0, |c| c.block_len(BLOCK) * 2);
+        self.prefix = (budget > 0).then(|| SlotBlocks::new(budget, block_bytes, self.slots()));
         self
     }
 
     /// What the prefix cache holds (`None` when it is off).
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
-        self.prefix.as_ref().map(PrefixCache::stats)
+        self.prefix.as_ref().map(|p| p.cache().stats())
+    }
+
+    /// What the running sequences hold: their own positions, and the shared prefix blocks they
+    /// read (each counted once).
+    pub fn kv_stats(&self) -> KvStats {
+        let mut stats = KvStats::default();
+        let mut blocks: Vec<(*const half::f16, usize)> = Vec::new();
+        for (cache, _) in self.caches.iter().zip(&self.busy).filter(|(_, b)| **b) {
+            stats.sequences += 1;
+            stats.own_bytes += cache.own_bytes();
+            for b in cache.shared_blocks() {
+                stats.shared_read_bytes += b.len() * 2;
+                blocks.push((b.as_ptr(), b.len() * 2));
+            }
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        stats.shared_bytes = blocks.iter().map(|b| b.1).sum();
+        stats
     }
 
     /// Whether `prompt` can start a sequence: not empty, with room for a token after it.
@@ -108,49 +121,30 @@ impl Batch {
     /// [`BLOCK`] aligned to multiples of it for the logits to be those of a cold prefill.
     pub fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize)> {
         self.fits(prompt)?;
-        let usable = if self.prefix.is_some() {
-            (prompt.len() - 1) / BLOCK
-        } else {
-            0
+        let no_slot = || Error::InvalidShard("every batch slot is in use".into());
+        let Some(prefix) = self.prefix.as_mut() else {
+            let slot = self.busy.iter().position(|b| !*b).ok_or_else(no_slot)?;
+            self.caches[slot].clear();
+            self.busy[slot] = true;
+            return Ok((SlotId(slot), 0));
         };
-        // Blocks each free slot still holds of this prompt; the best slot, and among equals
-        // the one holding least (keeping long prefixes for prompts that want them).
-        let common = |held: &[u32]| {
-            held.chunks_exact(BLOCK)
-                .zip(prompt.chunks_exact(BLOCK))
-                .take(usable)
-                .take_while(|(a, b)| a == b)
-                .count()
-        };
-        let slot = (0..self.slots())
-            .filter(|&i| !self.busy[i])
-            .max_by_key(|&i| (common(&self.held[i]), std::cmp::Reverse(self.held[i].len())))
-            .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
-        let mut kept = common(&self.held[slot]);
-        let cache = &mut self.caches[slot];
-        cache.truncate(kept * BLOCK);
-        self.held[slot].truncate(kept * BLOCK);
-        self.chain[slot].truncate(kept);
-        if let Some(prefix) = self.prefix.as_mut() {
-            let found = prefix.lookup(&prompt[..usable * BLOCK]);
-            if found.len() > kept && self.chain[slot].len() == kept {
-                for &id in &found[kept..] {
-                    let ok = prefix
-                        .data(id)
-                        .is_some_and(|d| cache.load_block(kept * BLOCK, d));
-                    if !ok {
-                        break;
-                    }
-                    kept += 1;
-                }
-                self.held[slot].clear();
-                self.held[slot].extend_from_slice(&prompt[..kept * BLOCK]);
-                self.chain[slot].clear();
-                self.chain[slot].extend_from_slice(&found[..kept]);
-            }
-        }
-        self.busy[slot] = true;
-        Ok((SlotId(slot), kept * BLOCK))
+        let a = prefix.choose(&self.busy, prompt).ok_or_else(no_slot)?;
+        let cache = &mut self.caches[a.slot];
+        cache.truncate(a.kept * BLOCK);
+        // Read in place while the slot holds nothing of its own (concurrent sequences then
+        // share one copy); copied after positions of its own.
+        let n =
+            a.restore
+                .iter()
+                .take_while(|&&id| {
+                    prefix.cache().data(id).is_some_and(|d| {
+                        cache.attach(d.clone()) || cache.load_block(cache.len(), d)
+                    })
+                })
+                .count();
+        let kept = prefix.restored(&a, prompt, n);
+        self.busy[a.slot] = true;
+        Ok((SlotId(a.slot), kept * BLOCK))
     }
 
     /// The model.
@@ -188,8 +182,9 @@ impl Batch {
             .position(|b| !*b)
             .ok_or_else(|| Error::InvalidShard("every batch slot is in use".into()))?;
         self.caches[slot].clear();
-        self.held[slot].clear();
-        self.chain[slot].clear();
+        if let Some(p) = self.prefix.as_mut() {
+            p.clear(slot);
+        }
         self.prefill(slot, prompt)?;
         self.busy[slot] = true;
         Ok((SlotId(slot), self.scratch.logits_mut()))
@@ -219,16 +214,12 @@ impl Batch {
         Ok(self.scratch.logits_mut())
     }
 
-    /// Runs `tokens` through slot `slot`'s cache, in chunks of the prefill batch.
+    /// Runs `tokens` through slot `slot`'s cache, in chunks of the prefill batch, keeping the
+    /// blocks they complete in the prefix cache (see [`SlotBlocks::passed`]).
     fn prefill(&mut self, slot: usize, tokens: &[u32]) -> Result<()> {
         for chunk in tokens.chunks(PREFILL_BATCH) {
             let cache = &mut self.caches[slot];
             let at = cache.len();
-            if self.held[slot].len() > at {
-                // Positions past the cache's end are being overwritten.
-                self.held[slot].truncate(at - at % BLOCK);
-                self.chain[slot].truncate(at / BLOCK);
-            }
             self.model.forward(
                 &self.pool,
                 cache,
@@ -236,47 +227,14 @@ impl Batch {
                 StageInput::Tokens(chunk),
                 &mut NoComm,
             )?;
-            self.keep_block(slot, at, chunk);
-        }
-        Ok(())
-    }
-
-    /// Records a pass of `tokens` at position `at` of `slot` as reusable when it continues the
-    /// reusable positions on the grid of [`REUSABLE_STEP`] (whole steps from a multiple of it:
-    /// the passes whose rows compute exactly as in whole-block passes), and keeps every block it
-    /// completes in the prefix cache. A pass off the grid (a decode step, a few forced tokens)
-    /// ends what is reusable in the slot.
-    fn keep_block(&mut self, slot: usize, at: usize, tokens: &[u32]) {
-        let held = &mut self.held[slot];
-        if self.prefix.is_none()
-            || !tokens.len().is_multiple_of(REUSABLE_STEP)
-            || !at.is_multiple_of(REUSABLE_STEP)
-            || held.len() != at
-        {
-            return;
-        }
-        held.extend_from_slice(tokens);
-        let chain = &mut self.chain[slot];
-        let Some(prefix) = self.prefix.as_mut() else {
-            return;
-        };
-        let cache = &self.caches[slot];
-        while chain.len() < held.len() / BLOCK {
-            let start = chain.len() * BLOCK;
-            let block = &held[start..start + BLOCK];
-            let parent = chain.last().copied().unwrap_or(crate::prefix::ROOT);
-            let id = prefix.find(parent, block).or_else(|| {
-                if !prefix.admits(cache.block_len(BLOCK) * 2) {
-                    return None;
-                }
-                let data = cache.save_block(start, BLOCK)?;
-                prefix.insert(parent, block, data)
-            });
-            match id {
-                Some(id) => chain.push(id),
-                None => break,
+            if let Some(p) = self.prefix.as_mut() {
+                let cache = &self.caches[slot];
+                p.passed(slot, at, chunk, |start| cache.save_block(start, BLOCK));
+                // Evicted blocks are dropped with their entries.
+                p.cache_mut().take_gone();
             }
         }
+        Ok(())
     }
 
     /// Appends `steps[i].1` to the sequence in slot `steps[i].0`, all in one forward pass, and

@@ -798,9 +798,14 @@ impl Blocks<'_, '_> {
             // Rows hold positions `first..lenp` at their own offsets (`first` is a multiple
             // of every order's step, so `lenp - first` stays whole steps).
             let first = window_start(query_pos, window);
-            let keys = &cache.keys(li, kvh, len)[first * hd..];
+            // The keys come in runs (shared prefix blocks, then the sequence's own); each
+            // score is its own dot product, so scoring run by run changes nothing.
+            for (pos, keys) in cache.key_runs(li, kvh, first, len) {
+                let n = keys.len() / hd;
+                let out = &mut sc[pos..];
+                attn::scores_grouped(order, qg, hd, keys, n, scale, out, stride);
+            }
             let sc = &mut sc[first..];
-            attn::scores_grouped(order, qg, hd, keys, len - first, scale, sc, stride);
             for (i, row) in sc.chunks_mut(stride).take(g).enumerate() {
                 let (len, lenp) = (len - first, lenp - first);
                 let row = &mut row[..lenp];
@@ -820,8 +825,8 @@ impl Blocks<'_, '_> {
             let o = unsafe {
                 std::slice::from_raw_parts_mut(att.get().add((tt * n_q + h0) * vd), g * vd)
             };
-            let (vt, vs) = (cache.values_t(li, kvh), cache.value_stride());
-            attn::weighted_sum_grouped(order, sc, stride, &vt[first..], vs, vd, lenp - first, o);
+            let runs = cache.value_runs(li, kvh, first, lenp);
+            attn::weighted_sum_runs(order, sc, stride, runs, vd, o);
         });
     }
 

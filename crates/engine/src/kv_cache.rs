@@ -10,11 +10,19 @@
 //! dimension over the positions, as llama.cpp's cache holds them without flash attention): a
 //! weighted sum of values is then a dot product of the probabilities with each row, which the
 //! attention kernels compute for several query heads at once.
+//!
+//! A cache may start with blocks of [`BLOCK`] positions it shares with the prefix cache and with
+//! other sequences (a prompt prefix computed once): those are read in place, never copied, and
+//! the cache's own memory holds only the positions after them. Attention reads a sequence's
+//! positions as runs (each shared block, then its own positions), which the kernels sum as one
+//! row, so a sequence computes bit for bit what it would over a private copy.
 
+use crate::prefix::BLOCK;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
-use strata_kernels::attn;
+use std::sync::Arc;
+use strata_kernels::attn::{self, ValueRun};
 
 /// Keys and values for `n_layers x n_kv_heads x n_ctx` positions, keys `head_dim` wide and
 /// values `v_dim` (equal but under multi-head latent attention, whose values are the first
@@ -25,8 +33,13 @@ pub struct KvCache {
     n_ctx: usize,
     head_dim: usize,
     v_dim: usize,
+    /// Positions filled, the shared ones included.
     len: usize,
-    /// `[layer][head][position][dim]`.
+    /// Positions `0..shared.len() * BLOCK`, read in place from blocks laid out as
+    /// [`KvCache::save_block`] lays them out (other sequences and the prefix cache may hold the
+    /// same blocks). The cache's own arrays start after them.
+    shared: Vec<Arc<[f16]>>,
+    /// `[layer][head][position][dim]`, own positions from the first after the shared blocks.
     k: Vec<f16>,
     /// `[layer][head][dim][position]`, rows of `v_stride`; past the filled positions, zero or
     /// values of an earlier sequence (finite either way: weighted sums give them weight zero).
@@ -75,6 +88,7 @@ impl KvCache {
             head_dim,
             v_dim,
             len: 0,
+            shared: Vec::new(),
             k: alloc(per_head(n_ctx, head_dim)?)?,
             v: alloc(per_head(v_stride, v_dim)?)?,
             v_stride,
@@ -96,16 +110,46 @@ impl KvCache {
         self.n_ctx
     }
 
-    /// Forgets every position (a new sequence).
+    /// Forgets every position (a new sequence), letting go of shared blocks.
     pub fn clear(&mut self) {
         self.len = 0;
+        self.shared.clear();
     }
 
-    /// Forgets positions from `len` on (e.g. to reuse a shared prompt prefix).
+    /// Forgets positions from `len` on (e.g. to reuse a shared prompt prefix). Shared blocks
+    /// past `len` are let go; the part of one that `len` ends inside is copied into the
+    /// cache's own memory.
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        if len >= self.base() {
+            self.len = self.len.min(len);
+            return;
+        }
+        let (keep, part) = (len / BLOCK, len % BLOCK);
+        let cut = self.shared.get(keep).cloned();
+        self.shared.truncate(keep);
+        self.len = keep * BLOCK;
+        if let Some(block) = cut.filter(|_| part > 0) {
+            self.copy_in(&block, BLOCK, part);
+        }
     }
 
+    /// Positions held in shared blocks (the cache's own positions start here).
+    pub fn base(&self) -> usize {
+        self.shared.len() * BLOCK
+    }
+
+    /// The shared blocks this cache reads (for memory accounting: each is held once however
+    /// many caches read it).
+    pub fn shared_blocks(&self) -> &[Arc<[f16]>] {
+        &self.shared
+    }
+
+    /// Bytes of keys and values the cache's own filled positions take.
+    pub fn own_bytes(&self) -> usize {
+        (self.len - self.base()) * self.block_len(1) * 2
+    }
+
+    /// Where own position `pos` of `(layer, head)` starts in the keys.
     fn at(&self, layer: usize, head: usize, pos: usize) -> usize {
         ((layer * self.n_kv_heads + head) * self.n_ctx + pos) * self.head_dim
     }
@@ -116,8 +160,11 @@ impl KvCache {
     }
 
     /// Writes position `pos` of `(layer, head)`, rounding to f16 (to nearest, ties to even, as
-    /// ggml converts).
+    /// ggml converts). Positions in shared blocks are never written (they are computed).
     pub(crate) fn store(&mut self, layer: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let pos = pos
+            .checked_sub(self.base())
+            .expect("a position in a shared block is never written");
         let i = self.at(layer, head, pos);
         let hd = self.head_dim;
         self.k[i..i + hd].convert_from_f32_slice(&k[..hd]);
@@ -133,22 +180,86 @@ impl KvCache {
         }
     }
 
-    /// Keys of positions `0..len`, back to back.
-    pub(crate) fn keys(&self, layer: usize, head: usize, len: usize) -> &[f16] {
-        let i = self.at(layer, head, 0);
-        &self.k[i..i + len * self.head_dim]
+    /// Where `(layer, head)` starts inside a shared block, and where its values start.
+    fn in_block(&self, layer: usize, head: usize) -> (usize, usize) {
+        let at = (layer * self.n_kv_heads + head) * BLOCK * (self.head_dim + self.v_dim);
+        (at, at + BLOCK * self.head_dim)
     }
 
-    /// The transposed values of `(layer, head)`: row `d` (at `d * value_stride()`) holds
-    /// dimension `d` of every position (past the filled ones, zero or an earlier sequence's).
-    pub(crate) fn values_t(&self, layer: usize, head: usize) -> &[f16] {
-        let i = self.v_at(layer, head);
-        &self.v[i..i + self.v_dim * self.v_stride]
+    /// The pieces of positions `first..end` in storage order: `(first position, block or own,
+    /// offset of the first position in it, positions)`, shared blocks first.
+    fn pieces(
+        &self,
+        first: usize,
+        end: usize,
+    ) -> impl Iterator<Item = (usize, Option<&[f16]>, usize, usize)> + Clone {
+        let base = self.base();
+        let shared = self
+            .shared
+            .iter()
+            .enumerate()
+            .map(|(b, blk)| (b * BLOCK, Some(&**blk), 0, BLOCK))
+            .filter_map(move |(at, blk, _, n)| {
+                let (from, to) = (first.max(at), end.min(at + n));
+                (from < to).then_some((from, blk, from - at, to - from))
+            });
+        let own = (end > base.max(first)).then(|| {
+            let from = first.max(base);
+            (from, None, from - base, end - from)
+        });
+        shared.chain(own)
     }
 
-    /// Positions per row of [`KvCache::values_t`].
-    pub(crate) fn value_stride(&self) -> usize {
-        self.v_stride
+    /// Keys of positions `first..len` as runs `(first position, keys back to back)`: each
+    /// shared block's part, then the cache's own.
+    pub(crate) fn key_runs(
+        &self,
+        layer: usize,
+        head: usize,
+        first: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (usize, &[f16])> + Clone {
+        let hd = self.head_dim;
+        let (in_block, _) = self.in_block(layer, head);
+        let own = self.at(layer, head, 0);
+        self.pieces(first, len).map(move |(pos, blk, off, n)| {
+            let keys = match blk {
+                Some(b) => &b[in_block + off * hd..in_block + (off + n) * hd],
+                None => &self.k[own + off * hd..own + (off + n) * hd],
+            };
+            (pos, keys)
+        })
+    }
+
+    /// The transposed values of positions `first..end` of `(layer, head)` as runs, each shared
+    /// block's part and then the cache's own, for [`attn::weighted_sum_runs`]. `first` and the
+    /// block edges must be whole steps of the attention order, `end` padded to one: the padded
+    /// positions of the cache's own rows are zero or an earlier sequence's values (finite either
+    /// way: weighted sums give them weight zero).
+    pub(crate) fn value_runs(
+        &self,
+        layer: usize,
+        head: usize,
+        first: usize,
+        end: usize,
+    ) -> impl Iterator<Item = ValueRun<'_>> + Clone {
+        let vd = self.v_dim;
+        let (_, in_block) = self.in_block(layer, head);
+        let own = self.v_at(layer, head);
+        let vs = self.v_stride;
+        self.pieces(first, end)
+            .map(move |(_, blk, off, n)| match blk {
+                Some(b) => ValueRun {
+                    vt: &b[in_block + off..in_block + (vd - 1) * BLOCK + off + n],
+                    vs: BLOCK,
+                    len: n,
+                },
+                None => ValueRun {
+                    vt: &self.v[own + off..own + (vd - 1) * vs + off + n],
+                    vs,
+                    len: n,
+                },
+            })
     }
 
     pub(crate) fn advance(&mut self, n: usize) {
@@ -165,12 +276,19 @@ impl KvCache {
         self.heads() * n * (self.head_dim + self.v_dim)
     }
 
-    /// The keys and values of positions `start..start + n`, per `(layer, head)` the keys by position and then the values by
-    /// dimension. `None` when the positions are not filled.
-    pub(crate) fn save_block(&self, start: usize, n: usize) -> Option<Box<[f16]>> {
+    /// The keys and values of positions `start..start + n`, per `(layer, head)` the keys by
+    /// position and then the values by dimension. `None` when the positions are not filled or
+    /// straddle a shared block; a whole shared block is given back as it is, not copied.
+    pub fn save_block(&self, start: usize, n: usize) -> Option<Arc<[f16]>> {
         if start + n > self.len {
             return None;
         }
+        let base = self.base();
+        if start < base {
+            let whole = n == BLOCK && start.is_multiple_of(BLOCK);
+            return whole.then(|| self.shared[start / BLOCK].clone());
+        }
+        let start = start - base;
         let mut out = vec![f16::ZERO; self.block_len(n)];
         let mut at = 0;
         for lh in 0..self.heads() {
@@ -189,9 +307,24 @@ impl KvCache {
         Some(out.into())
     }
 
+    /// Makes a whole block saved by [`KvCache::save_block`] the next [`BLOCK`] positions
+    /// without copying it: only while the cache holds nothing of its own (shared blocks come
+    /// first). False when it cannot.
+    pub fn attach(&mut self, block: Arc<[f16]>) -> bool {
+        if self.len != self.base()
+            || block.len() != self.block_len(BLOCK)
+            || self.len + BLOCK > self.n_ctx
+        {
+            return false;
+        }
+        self.shared.push(block);
+        self.len += BLOCK;
+        true
+    }
+
     /// Writes a block saved by [`KvCache::save_block`] back at positions `start..start + n`;
     /// the block must directly follow the filled positions, and the cache then holds it.
-    pub(crate) fn load_block(&mut self, start: usize, data: &[f16]) -> bool {
+    pub fn load_block(&mut self, start: usize, data: &[f16]) -> bool {
         let per = self.heads() * (self.head_dim + self.v_dim);
         if per == 0 || !data.len().is_multiple_of(per) || start != self.len {
             return false;
@@ -200,22 +333,29 @@ impl KvCache {
         if start + n > self.n_ctx {
             return false;
         }
+        self.copy_in(data, n, n);
+        true
+    }
+
+    /// Appends the first `count` positions of a block of `n` (laid out as
+    /// [`KvCache::save_block`] does) to the cache's own positions.
+    fn copy_in(&mut self, data: &[f16], n: usize, count: usize) {
+        let start = self.len - self.base();
         let mut at = 0;
         for lh in 0..self.heads() {
             let (layer, head) = (lh / self.n_kv_heads, lh % self.n_kv_heads);
             let k = self.at(layer, head, start);
-            let kn = n * self.head_dim;
+            let kn = count * self.head_dim;
             self.k[k..k + kn].copy_from_slice(&data[at..at + kn]);
-            at += kn;
+            at += n * self.head_dim;
             let v = self.v_at(layer, head) + start;
             for d in 0..self.v_dim {
                 let row = v + d * self.v_stride;
-                self.v[row..row + n].copy_from_slice(&data[at..at + n]);
+                self.v[row..row + count].copy_from_slice(&data[at..at + count]);
                 at += n;
             }
         }
-        self.len += n;
-        true
+        self.len += count;
     }
 }
 
@@ -273,6 +413,25 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Keys of positions `0..len` of `(layer, head)`, back to back, however they are stored.
+    fn keys(c: &KvCache, layer: usize, head: usize, len: usize) -> Vec<f16> {
+        let mut out = Vec::new();
+        for (pos, k) in c.key_runs(layer, head, 0, len) {
+            assert_eq!(pos * c.head_dim, out.len());
+            out.extend_from_slice(k);
+        }
+        out
+    }
+
+    /// Dimension `d` of positions `0..len` of `(layer, head)`.
+    fn values(c: &KvCache, layer: usize, head: usize, d: usize, len: usize) -> Vec<f16> {
+        let mut out = Vec::new();
+        for r in c.value_runs(layer, head, 0, len) {
+            out.extend_from_slice(&r.vt[d * r.vs..d * r.vs + r.len]);
+        }
+        out
+    }
+
     #[test]
     fn positions_are_kept_as_f16_keys_by_position_and_values_by_dimension() {
         let (layers, heads, ctx, hd) = (2, 3, 70, 4);
@@ -282,20 +441,102 @@ mod tests {
         c.store(1, 2, 5, &k, &v);
         c.advance(6);
         let r = |x: f32| f16::from_f32(x);
-        assert_eq!(&c.keys(1, 2, 6)[5 * hd..6 * hd], &k.map(r)[..]);
-        let (vt, vs) = (c.values_t(1, 2), c.value_stride());
-        assert!(vs >= ctx && vs % attn::MAX_STEP == 0);
-        for d in 0..hd {
-            assert_eq!(vt[d * vs + 5], r(v[d]));
-            assert_eq!(vt[d * vs + 4], f16::ZERO);
+        assert_eq!(&keys(&c, 1, 2, 6)[5 * hd..6 * hd], &k.map(r)[..]);
+        assert!(c.v_stride >= ctx && c.v_stride.is_multiple_of(attn::MAX_STEP));
+        for (d, &vx) in v.iter().enumerate() {
+            let vd = values(&c, 1, 2, d, 6);
+            assert_eq!(vd[5], r(vx));
+            assert_eq!(vd[4], f16::ZERO);
         }
         // Another head is untouched; a saved block loads back into a fresh cache bit for bit.
-        assert!(c.keys(0, 0, 6).iter().all(|x| *x == f16::ZERO));
+        assert!(keys(&c, 0, 0, 6).iter().all(|x| *x == f16::ZERO));
         let block = c.save_block(0, 6).unwrap();
         let mut d = KvCache::new(layers, heads, ctx, (hd, hd)).unwrap();
         assert!(d.load_block(0, &block));
-        assert_eq!(d.keys(1, 2, 6), c.keys(1, 2, 6));
-        assert_eq!(d.values_t(1, 2)[..6], c.values_t(1, 2)[..6]);
+        assert_eq!(keys(&d, 1, 2, 6), keys(&c, 1, 2, 6));
+        assert_eq!(values(&d, 1, 2, 3, 6), values(&c, 1, 2, 3, 6));
+    }
+
+    /// A cache of `ctx` positions with every position of every head filled with values that
+    /// name it.
+    fn filled(layers: usize, heads: usize, ctx: usize, hd: usize, len: usize) -> KvCache {
+        let mut c = KvCache::new(layers, heads, ctx, (hd, hd)).unwrap();
+        fill(&mut c, 0..len);
+        c
+    }
+
+    /// Stores positions `range` of every head of `c` with values that name them.
+    fn fill(c: &mut KvCache, range: std::ops::Range<usize>) {
+        let (layers, hd) = (c.heads() / c.n_kv_heads, c.head_dim);
+        for p in range {
+            for l in 0..layers {
+                for h in 0..c.n_kv_heads {
+                    let k: Vec<f32> = (0..hd).map(|i| (p * 7 + l * 3 + h + i) as f32).collect();
+                    let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                    c.store(l, h, p, &k, &v);
+                }
+            }
+            c.advance(1);
+        }
+    }
+
+    #[test]
+    fn shared_blocks_read_as_the_positions_they_hold_and_are_never_copied() {
+        let (layers, heads, hd) = (2, 2, 4);
+        let ctx = 3 * BLOCK;
+        let len = 2 * BLOCK + 40;
+        let whole = filled(layers, heads, ctx, hd, len);
+        let blocks: Vec<Arc<[f16]>> = (0..2)
+            .map(|b| whole.save_block(b * BLOCK, BLOCK).unwrap())
+            .collect();
+        // A cache that attaches the two blocks and computes the rest itself.
+        let mut c = KvCache::new(layers, heads, ctx, (hd, hd)).unwrap();
+        for b in &blocks {
+            assert!(c.attach(b.clone()));
+        }
+        assert_eq!(
+            (c.len(), c.base(), c.own_bytes()),
+            (2 * BLOCK, 2 * BLOCK, 0)
+        );
+        assert!(Arc::ptr_eq(&c.shared_blocks()[1], &blocks[1]));
+        fill(&mut c, 2 * BLOCK..len);
+        assert_eq!(c.own_bytes(), 40 * layers * heads * 2 * hd * 2);
+        // A block attaches only while the cache has nothing of its own.
+        assert!(!c.attach(blocks[0].clone()));
+        for (l, h) in [(0, 0), (1, 1), (0, 1)] {
+            assert_eq!(keys(&c, l, h, len), keys(&whole, l, h, len));
+            for d in 0..hd {
+                assert_eq!(values(&c, l, h, d, len), values(&whole, l, h, d, len));
+            }
+            // Runs from a window's start inside the second block: that block's tail, then own.
+            let runs: Vec<_> = c
+                .key_runs(l, h, BLOCK + 64, len)
+                .map(|(p, k)| (p, k.len()))
+                .collect();
+            assert_eq!(
+                runs,
+                [(BLOCK + 64, (BLOCK - 64) * hd), (2 * BLOCK, 40 * hd)]
+            );
+        }
+        // A shared block saves as itself; an own one as a copy equal to the original's.
+        assert!(Arc::ptr_eq(
+            &c.save_block(BLOCK, BLOCK).unwrap(),
+            &blocks[1]
+        ));
+        assert!(c.save_block(BLOCK + 1, BLOCK).is_none());
+        // Cutting inside a shared block copies its first part into the cache's own memory.
+        c.truncate(BLOCK + 10);
+        assert_eq!(
+            (c.len(), c.base(), c.shared_blocks().len()),
+            (BLOCK + 10, BLOCK, 1)
+        );
+        assert_eq!(keys(&c, 1, 0, BLOCK + 10), keys(&whole, 1, 0, BLOCK + 10));
+        assert_eq!(
+            values(&c, 1, 0, 2, BLOCK + 10),
+            values(&whole, 1, 0, 2, BLOCK + 10)
+        );
+        c.clear();
+        assert_eq!((c.len(), c.base()), (0, 0));
     }
 
     #[test]

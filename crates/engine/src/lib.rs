@@ -33,6 +33,8 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
+/// The half-precision float the KV cache keeps keys and values in.
+pub use half::f16;
 pub use kv_cache::KvCache;
 pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput};
 pub use models::Arch;

@@ -15,9 +15,14 @@
 //! full, so two prompts can never be confused by a hash collision. Entries are evicted least
 //! recently used first under a byte budget, leaves before the blocks they extend; keys and
 //! values are kept as f16 (the cache rounds them to f16 on the way in, so this loses nothing).
+//! A block is shared, not copied, with the sequences that start with it: their caches read it
+//! in place (see [`crate::KvCache`]), so concurrent sequences with one prefix hold it once.
+//! Eviction passes over blocks running sequences still read while there are others to drop
+//! (dropping those would free nothing).
 
 use half::f16;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Positions per cached block, and the prefill chunk that makes blocks reusable.
 pub const BLOCK: usize = 256;
@@ -32,13 +37,48 @@ pub const REUSABLE_STEP: usize = 16;
 /// The id of the root of the trie (the empty prefix).
 pub(crate) const ROOT: u64 = 0;
 
+/// What a cached block's data is to the cache: its size, and whether a running sequence reads
+/// it (evicting such a block frees nothing).
+pub trait BlockData {
+    /// Bytes the block takes.
+    fn bytes(&self) -> usize;
+    /// Whether a running sequence reads the block.
+    fn in_use(&self) -> bool;
+}
+
+/// Keys and values of a block's positions, as [`crate::KvCache::save_block`] lays them out;
+/// sequences reading the block hold it too.
+impl BlockData for Arc<[f16]> {
+    fn bytes(&self) -> usize {
+        self.len() * 2
+    }
+
+    fn in_use(&self) -> bool {
+        Arc::strong_count(self) > 1
+    }
+}
+
+/// A block whose keys and values live on the ranks of a sharded instance (each its slice),
+/// known to rank 0's index by the bytes it takes over all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote(pub usize);
+
+impl BlockData for Remote {
+    fn bytes(&self) -> usize {
+        self.0
+    }
+
+    fn in_use(&self) -> bool {
+        false
+    }
+}
+
 /// One cached block.
 #[derive(Debug)]
-struct Entry {
+struct Entry<D> {
     parent: u64,
     tokens: Box<[u32]>,
-    /// Keys and values of the block's positions, as [`crate::KvCache::save_block`] lays them out.
-    data: Box<[f16]>,
+    data: D,
     /// Blocks that extend this one.
     children: usize,
     /// The clock reading of the last use.
@@ -58,22 +98,39 @@ pub struct PrefixStats {
     pub evicted: u64,
 }
 
+/// The keys and values running sequences hold, for metrics: what they hold alone, and the
+/// prefix blocks they read in place (shared with each other and the prefix cache).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Sequences running.
+    pub sequences: usize,
+    /// Bytes of the positions each running sequence computed itself.
+    pub own_bytes: usize,
+    /// Bytes of the distinct shared blocks running sequences read, each counted once.
+    pub shared_bytes: usize,
+    /// Bytes those blocks would take if every sequence held its own copy (the sum over
+    /// sequences); `shared_bytes` of it are held.
+    pub shared_read_bytes: usize,
+}
+
 /// Cached prompt blocks under a byte budget (see the module docs).
 #[derive(Debug)]
-pub struct PrefixCache {
+pub struct PrefixCache<D = Arc<[f16]>> {
     budget: usize,
     bytes: usize,
     next_id: u64,
     clock: u64,
     evicted: u64,
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry<D>>,
     /// `(parent, tokens)` to entry id.
     index: HashMap<(u64, Box<[u32]>), u64>,
+    /// Entries evicted since [`PrefixCache::take_gone`] (whoever holds their data lets go).
+    gone: Vec<u64>,
 }
 
-impl PrefixCache {
+impl<D: BlockData> PrefixCache<D> {
     /// An empty cache that holds at most `budget` bytes of keys and values.
-    pub fn new(budget: usize) -> PrefixCache {
+    pub fn new(budget: usize) -> PrefixCache<D> {
         PrefixCache {
             budget,
             bytes: 0,
@@ -82,7 +139,13 @@ impl PrefixCache {
             evicted: 0,
             entries: HashMap::new(),
             index: HashMap::new(),
+            gone: Vec::new(),
         }
+    }
+
+    /// The entries evicted since the last call.
+    pub fn take_gone(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.gone)
     }
 
     /// What the cache holds.
@@ -117,8 +180,8 @@ impl PrefixCache {
     }
 
     /// The keys and values of entry `id`.
-    pub(crate) fn data(&self, id: u64) -> Option<&[f16]> {
-        self.entries.get(&id).map(|e| &*e.data)
+    pub(crate) fn data(&self, id: u64) -> Option<&D> {
+        self.entries.get(&id).map(|e| &e.data)
     }
 
     /// The entry for `block` after `parent`, if cached (marking it used).
@@ -139,8 +202,8 @@ impl PrefixCache {
     /// Keeps `data` as the block `block` after `parent` (which must be cached, or the root),
     /// evicting least recently used leaves to make room; `None` when it cannot be kept (too
     /// large for the budget, or its parent is gone).
-    pub(crate) fn insert(&mut self, parent: u64, block: &[u32], data: Box<[f16]>) -> Option<u64> {
-        let size = data.len() * 2;
+    pub(crate) fn insert(&mut self, parent: u64, block: &[u32], data: D) -> Option<u64> {
+        let size = data.bytes();
         if size > self.budget || (parent != ROOT && !self.entries.contains_key(&parent)) {
             return None;
         }
@@ -173,26 +236,183 @@ impl PrefixCache {
         Some(id)
     }
 
-    /// Drops the least recently used leaf other than `keep`; false when there is none.
+    /// Drops the least recently used leaf other than `keep`, one no running sequence reads if
+    /// there is such; false when there is no leaf to drop.
     fn evict_one(&mut self, keep: u64) -> bool {
         let victim = self
             .entries
             .iter()
             .filter(|(id, e)| e.children == 0 && **id != keep)
-            .min_by_key(|(id, e)| (e.used, **id))
+            .min_by_key(|(id, e)| (e.data.in_use(), e.used, **id))
             .map(|(id, _)| *id);
         let Some(id) = victim else {
             return false;
         };
         if let Some(e) = self.entries.remove(&id) {
             self.index.remove(&(e.parent, e.tokens));
-            self.bytes -= e.data.len() * 2;
+            self.bytes -= e.data.bytes();
             self.evicted += 1;
+            self.gone.push(id);
             if let Some(p) = self.entries.get_mut(&e.parent) {
                 p.children -= 1;
             }
         }
         true
+    }
+}
+
+/// A slot chosen for a prompt by [`SlotBlocks::choose`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The slot.
+    pub slot: usize,
+    /// Whole blocks of the prompt the slot still holds (its cache is to be cut to them).
+    pub kept: usize,
+    /// Cached blocks that continue them, to bring into the slot in order.
+    pub restore: Vec<u64>,
+}
+
+/// Which prompt blocks each slot of an engine holds, and the cache of blocks: the bookkeeping
+/// of prefix reuse that the one-process engine (block data in the cache) and a sharded one
+/// (data on its ranks, [`Remote`] here) share.
+#[derive(Debug)]
+pub struct SlotBlocks<D> {
+    cache: PrefixCache<D>,
+    /// Bytes of one block (checked against the budget before a block is saved).
+    block_bytes: usize,
+    /// Per slot, the leading tokens whose keys and values are reusable (whole blocks computed
+    /// as the module docs require), kept after the slot is freed.
+    held: Vec<Vec<u32>>,
+    /// Per slot, the cache entries of the held blocks (shorter when a block could not be kept;
+    /// then nothing after it is kept either).
+    chain: Vec<Vec<u64>>,
+}
+
+impl<D: BlockData> SlotBlocks<D> {
+    /// Bookkeeping for `slots` slots and a cache of `budget` bytes of blocks of `block_bytes`.
+    pub fn new(budget: usize, block_bytes: usize, slots: usize) -> SlotBlocks<D> {
+        SlotBlocks {
+            cache: PrefixCache::new(budget),
+            block_bytes,
+            held: vec![Vec::new(); slots],
+            chain: vec![Vec::new(); slots],
+        }
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &PrefixCache<D> {
+        &self.cache
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    /// The cache, to take its evictions.
+    pub fn cache_mut(&mut self) -> &mut PrefixCache<D> {
+        &mut self.cache
+    }
+
+    /// Picks the free slot (`busy[i]` false) that holds the most leading blocks of `prompt`
+    /// (among equals the one holding least, keeping long prefixes for prompts that want them),
+    /// forgets what it holds past them, and lists the cached blocks that continue them. Only
+    /// whole blocks that leave at least one token to run count. `None` when no slot is free.
+    pub fn choose(&mut self, busy: &[bool], prompt: &[u32]) -> Option<Admission> {
+        let usable = prompt.len().saturating_sub(1) / BLOCK;
+        let common = |held: &[u32]| {
+            held.chunks_exact(BLOCK)
+                .zip(prompt.chunks_exact(BLOCK))
+                .take(usable)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let slot = (0..self.held.len())
+            .filter(|&i| !busy.get(i).copied().unwrap_or(true))
+            .max_by_key(|&i| (common(&self.held[i]), std::cmp::Reverse(self.held[i].len())))?;
+        let kept = common(&self.held[slot]);
+        self.held[slot].truncate(kept * BLOCK);
+        self.chain[slot].truncate(kept);
+        let found = self.cache.lookup(&prompt[..usable * BLOCK]);
+        let restore = if found.len() > kept && self.chain[slot].len() == kept {
+            found[kept..].to_vec()
+        } else {
+            Vec::new()
+        };
+        Some(Admission {
+            slot,
+            kept,
+            restore,
+        })
+    }
+
+    /// Records that the first `n` blocks of `a.restore` were brought into the slot (the rest
+    /// could not be); returns the whole blocks of `prompt` the slot now holds.
+    pub fn restored(&mut self, a: &Admission, prompt: &[u32], n: usize) -> usize {
+        let total = a.kept + n.min(a.restore.len());
+        if total > a.kept {
+            self.held[a.slot].clear();
+            self.held[a.slot].extend_from_slice(&prompt[..total * BLOCK]);
+            self.chain[a.slot].extend_from_slice(&a.restore[..total - a.kept]);
+        }
+        total
+    }
+
+    /// Forgets what `slot` holds (its cache was cleared).
+    pub fn clear(&mut self, slot: usize) {
+        if let (Some(h), Some(c)) = (self.held.get_mut(slot), self.chain.get_mut(slot)) {
+            h.clear();
+            c.clear();
+        }
+    }
+
+    /// Records a pass of `tokens` at position `at` of `slot`: positions from `at` on were
+    /// overwritten; when the pass continues the reusable positions on the grid of
+    /// [`REUSABLE_STEP`] (whole steps from a multiple of it: the passes whose rows compute
+    /// exactly as in whole-block passes) it extends them, and every block it completes is
+    /// kept, `save(start)` giving the data of a block the cache lacks (`None`: not kept, and
+    /// nothing after it). A pass off the grid (a decode step, a few forced tokens) ends what is
+    /// reusable in the slot. Returns the blocks newly cached, as (start position, entry).
+    pub fn passed(
+        &mut self,
+        slot: usize,
+        at: usize,
+        tokens: &[u32],
+        mut save: impl FnMut(usize) -> Option<D>,
+    ) -> Vec<(usize, u64)> {
+        let mut new = Vec::new();
+        let (Some(held), Some(chain)) = (self.held.get_mut(slot), self.chain.get_mut(slot)) else {
+            return new;
+        };
+        if held.len() > at {
+            held.truncate(at - at % BLOCK);
+            chain.truncate(at / BLOCK);
+        }
+        if !tokens.len().is_multiple_of(REUSABLE_STEP)
+            || !at.is_multiple_of(REUSABLE_STEP)
+            || held.len() != at
+        {
+            return new;
+        }
+        held.extend_from_slice(tokens);
+        while chain.len() < held.len() / BLOCK {
+            let start = chain.len() * BLOCK;
+            let block = &held[start..start + BLOCK];
+            let parent = chain.last().copied().unwrap_or(ROOT);
+            let id = self.cache.find(parent, block).or_else(|| {
+                if !self.cache.admits(self.block_bytes) {
+                    return None;
+                }
+                let id = self.cache.insert(parent, block, save(start)?)?;
+                new.push((start, id));
+                Some(id)
+            });
+            match id {
+                Some(id) => chain.push(id),
+                None => break,
+            }
+        }
+        new
     }
 }
 
@@ -206,7 +426,7 @@ mod tests {
     }
 
     /// `n` halves of value `x` (2n bytes).
-    fn kv(n: usize, x: f32) -> Box<[f16]> {
+    fn kv(n: usize, x: f32) -> Arc<[f16]> {
         vec![f16::from_f32(x); n].into()
     }
 
@@ -217,7 +437,7 @@ mod tests {
         let b = c.insert(a, &block(2), kv(8, 2.0)).unwrap();
         let prompt: Vec<u32> = [block(1), block(2), block(3), vec![4; 10]].concat();
         assert_eq!(c.lookup(&prompt), vec![a, b]);
-        assert_eq!(c.data(b), Some(&*kv(8, 2.0)));
+        assert_eq!(c.data(b).map(|d| &**d), Some(&*kv(8, 2.0)));
         // Same tokens after another prefix are another block.
         let other: Vec<u32> = [block(2), block(2)].concat();
         assert!(c.lookup(&other).is_empty());
@@ -254,5 +474,21 @@ mod tests {
         assert_eq!(c.insert(ROOT, &block(5), kv(25, 0.0)), None);
         assert_eq!(c.insert(999, &block(5), kv(8, 0.0)), None);
         assert!(c.stats().bytes <= 48);
+    }
+
+    #[test]
+    fn blocks_running_sequences_read_are_evicted_last() {
+        // Room for two blocks of 16 bytes; a sequence reads the older one.
+        let mut c = PrefixCache::new(32);
+        let a = c.insert(ROOT, &block(1), kv(8, 0.0)).unwrap();
+        let read = c.data(a).unwrap().clone();
+        let b = c.insert(ROOT, &block(2), kv(8, 0.0)).unwrap();
+        c.insert(ROOT, &block(3), kv(8, 0.0)).unwrap();
+        assert!(c.data(a).is_some(), "the block in use stays");
+        assert!(c.data(b).is_none(), "the unused one goes, though newer");
+        // Once no sequence reads it, it is an ordinary old leaf.
+        drop(read);
+        c.insert(ROOT, &block(4), kv(8, 0.0)).unwrap();
+        assert!(c.data(a).is_none());
     }
 }

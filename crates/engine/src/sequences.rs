@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::prefix::{BLOCK, PrefixStats};
+use crate::prefix::{BLOCK, KvStats, PrefixStats};
 use crate::{Batch, Error, GenerateRequest, GenerationStats, Sampler, SlotId, StopReason};
 
 /// Prompt tokens per prefill pass: whole prefix-cache blocks, so a prompt's blocks are kept and
@@ -60,6 +60,10 @@ pub trait Sequences: Send + 'static {
     fn prefix_stats(&self) -> Option<PrefixStats> {
         None
     }
+    /// What the running sequences' caches hold (`None`: the engine cannot tell).
+    fn kv_stats(&self) -> Option<KvStats> {
+        None
+    }
     /// Whether the engine may go on after a panic once every slot is freed. True where all
     /// state is per slot; false where a panic can leave other parties mid-protocol (ranks on
     /// other nodes waiting inside a collective), which only a restart can bring back in step.
@@ -101,6 +105,10 @@ impl Sequences for Batch {
 
     fn prefix_stats(&self) -> Option<PrefixStats> {
         Batch::prefix_stats(self)
+    }
+
+    fn kv_stats(&self) -> Option<KvStats> {
+        Some(Batch::kv_stats(self))
     }
 
     fn weight_bytes_per_step(&mut self, steps: u64) -> Option<f64> {

@@ -129,61 +129,96 @@ impl Elem for half::f16 {
     }
 }
 
-#[inline(always)]
-fn dot_impl<T: Elem>(order: DotOrder, q: &[f32], k: &[T]) -> f32 {
-    match order {
-        DotOrder::Batch => {
-            let mut acc = [0.0f32; 16];
-            for (qc, kc) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
-                for l in 0..16 {
-                    acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
-                }
-            }
-            reduce16(&acc)
-        }
-        DotOrder::Batch8 => {
-            let mut acc = [0.0f32; 8];
-            for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
-                for l in 0..8 {
-                    acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
-                }
-            }
-            crate::dot::hsum8(&acc)
-        }
-        DotOrder::Single8 => {
-            let mut s = [[0.0f32; 8]; 4];
-            for (qc, kc) in q.chunks_exact(32).zip(k.chunks_exact(32)) {
-                for j in 0..4 {
-                    for l in 0..8 {
-                        s[j][l] = qc[8 * j + l].mul_add(kc[8 * j + l].get(), s[j][l]);
-                    }
-                }
-            }
-            let tail = q.len() / 32 * 32;
-            let mut sum = f64::from(reduce4x8(&s));
-            for i in tail..q.len() {
-                sum += f64::from(q[i] * k[i].get());
-            }
-            sum as f32
-        }
-        DotOrder::Single => {
-            let mut s = [[0.0f32; 16]; 4];
-            for (qc, kc) in q.chunks_exact(64).zip(k.chunks_exact(64)) {
-                for j in 0..4 {
-                    for l in 0..16 {
-                        s[j][l] = qc[16 * j + l].mul_add(kc[16 * j + l].get(), s[j][l]);
-                    }
-                }
-            }
-            // ggml adds leftover elements (head widths not a multiple of 64) in f64.
-            let tail = q.len() / 64 * 64;
-            let mut sum = f64::from(reduce4x16(&s));
-            for i in tail..q.len() {
-                sum += f64::from(q[i] * k[i].get());
-            }
-            sum as f32
+/// The accumulators of one dot product in an order, fed whole steps of it (so a product can
+/// run over operands split in several stretches and still sum exactly as over one).
+enum Acc {
+    /// tinyBLAS, 16 lanes.
+    Batch([f32; 16]),
+    /// tinyBLAS, 8 lanes.
+    Batch8([f32; 8]),
+    /// `ggml_vec_dot_f16`, 4 x 8 lanes.
+    Single8([[f32; 8]; 4]),
+    /// `ggml_vec_dot_f16`, 4 x 16 lanes.
+    Single([[f32; 16]; 4]),
+}
+
+impl Acc {
+    #[inline(always)]
+    fn new(order: DotOrder) -> Acc {
+        match order {
+            DotOrder::Batch => Acc::Batch([0.0; 16]),
+            DotOrder::Batch8 => Acc::Batch8([0.0; 8]),
+            DotOrder::Single8 => Acc::Single8([[0.0; 8]; 4]),
+            DotOrder::Single => Acc::Single([[0.0; 16]; 4]),
         }
     }
+
+    /// Adds `q · k` over the whole steps of `q` (elements past the last whole step are left
+    /// out).
+    #[inline(always)]
+    fn add<T: Elem>(&mut self, q: &[f32], k: &[T]) {
+        match self {
+            Acc::Batch(acc) => {
+                for (qc, kc) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
+                    for l in 0..16 {
+                        acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
+                    }
+                }
+            }
+            Acc::Batch8(acc) => {
+                for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
+                    for l in 0..8 {
+                        acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
+                    }
+                }
+            }
+            Acc::Single8(s) => {
+                for (qc, kc) in q.chunks_exact(32).zip(k.chunks_exact(32)) {
+                    for j in 0..4 {
+                        for l in 0..8 {
+                            s[j][l] = qc[8 * j + l].mul_add(kc[8 * j + l].get(), s[j][l]);
+                        }
+                    }
+                }
+            }
+            Acc::Single(s) => {
+                for (qc, kc) in q.chunks_exact(64).zip(k.chunks_exact(64)) {
+                    for j in 0..4 {
+                        for l in 0..16 {
+                            s[j][l] = qc[16 * j + l].mul_add(kc[16 * j + l].get(), s[j][l]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The accumulators reduced as the order's build reduces them.
+    #[inline(always)]
+    fn finish(&self) -> f32 {
+        match self {
+            Acc::Batch(acc) => reduce16(acc),
+            Acc::Batch8(acc) => crate::dot::hsum8(acc),
+            Acc::Single8(s) => reduce4x8(s),
+            Acc::Single(s) => reduce4x16(s),
+        }
+    }
+}
+
+#[inline(always)]
+fn dot_impl<T: Elem>(order: DotOrder, q: &[f32], k: &[T]) -> f32 {
+    let mut acc = Acc::new(order);
+    acc.add(q, k);
+    if matches!(order, DotOrder::Batch | DotOrder::Batch8) {
+        return acc.finish();
+    }
+    // ggml adds leftover elements of single tokens (head widths not a multiple of its step)
+    // in f64, one by one after the reduced sum.
+    let mut sum = f64::from(acc.finish());
+    for i in q.len() / order.slots() * order.slots()..q.len() {
+        sum += f64::from(q[i] * k[i].get());
+    }
+    sum as f32
 }
 
 /// Accumulates `sum_p w[p] * v_p` for value rows `v(p)` of width `out.len()` into `out`, in the
@@ -347,17 +382,19 @@ pub fn scores_grouped(
         let d = crate::x86_attn::Dots {
             x: q.as_ptr(),
             xs: hd,
-            rows: keys.as_ptr().cast(),
-            rs: hd,
             n: len,
-            len: hd,
             scale,
             out: out.as_mut_ptr(),
             os: stride,
         };
+        let keys = crate::x86_attn::Run {
+            rows: keys.as_ptr().cast(),
+            rs: hd,
+            len: hd,
+        };
         // SAFETY: `grouped_simd` found AVX2, FMA and F16C and a head width the kernel takes;
         // the sizes were checked above (`f16` is its bits, as the kernel reads them).
-        unsafe { crate::x86_attn::dots(simd, g, d) };
+        unsafe { crate::x86_attn::dots(simd, g, d, std::iter::once(keys)) };
         return;
     }
     for (h, qh) in q.chunks_exact(hd).enumerate() {
@@ -365,6 +402,18 @@ pub fn scores_grouped(
             out[h * stride + p] = dot_rows(order, qh, &keys[p * hd..(p + 1) * hd]) * scale;
         }
     }
+}
+
+/// A stretch of positions of transposed f16 values: row `d` (dimension `d`) of the stretch at
+/// `vt[d * vs..]`, `len` positions long (the rows may go on past it).
+#[derive(Clone, Copy, Debug)]
+pub struct ValueRun<'a> {
+    /// The rows.
+    pub vt: &'a [half::f16],
+    /// Elements from one row to the next.
+    pub vs: usize,
+    /// Positions of the stretch.
+    pub len: usize,
 }
 
 /// Weighted sums in `order` of the heads whose probabilities are the rows of `w` (row `h` at
@@ -387,19 +436,52 @@ pub fn weighted_sum_grouped(
     lenp: usize,
     out: &mut [f32],
 ) {
+    let run = ValueRun { vt, vs, len: lenp };
+    weighted_sum_runs(order, w, ws, std::iter::once(run), hd, out);
+}
+
+/// [`weighted_sum_grouped`] over positions whose values lie in several stretches back to back
+/// (a sequence reading a prefix shared with others and then its own positions): the sums are
+/// those over one row holding the stretches in order, bit for bit, because every stretch is
+/// whole steps of `order` and the accumulators run on through them.
+///
+/// # Panics
+/// If the sizes do not fit (every run's `len` a multiple of `order`'s step and its rows inside
+/// `vt`, `out` whole rows of at most [`MAX_GROUP`] heads of `hd`, `ws` and the rows of `w` at
+/// least the runs' total length).
+pub fn weighted_sum_runs<'a, I>(
+    order: DotOrder,
+    w: &[f32],
+    ws: usize,
+    runs: I,
+    hd: usize,
+    out: &mut [f32],
+) where
+    I: Iterator<Item = ValueRun<'a>> + Clone,
+{
     let g = out.len() / hd.max(1);
+    let mut lenp = 0;
+    for r in runs.clone() {
+        assert!(
+            hd > 0
+                && padded_len(order, r.len) == r.len
+                && r.vs >= r.len
+                && r.vt.len() >= (hd - 1) * r.vs + r.len,
+            "weighted_sum_runs: vt {} vs {} hd {hd} len {}",
+            r.vt.len(),
+            r.vs,
+            r.len
+        );
+        lenp += r.len;
+    }
     assert!(
         hd > 0
-            && padded_len(order, lenp) == lenp
             && out.len() == g * hd
             && (1..=MAX_GROUP).contains(&g)
             && ws >= lenp
-            && w.len() >= (g - 1) * ws + lenp
-            && vs >= lenp
-            && vt.len() >= (hd - 1) * vs + lenp,
-        "weighted_sum_grouped: w {} ws {ws} vt {} vs {vs} hd {hd} lenp {lenp} out {}",
+            && w.len() >= (g - 1) * ws + lenp,
+        "weighted_sum_runs: w {} ws {ws} hd {hd} lenp {lenp} out {}",
         w.len(),
-        vt.len(),
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
@@ -407,24 +489,30 @@ pub fn weighted_sum_grouped(
         let d = crate::x86_attn::Dots {
             x: w.as_ptr(),
             xs: ws,
-            rows: vt.as_ptr().cast(),
-            rs: vs,
             n: hd,
-            len: lenp,
             scale: 1.0,
             out: out.as_mut_ptr(),
             os: hd,
         };
+        let runs = runs.map(|r| crate::x86_attn::Run {
+            rows: r.vt.as_ptr().cast(),
+            rs: r.vs,
+            len: r.len,
+        });
         // SAFETY: `grouped_simd` found AVX2, FMA and F16C; the sizes were checked above.
-        unsafe { crate::x86_attn::dots(simd, g, d) };
+        unsafe { crate::x86_attn::dots(simd, g, d, runs) };
         return;
     }
     // Over whole steps with zero weights past the end, a weighted sum is a dot product of the
-    // probabilities with each transposed row.
+    // probabilities with each transposed row, the runs one after another.
     for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
         let wh = &w[h * ws..h * ws + lenp];
         for (d, o) in oh.iter_mut().enumerate() {
-            *o = dot_rows(order, wh, &vt[d * vs..d * vs + lenp]);
+            *o = dot_runs(
+                order,
+                wh,
+                runs.clone().map(|r| &r.vt[d * r.vs..d * r.vs + r.len]),
+            );
         }
     }
 }
@@ -445,6 +533,18 @@ fn dot_rows(order: DotOrder, q: &[f32], k: &[half::f16]) -> f32 {
         return unsafe { dot_fma(order, q, k) };
     }
     dot_impl(order, q, k)
+}
+
+/// `q · k` in `order` where `k` comes in stretches of whole steps (the portable path of
+/// [`weighted_sum_runs`]; the steps' accumulators run on through the stretches).
+fn dot_runs<'a>(order: DotOrder, q: &[f32], k: impl Iterator<Item = &'a [half::f16]>) -> f32 {
+    let mut acc = Acc::new(order);
+    let mut off = 0;
+    for part in k {
+        acc.add(&q[off..off + part.len()], part);
+        off += part.len();
+    }
+    acc.finish()
 }
 
 /// The scalar definition of [`dot_f16_order`].

@@ -354,19 +354,22 @@ fn simd_attention_orders_match_their_scalar_definitions() {
     }
 }
 
+/// Every order of llama.cpp's f16 attention products.
+const ATTN_ORDERS: [attn::DotOrder; 4] = [
+    attn::DotOrder::Single,
+    attn::DotOrder::Single8,
+    attn::DotOrder::Batch,
+    attn::DotOrder::Batch8,
+];
+
 #[test]
 fn grouped_attention_kernels_match_the_per_head_reference() {
     use attn::{
-        DotOrder, MAX_GROUP, MAX_STEP, dot_f16_order_ref, padded_len, scores_grouped,
-        weighted_sum_grouped, weighted_sum_order_ref,
+        MAX_GROUP, MAX_STEP, dot_f16_order_ref, padded_len, scores_grouped, weighted_sum_grouped,
+        weighted_sum_order_ref,
     };
     let mut rng = Rng(29);
-    for order in [
-        DotOrder::Single,
-        DotOrder::Single8,
-        DotOrder::Batch,
-        DotOrder::Batch8,
-    ] {
+    for order in ATTN_ORDERS {
         for hd in [64usize, 256, 72, 8] {
             for len in [1usize, 3, 8, 17, 33, 70] {
                 // The cache's f16, and the same values as f32 for the reference.
@@ -711,6 +714,59 @@ fn mxfp4_extreme_exponents_match_the_scalar_reference() {
         for r in 0..rows {
             let want = crate::dot::dot_repacked(GgmlType::MXFP4, w.row(r).unwrap(), a, cols);
             assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "r{r} t{t}");
+        }
+    }
+}
+
+#[test]
+fn weighted_sums_over_split_runs_equal_those_over_one_row() {
+    use attn::{MAX_GROUP, MAX_STEP, ValueRun, padded_len, weighted_sum_grouped};
+    let mut rng = Rng(31);
+    let half = |v: Vec<f32>| -> Vec<half::f16> { v.into_iter().map(half::f16::from_f32).collect() };
+    for order in ATTN_ORDERS {
+        // SIMD head widths and portable ones (72, 8).
+        for hd in [64usize, 256, 72, 8] {
+            for len in [65usize, 130, 200] {
+                let lenp = padded_len(order, len);
+                let stride = lenp + 24;
+                let vt = half(rng.vec(hd * stride, 2.0));
+                // Cut the row at whole steps of every order: each piece in a buffer of its own,
+                // with its own row stride (as a shared block and a sequence's cache have).
+                let cuts: Vec<usize> = (MAX_STEP..lenp).step_by(MAX_STEP).chain([lenp]).collect();
+                let mut pieces = Vec::new();
+                let mut from = 0;
+                for &to in &cuts {
+                    let n = to - from;
+                    let vs = n + 8 * pieces.len();
+                    let mut buf = half(rng.vec(hd * vs, 2.0));
+                    for d in 0..hd {
+                        buf[d * vs..d * vs + n].copy_from_slice(&vt[d * stride + from..][..n]);
+                    }
+                    pieces.push((buf, vs, n));
+                    from = to;
+                }
+                assert!(pieces.len() >= 2);
+                for g in 1..=MAX_GROUP {
+                    let mut w = vec![0.0f32; g * stride];
+                    for h in 0..g {
+                        w[h * stride..h * stride + len].copy_from_slice(&rng.vec(len, 1.0));
+                    }
+                    let mut whole = vec![f32::NAN; g * hd];
+                    weighted_sum_grouped(order, &w, stride, &vt, stride, hd, lenp, &mut whole);
+                    let runs = pieces.iter().map(|(vt, vs, len)| ValueRun {
+                        vt,
+                        vs: *vs,
+                        len: *len,
+                    });
+                    let mut split = vec![f32::NAN; g * hd];
+                    attn::weighted_sum_runs(order, &w, stride, runs, hd, &mut split);
+                    assert_eq!(
+                        bits(&split),
+                        bits(&whole),
+                        "{order:?} hd {hd} len {len} g {g}"
+                    );
+                }
+            }
         }
     }
 }

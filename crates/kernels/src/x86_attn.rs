@@ -119,18 +119,25 @@ impl Lanes for V16 {
     }
 }
 
-/// `G` vectors and `n` rows: what both grouped products read and write.
+/// One stretch of every row: elements `off..off + len` of row `r` are at `rows + r * rs`, f16
+/// bits. A product's rows are one run (keys) or several back to back (a sequence's values,
+/// some in shared prefix blocks and the rest in its own cache), summed with the same
+/// accumulators as if they were one row.
+#[derive(Clone, Copy)]
+pub(crate) struct Run {
+    pub(crate) rows: *const u16,
+    pub(crate) rs: usize,
+    pub(crate) len: usize,
+}
+
+/// `G` vectors and `n` rows: what both grouped products read and write (the rows themselves
+/// come as runs).
 #[derive(Clone, Copy)]
 pub(crate) struct Dots {
     /// Vector `h` at `x + h * xs`.
     pub(crate) x: *const f32,
     pub(crate) xs: usize,
-    /// Row `r` at `rows + r * rs`, f16 bits.
-    pub(crate) rows: *const u16,
-    pub(crate) rs: usize,
     pub(crate) n: usize,
-    /// Elements per dot product.
-    pub(crate) len: usize,
     /// Each result is multiplied by this (1 leaves it exact).
     pub(crate) scale: f32,
     /// Result `(h, r)` goes to `out + h * os + r`.
@@ -147,38 +154,34 @@ impl Dots {
             ..self
         }
     }
-
-    /// The same product for rows `r0..` only.
-    unsafe fn rows_from(self, r0: usize) -> Dots {
-        Dots {
-            rows: self.rows.add(r0 * self.rs),
-            n: self.n - r0,
-            out: self.out.add(r0),
-            ..self
-        }
-    }
 }
 
 /// Batch order: `out(h, r) = reduce_batch(sum over L-wide steps of x_h * row_r) * scale`, `R`
-/// rows at a time.
+/// rows at a time from row `r0`, the steps running through every run in turn.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `len` must be a multiple of `L::WIDTH` and every vector,
-/// row and output inside its buffer.
+/// AVX2, FMA and F16C must be available; every run's `len` must be a multiple of `L::WIDTH`
+/// and every vector (as long as the runs together), row and output inside its buffer.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
-    let mut r0 = 0;
+unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize, I>(d: Dots, runs: I, mut r0: usize)
+where
+    I: Iterator<Item = Run> + Clone,
+{
     while r0 + R <= d.n {
         let mut acc = [[L::zero(); R]; G];
-        let mut i = 0;
-        while i < d.len {
-            for r in 0..R {
-                let row = L::load_h(d.rows.add((r0 + r) * d.rs + i));
-                for (h, a) in acc.iter_mut().enumerate() {
-                    a[r] = a[r].fmadd(L::load(d.x.add(h * d.xs + i)), row);
+        let mut off = 0;
+        for run in runs.clone() {
+            let mut i = 0;
+            while i < run.len {
+                for r in 0..R {
+                    let row = L::load_h(run.rows.add((r0 + r) * run.rs + i));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        a[r] = a[r].fmadd(L::load(d.x.add(h * d.xs + off + i)), row);
+                    }
                 }
+                i += L::WIDTH;
             }
-            i += L::WIDTH;
+            off += run.len;
         }
         for (h, a) in acc.iter().enumerate() {
             for (r, &v) in a.iter().enumerate() {
@@ -187,9 +190,9 @@ unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
         }
         r0 += R;
     }
-    if r0 < d.n {
+    if R > 1 && r0 < d.n {
         // The last rows, one at a time.
-        batch_tile::<L, G, 1>(d.rows_from(r0));
+        batch_tile::<L, G, 1, I>(d, runs, r0);
     }
 }
 
@@ -199,50 +202,57 @@ unsafe fn batch_tile<L: Lanes, const G: usize, const R: usize>(d: Dots) {
 /// # Safety
 /// As for [`batch_tile`], with `g` in `1..=4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_batch<L: Lanes>(g: usize, d: Dots) {
+unsafe fn dots_batch<L: Lanes, I: Iterator<Item = Run> + Clone>(g: usize, d: Dots, runs: I) {
     match (L::WIDTH, g) {
-        (8, 1) => batch_tile::<L, 1, 4>(d),
-        (8, 2) => batch_tile::<L, 2, 4>(d),
-        (8, 3) => batch_tile::<L, 3, 4>(d),
-        (8, 4) => batch_tile::<L, 4, 3>(d),
-        (_, 1) => batch_tile::<L, 1, 4>(d),
-        (_, 2) => batch_tile::<L, 2, 3>(d),
-        (_, 3) => batch_tile::<L, 3, 2>(d),
+        (8, 1) => batch_tile::<L, 1, 4, I>(d, runs, 0),
+        (8, 2) => batch_tile::<L, 2, 4, I>(d, runs, 0),
+        (8, 3) => batch_tile::<L, 3, 4, I>(d, runs, 0),
+        (8, 4) => batch_tile::<L, 4, 3, I>(d, runs, 0),
+        (_, 1) => batch_tile::<L, 1, 4, I>(d, runs, 0),
+        (_, 2) => batch_tile::<L, 2, 3, I>(d, runs, 0),
+        (_, 3) => batch_tile::<L, 3, 2, I>(d, runs, 0),
         (_, 4) => {
-            batch_tile::<L, 2, 3>(d);
-            batch_tile::<L, 2, 3>(d.heads_from(2));
+            batch_tile::<L, 2, 3, I>(d, runs.clone(), 0);
+            batch_tile::<L, 2, 3, I>(d.heads_from(2), runs, 0);
         }
         _ => unreachable!("groups are split into at most four heads, got {g}"),
     }
 }
 
 /// Single-token order: `out(h, r) = reduce_single(four accumulators over 4L-wide steps of x_h *
-/// row_r) * scale`, a row at a time.
+/// row_r) * scale`, a row at a time, the steps running through every run in turn.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `len` must be a multiple of `4 * L::WIDTH` and every
-/// vector, row and output inside its buffer.
+/// AVX2, FMA and F16C must be available; every run's `len` must be a multiple of
+/// `4 * L::WIDTH` and every vector, row and output inside its buffer.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
+unsafe fn single_tile<L: Lanes, const G: usize, I>(d: Dots, runs: I)
+where
+    I: Iterator<Item = Run> + Clone,
+{
     let step = 4 * L::WIDTH;
     for r in 0..d.n {
-        let row = d.rows.add(r * d.rs);
         let mut acc = [[L::zero(); 4]; G];
-        let mut i = 0;
-        while i < d.len {
-            // Transposed value rows are short streams that start cold (keys are one long
-            // stream, for which this changes little): fetch the next row alongside this one.
-            let next = d.rows.wrapping_add((r + 1) * d.rs + i) as *const i8;
-            for line in (0..2 * step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line));
-            }
-            for j in 0..4 {
-                let y = L::load_h(row.add(i + L::WIDTH * j));
-                for (h, a) in acc.iter_mut().enumerate() {
-                    a[j] = a[j].fmadd(L::load(d.x.add(h * d.xs + i + L::WIDTH * j)), y);
+        let mut off = 0;
+        for run in runs.clone() {
+            let row = run.rows.add(r * run.rs);
+            let mut i = 0;
+            while i < run.len {
+                // Transposed value rows are short streams that start cold (keys are one long
+                // stream, for which this changes little): fetch the next row alongside this one.
+                let next = run.rows.wrapping_add((r + 1) * run.rs + i) as *const i8;
+                for line in (0..2 * step).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line));
                 }
+                for j in 0..4 {
+                    let y = L::load_h(row.add(i + L::WIDTH * j));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        a[j] = a[j].fmadd(L::load(d.x.add(h * d.xs + off + i + L::WIDTH * j)), y);
+                    }
+                }
+                i += step;
             }
-            i += step;
+            off += run.len;
         }
         for (h, a) in acc.iter().enumerate() {
             *d.out.add(h * d.os + r) = L::reduce_single(a) * d.scale;
@@ -256,21 +266,21 @@ unsafe fn single_tile<L: Lanes, const G: usize>(d: Dots) {
 /// # Safety
 /// As for [`single_tile`], with `g` in `1..=4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_single<L: Lanes>(g: usize, d: Dots) {
+unsafe fn dots_single<L: Lanes, I: Iterator<Item = Run> + Clone>(g: usize, d: Dots, runs: I) {
     if L::WIDTH == 8 {
         match g {
-            1 => single_tile::<L, 1>(d),
-            2 => single_tile::<L, 2>(d),
-            3 => single_tile::<L, 3>(d),
+            1 => single_tile::<L, 1, I>(d, runs),
+            2 => single_tile::<L, 2, I>(d, runs),
+            3 => single_tile::<L, 3, I>(d, runs),
             4 => {
-                single_tile::<L, 2>(d);
-                single_tile::<L, 2>(d.heads_from(2));
+                single_tile::<L, 2, I>(d, runs.clone());
+                single_tile::<L, 2, I>(d.heads_from(2), runs);
             }
             _ => unreachable!("groups are split into at most four heads, got {g}"),
         }
     } else {
         for h in 0..g {
-            single_tile::<L, 1>(d.heads_from(h));
+            single_tile::<L, 1, I>(d.heads_from(h), runs.clone());
         }
     }
 }
@@ -278,15 +288,18 @@ unsafe fn dots_single<L: Lanes>(g: usize, d: Dots) {
 /// The grouped product in `order`.
 ///
 /// # Safety
-/// As for [`batch_tile`] or [`single_tile`] with the order's lanes (the element count a
+/// As for [`batch_tile`] or [`single_tile`] with the order's lanes (every run's length a
 /// multiple of 8 for `Batch8`, 16 for `Batch`, 32 for `Single8`, 64 for `Single`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dots(order: crate::attn::DotOrder, g: usize, d: Dots) {
+pub(crate) unsafe fn dots<I>(order: crate::attn::DotOrder, g: usize, d: Dots, runs: I)
+where
+    I: Iterator<Item = Run> + Clone,
+{
     use crate::attn::DotOrder;
     match order {
-        DotOrder::Batch8 => dots_batch::<__m256>(g, d),
-        DotOrder::Batch => dots_batch::<V16>(g, d),
-        DotOrder::Single8 => dots_single::<__m256>(g, d),
-        DotOrder::Single => dots_single::<V16>(g, d),
+        DotOrder::Batch8 => dots_batch::<__m256, I>(g, d, runs),
+        DotOrder::Batch => dots_batch::<V16, I>(g, d, runs),
+        DotOrder::Single8 => dots_single::<__m256, I>(g, d, runs),
+        DotOrder::Single => dots_single::<V16, I>(g, d, runs),
     }
 }

@@ -200,6 +200,8 @@ pub struct Rank0Start<'a> {
     pub emulate: strata_net::LinkShape,
     /// API keys for the instance's routes.
     pub keys: Option<strata_api::auth::Keys>,
+    /// Every model the cluster serves (the instance's "not found" lists them).
+    pub served: strata_api::ServedNames,
     /// Where to get the model if this node lacks it.
     pub peers: Peers,
 }
@@ -217,7 +219,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),
         queue: 64,
-        shared: strata_api::Shared::new(s.keys, 1),
+        shared: strata_api::Shared::new(s.keys, 1).with_served(s.served),
         max_body: 4 << 20,
         info: strata_api::ModelInfo::default(),
         aliases: Vec::new(),
@@ -283,7 +285,9 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata()).map_err(|e| err(&e))?);
     let template =
         strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).map_err(|e| err(&e))?;
-    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab).map_err(|e| err(&e))?;
+    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)
+        .map_err(|e| err(&e))?
+        .with_prefix_cache(strata_api::DEFAULT_CACHE_MEM);
     let opts = strata_api::EngineOptions {
         info: strata_api::ModelInfo::from_gguf(&file),
         ..opts

@@ -14,6 +14,41 @@ pub(crate) enum Kind {
     Shutdown = 2,
     /// One decode token for each of several sequences (`seqs`, at `poss`), run as one batch.
     Batch = 3,
+    /// Prefix cache: cut slot `seq` to `pos0` positions and bring in the cached blocks
+    /// listed (as [`ids_from_words`] reads them from `tokens`).
+    Restore = 4,
+    /// Prefix cache: keep positions `pos0..pos0 + BLOCK` of slot `seq` as the block named
+    /// in `tokens`.
+    Save = 5,
+    /// Prefix cache: drop the blocks listed.
+    Forget = 6,
+}
+
+impl Kind {
+    /// Whether the kind changes what ranks hold without running the model (ranks apply it and
+    /// pass it on; nothing comes back).
+    pub(crate) fn is_control(self) -> bool {
+        matches!(self, Kind::Restore | Kind::Save | Kind::Forget)
+    }
+}
+
+/// Prefix cache entry ids as header words (low half first).
+pub(crate) fn ids_to_words(ids: &[u64], out: &mut Vec<u32>) {
+    out.clear();
+    for &id in ids {
+        out.extend([id as u32, (id >> 32) as u32]);
+    }
+}
+
+/// The entry ids [`ids_to_words`] wrote.
+pub(crate) fn ids_from_words(words: &[u32]) -> Result<Vec<u64>> {
+    if !words.len().is_multiple_of(2) {
+        return Err(Error::Protocol("a block list of odd length".into()));
+    }
+    Ok(words
+        .chunks_exact(2)
+        .map(|w| u64::from(w[0]) | (u64::from(w[1]) << 32))
+        .collect())
 }
 
 /// One step's header. Kept and reused by each rank, so decoding allocates nothing per token.
@@ -124,6 +159,9 @@ impl Header {
             1 => Kind::Step,
             2 => Kind::Shutdown,
             3 => Kind::Batch,
+            4 => Kind::Restore,
+            5 => Kind::Save,
+            6 => Kind::Forget,
             k => return Err(Error::Protocol(format!("unknown step kind {k}"))),
         };
         self.want = want != 0;
@@ -225,6 +263,26 @@ pub(crate) fn decode_candidates(buf: &[u8], out: &mut Vec<(u32, f32)>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_cache_messages_carry_block_ids_whole() {
+        let ids = [1u64, u64::from(u32::MAX) + 7, u64::MAX];
+        let mut h = Header {
+            kind: Kind::Restore,
+            seq: 2,
+            pos0: 512,
+            ..Header::default()
+        };
+        ids_to_words(&ids, &mut h.tokens);
+        let mut buf = Vec::new();
+        h.encode(&mut buf);
+        let mut back = Header::default();
+        back.decode(&buf).unwrap();
+        assert_eq!((back.kind, back.seq, back.pos0), (Kind::Restore, 2, 512));
+        assert!(back.kind.is_control() && !Kind::Batch.is_control());
+        assert_eq!(ids_from_words(&back.tokens).unwrap(), ids);
+        assert!(ids_from_words(&[1, 2, 3]).is_err());
+    }
 
     #[test]
     fn header_round_trip_and_truncation() {

@@ -8,10 +8,13 @@
 //! logits, to rank 0, which samples. Rank 0 may submit the next step (of another sequence)
 //! before collecting the last one, so pipeline stages work on different sequences at once.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use strata_engine::prefix::BLOCK;
 use strata_engine::{
     Axis, Collective, CommError, KvCache, Model, Scratch, StageInput, shard_candidates,
 };
@@ -23,7 +26,7 @@ use strata_net::Communicator;
 use crate::plan::{GroupParts, Plan};
 use crate::proto::{
     Header, Kind, decode_candidate_rows, decode_candidates, encode_candidate_rows,
-    encode_candidates,
+    encode_candidates, ids_from_words, ids_to_words,
 };
 use crate::{Error, Result};
 
@@ -143,6 +146,9 @@ pub struct Rank {
     /// Rank 0: batches submitted and not yet collected, and the most there have been.
     in_flight: usize,
     max_in_flight: usize,
+    /// This rank's slice of the prefix cache's blocks, by entry (rank 0 keeps the index and
+    /// decides what is kept, restored and dropped).
+    blocks: HashMap<u64, Arc<[strata_engine::f16]>>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -208,6 +214,7 @@ impl Rank {
             pick: Vec::new(),
             in_flight: 0,
             max_in_flight: 0,
+            blocks: HashMap::new(),
         })
     }
 
@@ -460,6 +467,104 @@ impl Rank {
         Ok(self.step.kind != Kind::Shutdown)
     }
 
+    /// Applies the prefix-cache message in `self.step` to this rank's slice; returns how many
+    /// blocks a restore brought in (it stops at the first it cannot).
+    fn apply_control(&mut self) -> Result<usize> {
+        let h = &self.step;
+        let seq = h.seq as usize;
+        let ids = ids_from_words(&h.tokens)?;
+        let no_slot = || Error::Protocol(format!("sequence slot {seq} does not exist"));
+        match h.kind {
+            Kind::Restore => {
+                let cache = self.caches.get_mut(seq).ok_or_else(no_slot)?;
+                cache.truncate(h.pos0 as usize);
+                Ok(ids
+                    .iter()
+                    .take_while(|id| {
+                        self.blocks.get(id).is_some_and(|b| {
+                            cache.attach(b.clone()) || cache.load_block(cache.len(), b)
+                        })
+                    })
+                    .count())
+            }
+            Kind::Save => {
+                let start = h.pos0 as usize;
+                let data = self
+                    .caches
+                    .get(seq)
+                    .ok_or_else(no_slot)?
+                    .save_block(start, BLOCK);
+                let (Some(data), [id]) = (data, &ids[..]) else {
+                    return Err(Error::Protocol(format!(
+                        "cannot keep positions {start}.. of slot {seq} as a block"
+                    )));
+                };
+                self.blocks.insert(*id, data);
+                Ok(1)
+            }
+            Kind::Forget => {
+                for id in &ids {
+                    self.blocks.remove(id);
+                }
+                Ok(ids.len())
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Rank 0: sends the prefix-cache message in `self.step` to every rank and applies it here.
+    fn control(&mut self) -> Result<usize> {
+        self.broadcast_header()?;
+        self.forward_shutdown()?;
+        self.apply_control()
+    }
+
+    /// Rank 0: cuts slot `seq` to `keep` positions on every rank and brings in the cached
+    /// blocks `ids` after them, in order; returns how many were (it stops at the first that
+    /// cannot be, and every rank brings in the same).
+    pub fn restore_blocks(&mut self, seq: usize, keep: usize, ids: &[u64]) -> Result<usize> {
+        // Here first: the other ranks are told only what this rank could bring in.
+        let h = &mut self.step;
+        h.kind = Kind::Restore;
+        h.seq = seq as u32;
+        h.pos0 = keep as u32;
+        ids_to_words(ids, &mut h.tokens);
+        let n = self.apply_control()?;
+        ids_to_words(&ids[..n], &mut self.step.tokens);
+        self.broadcast_header()?;
+        self.forward_shutdown()?;
+        Ok(n)
+    }
+
+    /// Rank 0: every rank keeps positions `start..start + BLOCK` of slot `seq` as cached
+    /// block `id`.
+    pub fn save_block(&mut self, seq: usize, start: usize, id: u64) -> Result<()> {
+        let h = &mut self.step;
+        h.kind = Kind::Save;
+        h.seq = seq as u32;
+        h.pos0 = start as u32;
+        ids_to_words(&[id], &mut h.tokens);
+        self.control().map(|_| ())
+    }
+
+    /// Rank 0: every rank drops cached blocks `ids`.
+    pub fn forget_blocks(&mut self, ids: &[u64]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let h = &mut self.step;
+        h.kind = Kind::Forget;
+        ids_to_words(ids, &mut h.tokens);
+        self.control().map(|_| ())
+    }
+
+    /// Bytes of cached blocks this rank holds.
+    pub fn block_bytes(&self) -> usize {
+        self.blocks.values().map(|b| b.len() * 2).sum()
+    }
+
+    /// Sends the header in `self.step` alone to the next stage (a shutdown, or a prefix-cache
+    /// message).
     fn forward_shutdown(&mut self) -> Result<()> {
         self.step.encode(&mut self.bytes);
         let len = (self.bytes.len() as u32).to_le_bytes();
@@ -475,6 +580,18 @@ impl Rank {
         loop {
             if !self.receive()? {
                 return self.forward_shutdown();
+            }
+            if self.step.kind.is_control() {
+                self.forward_shutdown()?;
+                let wanted = self.step.tokens.len() / 2;
+                let done = self.apply_control()?;
+                if self.step.kind == Kind::Restore && done != wanted {
+                    return Err(Error::Protocol(format!(
+                        "rank {} restored {done} of {wanted} cached blocks into slot {}",
+                        self.me, self.step.seq
+                    )));
+                }
+                continue;
             }
             self.run_step()?;
         }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use strata_engine::prefix::BLOCK;
+use strata_engine::prefix::{BLOCK, PrefixStats, Remote, SlotBlocks};
 use strata_engine::{EngineError, SamplingParams, Sequences, SlotId};
 
 use crate::rank::Rank;
@@ -46,6 +46,9 @@ pub struct ShardedBatch {
     /// Rank 0's communication counters at the last prefill pass, and steps since.
     mark: strata_net::CommStats,
     steps: u64,
+    /// The prefix cache's index and what each slot holds, when on (the blocks themselves are
+    /// on the ranks, each its slice).
+    prefix: Option<SlotBlocks<Remote>>,
 }
 
 impl ShardedBatch {
@@ -67,7 +70,37 @@ impl ShardedBatch {
             rows: Vec::new(),
             mark,
             steps: 0,
+            prefix: None,
         })
+    }
+
+    /// Turns on the prefix cache with `budget` bytes for blocks (counted over all ranks, as
+    /// one process would hold them; 0 leaves it off): every rank keeps its slice of each
+    /// block, and a prompt whose start is cached has those positions restored on every rank
+    /// (read in place, shared by concurrent sequences) instead of computed.
+    pub fn with_prefix_cache(mut self, budget: usize) -> ShardedBatch {
+        let c = self.rank.model().config();
+        let block_bytes = c.n_layer * c.n_head_kv * BLOCK * (c.head_dim + c.cache_v_dim()) * 2;
+        let slots = self.busy.len();
+        self.prefix = (budget > 0).then(|| SlotBlocks::new(budget, block_bytes, slots));
+        self
+    }
+
+    /// Records a prefill pass of `tokens` at `at` in `slot` with the prefix cache: the blocks
+    /// it completes are kept on every rank, and blocks evicted to make room dropped on every
+    /// rank.
+    fn keep_blocks(&mut self, slot: usize, at: usize, tokens: &[u32]) -> crate::Result<()> {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return Ok(());
+        };
+        let bytes = prefix.block_bytes();
+        let new = prefix.passed(slot, at, tokens, |_| Some(Remote(bytes)));
+        let gone = prefix.cache_mut().take_gone();
+        self.rank.forget_blocks(&gone)?;
+        for (start, id) in new {
+            self.rank.save_block(slot, start, id)?;
+        }
+        Ok(())
     }
 
     /// Rank 0.
@@ -123,6 +156,7 @@ impl ShardedBatch {
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             self.rank
                 .submit(slot, at + i * BLOCK, chunk, i + 1 == chunks, &raw, &[])?;
+            self.keep_blocks(slot, at + i * BLOCK, chunk)?;
         }
         self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
         self.collect_row(0)
@@ -287,14 +321,24 @@ impl Sequences for ShardedBatch {
             }
             .into());
         }
-        let slot = self
-            .busy
-            .iter()
-            .position(|b| !*b)
-            .ok_or_else(|| EngineError::Slots("every sequence slot is in use".into()))?;
-        self.busy[slot] = true;
-        self.lens[slot] = 0;
-        Ok((SlotId::from_index(slot), 0))
+        let no_slot = || EngineError::Slots("every sequence slot is in use".into());
+        let Some(prefix) = self.prefix.as_mut() else {
+            let slot = self.busy.iter().position(|b| !*b).ok_or_else(no_slot)?;
+            self.busy[slot] = true;
+            self.lens[slot] = 0;
+            return Ok((SlotId::from_index(slot), 0));
+        };
+        let a = prefix.choose(&self.busy, prompt).ok_or_else(no_slot)?;
+        let n = if a.restore.is_empty() {
+            0
+        } else {
+            self.rank
+                .restore_blocks(a.slot, a.kept * BLOCK, &a.restore)?
+        };
+        let kept = prefix.restored(&a, prompt, n) * BLOCK;
+        self.busy[a.slot] = true;
+        self.lens[a.slot] = kept;
+        Ok((SlotId::from_index(a.slot), kept))
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> std::result::Result<&mut [f32], EngineError> {
@@ -345,6 +389,10 @@ impl Sequences for ShardedBatch {
             *b = false;
         }
     }
+
+    fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|p| p.cache().stats())
+    }
 }
 
 #[cfg(test)]
@@ -357,6 +405,17 @@ mod tests {
     use strata_kernels::attn::Flavour;
 
     use super::*;
+
+    /// The default model: its path, file and configuration.
+    fn smollm2() -> (std::path::PathBuf, GgufFile, ModelConfig) {
+        let path = strata_store::Store::from_env()
+            .expect("store")
+            .ensure("smollm2-135m-instruct")
+            .expect("model");
+        let file = GgufFile::open(&path).unwrap();
+        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        (path, file, cfg)
+    }
 
     /// The `k` greatest logits with their ids, ties to the lower id.
     fn top(row: &[f32], k: usize) -> Vec<(u32, u32)> {
@@ -384,12 +443,7 @@ mod tests {
     /// of logits is bit for bit what one process's batch gives the same sequence.
     #[test]
     fn sharded_batched_steps_match_one_process_per_sequence() {
-        let path = strata_store::Store::from_env()
-            .expect("store")
-            .ensure("smollm2-135m-instruct")
-            .expect("model");
-        let file = GgufFile::open(&path).unwrap();
-        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        let (path, file, cfg) = smollm2();
         let flavour = Flavour::native();
         for strategy in [Strategy::Tensor, Strategy::Pipeline] {
             let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
@@ -464,6 +518,80 @@ mod tests {
             // A pipeline's stages had two micro-batches in flight; a single stage, one.
             let want = if strategy == Strategy::Pipeline { 2 } else { 1 };
             assert_eq!(sharded.rank.max_in_flight(), want, "{strategy:?}");
+            sharded.shutdown().unwrap();
+            worker.join().unwrap().unwrap();
+        }
+    }
+
+    /// With the prefix cache on, a sharded instance keeps every block a prompt completes on
+    /// every rank (each its slice), restores them for a later prompt in another slot (read in
+    /// place), reuses what a free slot still holds, and every logit is bit for bit a cold
+    /// one-process prefill's and step's.
+    #[test]
+    fn a_sharded_instance_restores_cached_prefixes_on_every_rank() {
+        let (path, file, cfg) = smollm2();
+        let shared: Vec<u32> = (0..2 * BLOCK as u32).map(|i| 100 + i * 7 % 900).collect();
+        let prompt = |tail: u32| -> Vec<u32> {
+            let tail: Vec<u32> = (0..20 + tail).map(|i| 3000 + tail * 50 + i).collect();
+            [shared.clone(), tail].concat()
+        };
+        let (a, b, c) = (prompt(0), prompt(1), prompt(2));
+        // Runs `p` from `from` in block-aligned chunks; the logits after it.
+        fn run<E: Sequences>(e: &mut E, slot: SlotId, p: &[u32], from: usize) -> Vec<f32> {
+            let mut last = Vec::new();
+            for chunk in p[from..].chunks(BLOCK) {
+                last = e.extend(slot, chunk).unwrap().to_vec();
+            }
+            last
+        }
+        for strategy in [Strategy::Tensor, Strategy::Pipeline] {
+            let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
+            let (rank, worker) = local_pair(&file, &path, plan, 1024, 3).unwrap();
+            let mut sharded = ShardedBatch::new(rank, cfg.n_vocab)
+                .unwrap()
+                .with_prefix_cache(256 << 20);
+            let mut model = Model::load_full(&file).unwrap();
+            model.set_flavour(Flavour::native());
+            let mut cold = Batch::new(model, 1, 3, 1024).unwrap();
+            let expect = |cold: &mut Batch, p: &[u32]| {
+                let (slot, held) = Sequences::admit(cold, p).unwrap();
+                assert_eq!(held, 0);
+                (slot, run(cold, slot, p, 0))
+            };
+            let (ca, want_a) = expect(&mut cold, &a);
+            let (cb, want_b) = expect(&mut cold, &b);
+            Sequences::release(&mut cold, ca);
+            let (cc, want_c) = expect(&mut cold, &c);
+
+            let (sa, held) = Sequences::admit(&mut sharded, &a).unwrap();
+            assert_eq!(held, 0);
+            assert!(run(&mut sharded, sa, &a, 0) == want_a, "{strategy:?}: a");
+            let stats = sharded.prefix_stats().unwrap();
+            assert_eq!(stats.blocks, 2, "{strategy:?}: {stats:?}");
+            assert!(sharded.rank.block_bytes() > 0);
+            // While `a` runs, `b` takes another slot and its prefix comes from the cache.
+            let (sb, held) = Sequences::admit(&mut sharded, &b).unwrap();
+            assert_ne!(sb, sa);
+            assert_eq!(held, 2 * BLOCK, "{strategy:?}: b restored");
+            assert!(run(&mut sharded, sb, &b, held) == want_b, "{strategy:?}: b");
+            // `a` leaves; `c` takes the slot that still holds the prefix.
+            Sequences::release(&mut sharded, sa);
+            let (sc, held) = Sequences::admit(&mut sharded, &c).unwrap();
+            assert_eq!((sc, held), (sa, 2 * BLOCK), "{strategy:?}: c");
+            assert!(run(&mut sharded, sc, &c, held) == want_c, "{strategy:?}: c");
+            // Decoding both together matches one process step for step.
+            let (mut tb, mut tc) = (argmax(&want_b), argmax(&want_c));
+            for step in 0..4 {
+                let x = Sequences::step(&mut sharded, &[(sb, tb), (sc, tc)])
+                    .unwrap()
+                    .to_vec();
+                let y = Sequences::step(&mut cold, &[(cb, tb), (cc, tc)])
+                    .unwrap()
+                    .to_vec();
+                assert!(x == y, "{strategy:?}: step {step}");
+                let v = cfg.n_vocab;
+                (tb, tc) = (argmax(&y[..v]), argmax(&y[v..]));
+            }
             sharded.shutdown().unwrap();
             worker.join().unwrap().unwrap();
         }

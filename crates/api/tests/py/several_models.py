@@ -84,12 +84,17 @@ def anthropic_ollama_responses_and_completions_route_too():
 @check
 def an_unknown_model_gets_each_apis_not_found():
     msgs = [{"role": "user", "content": PROMPT}]
+    # Each names every model served (and the alias), whichever model's API answers.
+    served = [MODEL, SECOND, ALIAS]
     status, e = post("/v1/chat/completions", {"model": "nope", "messages": msgs})
     assert status == 404 and e["error"]["code"] == "model_not_found", (status, e)
+    assert all(f"`{m}`" in e["error"]["message"] for m in served), e
     status, e = post("/v1/messages", {"model": "nope", "max_tokens": 4, "messages": msgs})
     assert status == 404 and e["type"] == "error" and e["error"]["type"] == "not_found_error", (status, e)
+    assert all(m in e["error"]["message"] for m in served), e
     status, e = post("/api/chat", {"model": "nope", "messages": msgs})
     assert status == 404 and "nope" in e["error"], (status, e)
+    assert all(f'"{m}"' in e["error"] for m in served), e
     status, e = post("/v1/responses", {"model": "nope", "input": PROMPT})
     assert status == 404 and e["error"]["code"] == "model_not_found", (status, e)
     status, body = raw("GET", "/v1/models/nope")

@@ -444,6 +444,22 @@ fn complete_model(net: &Net, host: usize, model: &str, max_tokens: usize) -> (u1
     net.http(host, "/v1/completions", &body)
 }
 
+/// A greedy completion of a prompt of more than two prefix-cache blocks (the same long start
+/// every time, then `tail`): (text, prompt tokens restored from the prefix cache).
+fn complete_long(net: &Net, host: usize, tail: &str) -> (String, u64) {
+    let start = "The lighthouse keeper wrote down every ship that passed the point. ".repeat(50);
+    let body = serde_json::json!({
+        "model": "smollm2-135m-instruct", "prompt": format!("{start}{tail}"),
+        "max_tokens": 12, "temperature": 0,
+    });
+    let (code, body) = net.http(host, "/v1/completions", &body.to_string());
+    let v: Value = serde_json::from_str(&body).expect("json");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (answer_text(code, &body), cached)
+}
+
 /// The text of a whole completion answer.
 fn answer_text(code: u16, body: &str) -> String {
     assert_eq!(code, 200, "{body}");
@@ -614,6 +630,7 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
         .expect("text")
         .to_string();
     assert!(!reference.is_empty());
+    let long_reference = complete_long(&net, 3, " The last ship").0;
     let id = single["id"].as_str().expect("id");
     let out = net.cli(1, &["unload", id, "--json"]).expect("unload");
     let out: Value = serde_json::from_str(&out).expect("unload json");
@@ -636,6 +653,13 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["choices"][0]["text"].as_str(), Some(reference.as_str()));
+    // The sharded instance has a prefix cache too: a long prompt's second run restores its
+    // start on both ranks and answers the same as one process did.
+    let (first, cached) = complete_long(&net, rank0, " The last ship");
+    assert_eq!((first.as_str(), cached), (long_reference.as_str(), 0));
+    let (again, cached) = complete_long(&net, rank0, " The last ship");
+    assert_eq!(again, long_reference);
+    assert!(cached >= 512, "{cached} prompt tokens restored");
     // Host 2 holds a verified copy now.
     let copy = net.dir.path().join("store2/models/smollm2-135m-instruct");
     assert!(
@@ -796,5 +820,9 @@ fn several_instances_serve_by_the_model_each_request_names() {
         let (code, body) = complete_model(&net, host, "no-such-model", 1);
         assert_eq!(code, 404, "{body}");
         assert!(body.contains("model_not_found"), "{body}");
+        // Naming every model the cluster serves, whichever instance answers.
+        for model in ["smollm2-135m-instruct", "gemma3-270m"] {
+            assert!(body.contains(&format!("`{model}`")), "{body}");
+        }
     }
 }

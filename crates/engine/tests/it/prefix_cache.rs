@@ -7,6 +7,17 @@ use strata_engine::prefix::BLOCK;
 use strata_engine::{Batch, Model, SlotId};
 use strata_gguf::GgufFile;
 
+/// A model of the store, and its tokenizer.
+fn model_and_tokenizer(id: &str) -> (GgufFile, strata_tokenizer::Tokenizer) {
+    let path = strata_store::Store::from_env()
+        .expect("model store")
+        .ensure(id)
+        .expect("fetching the model");
+    let file = GgufFile::open(&path).unwrap();
+    let tok = strata_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap();
+    (file, tok)
+}
+
 fn smollm2() -> std::path::PathBuf {
     strata_store::Store::from_env()
         .expect("model store")
@@ -164,12 +175,7 @@ fn a_prefix_cache_too_small_for_a_block_stores_nothing_and_changes_nothing() {
 fn prefill_logits_do_not_depend_on_the_chunk_size() {
     use strata_kernels::attn::Flavour;
     for id in ["smollm2-135m-instruct", "gemma3-270m"] {
-        let path = strata_store::Store::from_env()
-            .expect("model store")
-            .ensure(id)
-            .expect("fetching the model");
-        let file = GgufFile::open(&path).unwrap();
-        let tok = strata_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap();
+        let (file, tok) = model_and_tokenizer(id);
         let whole = tok
             .encode(
                 &"The keeper lit the lamp above the grey water. ".repeat(60),
@@ -218,4 +224,124 @@ fn prefill_logits_do_not_depend_on_the_chunk_size() {
             }
         }
     }
+}
+
+/// Sequences running at once with one cached prefix read its blocks in place, one copy for all,
+/// and each gets, bit for bit, the logits and tokens it gets alone from a cold prefill, decoded
+/// together in batched steps, on both arithmetic flavours; on Gemma 3 the window layers' runs
+/// start inside a shared block.
+#[test]
+fn concurrent_sequences_share_one_copy_of_a_prefix_and_compute_as_alone() {
+    use strata_kernels::attn::Flavour;
+    for (id, blocks) in [("smollm2-135m-instruct", 2), ("gemma3-270m", 3)] {
+        let (file, tok) = model_and_tokenizer(id);
+        let text = "The harbour master counted the boats that came in before the storm. ";
+        let mut shared = tok.encode(&text.repeat(70), false).unwrap();
+        assert!(shared.len() >= blocks * BLOCK, "{} tokens", shared.len());
+        shared.truncate(blocks * BLOCK);
+        let prompts: Vec<Vec<u32>> = [
+            " Then the keeper said",
+            " The first boat was",
+            " Nobody on the pier knew that",
+        ]
+        .iter()
+        .map(|tail| {
+            // Tails long enough that Gemma's 512-position window starts inside a shared block.
+            let tail = format!("{tail} {}", "the wind rose and the gulls cried. ".repeat(8));
+            [shared.clone(), tok.encode(&tail, false).unwrap()].concat()
+        })
+        .collect();
+        for flavour in [Flavour::Avx512, Flavour::Avx2] {
+            let load = || {
+                let mut m = Model::load_full(&file).unwrap();
+                m.set_flavour(flavour);
+                m
+            };
+            let mut cold = Batch::new(load(), 2, 1, 1024).unwrap();
+            let want: Vec<(Vec<f32>, Vec<u32>)> = prompts
+                .iter()
+                .map(|p| {
+                    let (slot, _) = cold.admit(p).unwrap();
+                    let r = finish(&mut cold, slot, p, 0, 6);
+                    cold.release(slot);
+                    r
+                })
+                .collect();
+
+            let mut warm = Batch::new(load(), 2, 4, 1024)
+                .unwrap()
+                .with_prefix_cache(256 << 20);
+            // One sequence computes the prefix and leaves it in the cache.
+            let (s, _) = warm.admit(&prompts[0]).unwrap();
+            finish(&mut warm, s, &prompts[0], 0, 1);
+            // Three at once while it still runs: each reads the cache's blocks in place.
+            let mut live = Vec::new();
+            for p in &prompts {
+                let (slot, held) = warm.admit(p).unwrap();
+                assert_eq!(held, blocks * BLOCK, "{id}");
+                live.push(slot);
+            }
+            warm.release(s);
+            let kv = warm.kv_stats();
+            let cached = warm.prefix_stats().unwrap();
+            let block_bytes = cached.bytes / cached.blocks;
+            assert_eq!(kv.sequences, 3);
+            assert_eq!(
+                kv.shared_bytes,
+                blocks * block_bytes,
+                "{id}: one copy, {kv:?}"
+            );
+            assert_eq!(
+                kv.shared_read_bytes,
+                3 * blocks * block_bytes,
+                "{id}: {kv:?}"
+            );
+            assert_eq!(kv.own_bytes, 0);
+            // Their tails, then decoding all three in batched steps.
+            let mut logits: Vec<Vec<f32>> = Vec::new();
+            for (slot, p) in live.iter().zip(&prompts) {
+                logits.push(batch_extend(&mut warm, *slot, &p[blocks * BLOCK..]));
+            }
+            for (i, l) in logits.iter().enumerate() {
+                assert!(
+                    *l == want[i].0,
+                    "{id} {flavour:?}: prompt {i}'s logits differ"
+                );
+            }
+            let mut toks: Vec<Vec<u32>> = vec![Vec::new(); 3];
+            for _ in 0..6 {
+                let steps: Vec<(SlotId, u32)> = live
+                    .iter()
+                    .zip(&logits)
+                    .map(|(s, l)| (*s, strata_kernels::ops::argmax(l) as u32))
+                    .collect();
+                for (t, (_, x)) in toks.iter_mut().zip(&steps) {
+                    t.push(*x);
+                }
+                let rows = warm.step(&steps).unwrap();
+                let vocab = rows.len() / 3;
+                logits = rows.chunks(vocab).map(<[f32]>::to_vec).collect();
+            }
+            for (i, t) in toks.iter().enumerate() {
+                assert_eq!(
+                    *t, want[i].1,
+                    "{id} {flavour:?}: prompt {i}'s tokens differ"
+                );
+            }
+            let kv = warm.kv_stats();
+            assert!(
+                kv.own_bytes > 0 && kv.shared_bytes == blocks * block_bytes,
+                "{kv:?}"
+            );
+        }
+    }
+}
+
+/// Runs `tokens` through `slot` in one chunk per block edge; the logits after the last.
+fn batch_extend(batch: &mut Batch, slot: SlotId, tokens: &[u32]) -> Vec<f32> {
+    let mut last = Vec::new();
+    for chunk in tokens.chunks(BLOCK) {
+        last = batch.extend(slot, chunk).unwrap().to_vec();
+    }
+    last
 }

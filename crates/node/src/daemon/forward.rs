@@ -39,6 +39,11 @@ pub(super) fn serving(shared: &Shared) -> Vec<Serving> {
         })
         .collect();
     out.sort_by_key(|s| (s.node != me, s.node.clone(), s.key.clone()));
+    // What an instance's "not found" lists: every model the cluster serves.
+    let mut names: Vec<String> = out.iter().map(|s| s.model.clone()).collect();
+    names.sort();
+    names.dedup();
+    shared.served_names.set(names);
     out
 }
 
@@ -236,6 +241,8 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
             None => served.values().next().cloned(),
         }
     };
+    // Brings the list of served models the instance's "not found" names up to date.
+    serving(&shared);
     let parsed = parsed.map(|(head, body)| {
         let r = router(&head);
         (head, body, r)

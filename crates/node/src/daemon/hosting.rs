@@ -180,6 +180,7 @@ pub(super) fn start_rank0(
             threads: shared.threads,
             emulate: shared.emulate,
             keys: None,
+            served: shared.served_names.clone(),
             peers: transfer::Peers {
                 arrival: Some(arrival),
                 ..peers_of(&shared)

@@ -123,6 +123,8 @@ struct Shared {
     hosted: Mutex<BTreeMap<(String, u64), Host>>,
     /// The APIs of the instances whose rank 0 runs here, by `id@epoch`.
     served: Mutex<BTreeMap<String, Router>>,
+    /// The models the cluster serves, as last routed (the instances' "not found" lists them).
+    served_names: strata_api::ServedNames,
     /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
     cpu_ticks: Mutex<Option<(u64, u64)>>,
 }
@@ -352,6 +354,7 @@ pub async fn run(
         was_leader: AtomicBool::new(false),
         hosted: Mutex::new(BTreeMap::new()),
         served: Mutex::new(BTreeMap::new()),
+        served_names: strata_api::ServedNames::default(),
         cpu_ticks: Mutex::new(None),
     });
     publish(&shared).await?;
