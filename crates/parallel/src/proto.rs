@@ -277,10 +277,10 @@ mod tests {
         let mut buf = Vec::new();
         h.encode(&mut buf);
         let mut back = Header::default();
-        back.decode(&buf).unwrap();
+        back.decode(&buf).expect("decodes");
         assert_eq!((back.kind, back.seq, back.pos0), (Kind::Restore, 2, 512));
         assert!(back.kind.is_control() && !Kind::Batch.is_control());
-        assert_eq!(ids_from_words(&back.tokens).unwrap(), ids);
+        assert_eq!(ids_from_words(&back.tokens).expect("ids"), ids);
         assert!(ids_from_words(&[1, 2, 3]).is_err());
     }
 
