@@ -114,7 +114,7 @@ pub async fn serve(
                     // Out of descriptors (EMFILE) or a connection reset before accept: keep
                     // serving; pause a moment so a full descriptor table is not spun on.
                     if accept_errors.should_log() {
-                        eprintln!("strata: accepting an HTTP connection failed: {e}");
+                        tracing::warn!("accepting an HTTP connection failed: {e}");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -123,8 +123,8 @@ pub async fn serve(
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             if refusals.should_log() {
-                eprintln!(
-                    "strata: {} HTTP connections are open, the most allowed (--max-connections); \
+                tracing::warn!(
+                    "{} HTTP connections are open, the most allowed (--max-connections); \
                      refusing new ones with 503 until some close",
                     limits.max_connections
                 );
@@ -146,8 +146,8 @@ pub async fn serve(
     drop(listener);
     let open = limits.max_connections.max(1) - permits.available_permits();
     if open > 0 {
-        eprintln!(
-            "strata: waiting up to {} s for {open} open connection(s) to finish",
+        tracing::info!(
+            "waiting up to {} s for {open} open connection(s) to finish",
             limits.shutdown_grace.as_secs_f64()
         );
     }
@@ -156,7 +156,7 @@ pub async fn serve(
         .is_err()
     {
         let left = limits.max_connections.max(1) - permits.available_permits();
-        eprintln!("strata: closing {left} connection(s) still open after the shutdown grace");
+        tracing::warn!("closing {left} connection(s) still open after the shutdown grace");
     }
     Ok(())
 }

@@ -452,9 +452,9 @@ fn supervise(
         recent.retain(|t| now.duration_since(*t) < PANIC_WINDOW);
         recent.push(now);
         if recent.len() >= PANICS_ALLOWED || !batch.survives_panic() {
-            eprintln!(
-                "strata: the engine panicked ({what}; {} time(s) within {} s); it is stopped \
-                 and the server answers 503 until it is restarted",
+            tracing::error!(
+                "the engine panicked ({what}; {} time(s) within {} s); it is stopped and the \
+                 server answers 503 until it is restarted",
                 recent.len(),
                 PANIC_WINDOW.as_secs()
             );
@@ -467,7 +467,7 @@ fn supervise(
             }
             return;
         }
-        eprintln!("strata: the engine panicked ({what}); requests in flight failed, serving on");
+        tracing::error!("the engine panicked ({what}); requests in flight failed, serving on");
     }
 }
 

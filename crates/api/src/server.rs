@@ -1008,8 +1008,8 @@ impl Answer {
             };
             for (at, errors) in found.into_iter().filter(|(_, e)| !e.is_empty()) {
                 self.st.metrics.schema_violations.inc();
-                eprintln!(
-                    "strata: {} breaks its schema: {}",
+                tracing::warn!(
+                    "{} breaks its schema: {}",
                     name.as_deref()
                         .map_or("a JSON answer".to_string(), |n| format!("a call of {n}")),
                     errors.join("; ")

@@ -6,8 +6,7 @@
 //! (success, an error, a dead peer) ends with every worker reaped, so no process is orphaned.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,11 +15,12 @@ use strata_gguf::GgufFile;
 use strata_net::{LinkShape, MeshConfig, Transport};
 use strata_parallel::{
     Assignment, CombineStyle, Rank, ShardedBatch, Strategy, make_plan, numerics_name,
+    worker_command,
 };
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
 /// The environment variable that carries the session token to workers.
-pub(crate) const TOKEN_ENV: &str = "STRATA_TOKEN";
+pub(crate) use strata_parallel::TOKEN_ENV;
 
 /// How a run is split across ranks.
 #[derive(Debug, Clone, Args)]
@@ -291,20 +291,7 @@ pub(crate) fn launch(
     if !external {
         let exe = std::env::current_exe().context("finding the strata binary")?;
         for r in 1..n {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "worker",
-                "--coordinator",
-                &coordinator.to_string(),
-                "--rank",
-                &r.to_string(),
-                "--world",
-                &n.to_string(),
-            ])
-            .env(TOKEN_ENV, &token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            let mut cmd = worker_command(&exe, coordinator, (r, n), None, &token);
             strata_node::process::die_with_parent(&mut cmd);
             let child = cmd.spawn().context("starting a worker process")?;
             workers.children.push((r, child));
@@ -384,27 +371,12 @@ pub(crate) fn worker(a: WorkerArgs) -> Result<()> {
         // Learned from rank 0 (sealed), like the transport.
         insecure_plaintext: false,
     };
-    let mut comm = strata_net::join(&mesh).context("joining rank 0")?;
-    let assignment: Assignment =
-        serde_json::from_slice(comm.recv(0)?).context("reading the shard plan from rank 0")?;
-    let loaded = (|| -> Result<strata_parallel::Shard> {
-        let path: PathBuf = match &a.model {
-            Some(m) => crate::cmd_run::resolve_model(m)?,
-            None => assignment.model_path.clone(),
-        };
-        let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        Ok(Rank::prepare(&file, &assignment, a.rank)?)
-    })();
-    let shard = match loaded {
-        Ok(s) => s,
-        Err(e) => {
-            let msg = format!("{e:#}");
-            let _ = comm.send(0, msg.as_bytes());
-            bail!("rank {}: {msg}", a.rank);
-        }
-    };
-    let mut rank = Rank::new(comm, shard, &assignment.plan)?;
-    rank.comm_mut().send(0, b"ok")?;
+    let comm = strata_net::join(&mesh).context("joining rank 0")?;
+    let mut rank = Rank::join_coordinator(comm, |assignment| match &a.model {
+        Some(m) => crate::cmd_run::resolve_model(m).map_err(|e| format!("{e:#}")),
+        None => Ok(assignment.model_path.clone()),
+    })
+    .with_context(|| format!("rank {}", a.rank))?;
     rank.serve()
         .with_context(|| format!("rank {} stopped", a.rank))?;
     Ok(())

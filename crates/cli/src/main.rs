@@ -14,6 +14,7 @@ mod cmd_run;
 mod cmd_serve;
 mod cmd_shard;
 mod cmd_synth;
+mod logging;
 
 use std::process::ExitCode;
 
@@ -84,6 +85,12 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
+    if matches!(
+        cli.cmd,
+        Command::Serve(_) | Command::Node(_) | Command::Worker(_)
+    ) {
+        logging::init();
+    }
     let result = match cli.cmd {
         Command::Run(args) => cmd_run::run(args),
         Command::Chat(args) => cmd_run::chat(args),

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,8 +92,8 @@ pub fn plan(
     peers: &Peers,
 ) -> Result<(Placement, ModelFacts)> {
     let path = resolve(&req.model, peers)?;
-    let file = GgufFile::open(&path).map_err(|e| Error::Instance(e.to_string()))?;
-    let facts = ModelFacts::from_gguf(&file).map_err(|e| Error::Instance(e.to_string()))?;
+    let file = GgufFile::open(&path)?;
+    let facts = ModelFacts::from_gguf(&file)?;
     // Nodes may be named by id or by name.
     let nodes = req.nodes.as_ref().map(|list| {
         list.iter()
@@ -117,8 +117,7 @@ pub fn plan(
             combine: placement::Combine::Gather,
             fewest: false,
         },
-    )
-    .map_err(|e| Error::Instance(e.to_string()))?;
+    )?;
     Ok((p, facts))
 }
 
@@ -208,7 +207,6 @@ pub struct Rank0Start<'a> {
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
-    let err = |e: &dyn std::fmt::Display| Error::Instance(e.to_string());
     let path = resolve(&s.spec.request.model, &s.peers)?;
     // The leader fills in the model's default when it places a request without one.
     let context = s
@@ -243,10 +241,10 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             chat_template: None,
             flavour: None,
         })
-        .map_err(|e| err(&e));
+        .map_err(Error::from);
     }
-    let file = GgufFile::open(&path).map_err(|e| err(&e))?;
-    let cfg = strata_engine::ModelConfig::from_gguf(&file).map_err(|e| err(&e))?;
+    let file = GgufFile::open(&path)?;
+    let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
     let plan = strata_parallel::make_plan(
         &file,
         &cfg,
@@ -254,9 +252,11 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         world,
         Some(&s.placement.weights),
         strata_parallel::CombineStyle::Gather,
-    )
-    .map_err(|e| err(&e))?;
-    let coordinator = s.listener.local_addr().map_err(|e| err(&e))?;
+    )?;
+    let coordinator = s
+        .listener
+        .local_addr()
+        .map_err(Error::system("reading the ranks' listener address"))?;
     let mesh = strata_net::MeshConfig {
         rank: 0,
         world,
@@ -269,7 +269,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         stall_timeout: Duration::from_millis(1500),
         insecure_plaintext: false,
     };
-    let comm = strata_net::coordinate(&mesh, s.listener).map_err(|e| err(&e))?;
+    let comm = strata_net::coordinate(&mesh, s.listener)?;
     let assignment = strata_parallel::Assignment {
         plan,
         model_path: path,
@@ -279,20 +279,21 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         max_seqs: slots,
         numerics: strata_parallel::numerics_name(strata_kernels::attn::Flavour::native()).into(),
     };
-    let rank =
-        strata_parallel::Rank::start_coordinator(comm, &file, &assignment).map_err(|e| err(&e))?;
-    let tokenizer =
-        Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata()).map_err(|e| err(&e))?);
-    let template =
-        strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).map_err(|e| err(&e))?;
-    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)
-        .map_err(|e| err(&e))?
+    let rank = strata_parallel::Rank::start_coordinator(comm, &file, &assignment)?;
+    let tokenizer = Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata())?);
+    let template = strata_tokenizer::ChatTemplate::from_gguf(file.metadata())?;
+    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)?
         .with_prefix_cache(strata_api::DEFAULT_CACHE_MEM);
     let opts = strata_api::EngineOptions {
         info: strata_api::ModelInfo::from_gguf(&file),
         ..opts
     };
-    strata_api::start_engine(Box::new(engine), tokenizer, template, opts).map_err(|e| err(&e))
+    Ok(strata_api::start_engine(
+        Box::new(engine),
+        tokenizer,
+        template,
+        opts,
+    )?)
 }
 
 /// Starts rank `rank` as a `strata worker` process joining `coordinator`; it dies with this
@@ -304,17 +305,9 @@ pub fn start_worker(
     coordinator: SocketAddr,
     token: &str,
 ) -> Result<Child> {
-    let exe = std::env::current_exe().map_err(|e| Error::Instance(e.to_string()))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["worker", "--coordinator", &coordinator.to_string()])
-        .args(["--rank", &rank.to_string(), "--world", &world.to_string()])
-        .arg("--model")
-        .arg(model)
-        .env("STRATA_TOKEN", token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    let exe = std::env::current_exe().map_err(Error::system("finding this program"))?;
+    let mut cmd =
+        strata_parallel::worker_command(&exe, coordinator, (rank, world), Some(model), token);
     crate::process::die_with_parent(&mut cmd);
-    cmd.spawn()
-        .map_err(|e| Error::Instance(format!("starting a worker: {e}")))
+    cmd.spawn().map_err(Error::system("starting a worker"))
 }

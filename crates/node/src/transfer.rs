@@ -99,7 +99,7 @@ pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
     }
     let arrival = peers.arrival.clone();
     let peers = Some(peers);
-    let mut store = Store::from_env().map_err(|e| Error::Instance(e.to_string()))?;
+    let mut store = Store::from_env()?;
     if let Some(peers) = peers {
         // What a peer's copy is checked against: this node's card when it has one, else the
         // peer's import card. Ids that could not name an import are not worth asking about.
@@ -112,10 +112,10 @@ pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
             for peer in &peers.ids {
                 match fetch_from(&mut store, spec, local.as_ref(), peers, peer) {
                     Ok(path) => {
-                        eprintln!("strata: got {spec} from node {peer} (SHA-256 verified)");
+                        tracing::info!("got {spec} from node {peer} (SHA-256 verified)");
                         return Ok(path);
                     }
-                    Err(e) => eprintln!("strata: {spec} from node {peer}: {e}"),
+                    Err(e) => tracing::warn!("{spec} from node {peer}: {e}"),
                 }
             }
         }
@@ -126,9 +126,11 @@ pub(crate) fn resolve(spec: &str, peers: &Peers) -> Result<PathBuf> {
         progress.handle(ev);
     });
     progress.finish();
-    Ok(resolved
-        .map_err(|e| Error::Instance(format!("{spec}: {e}")))?
-        .path)
+    let fetch = |source| Error::Fetch {
+        model: spec.to_string(),
+        source: Box::new(source),
+    };
+    Ok(resolved.map_err(fetch)?.path)
 }
 
 /// `spec` as a file inside one of `dirs`, after symbolic links are followed.
@@ -243,7 +245,10 @@ fn fetch_from(
         }
     };
     progress.finish();
-    installed.map_err(|e| Error::Instance(e.to_string()))
+    installed.map_err(|source| Error::Fetch {
+        model: id.to_string(),
+        source: Box::new(source),
+    })
 }
 
 /// The card in a peer's head, if it is a valid import card for exactly `id`. Its strings name

@@ -9,12 +9,14 @@
 #![warn(missing_docs)]
 
 mod error;
+mod launch;
 mod plan;
 mod proto;
 mod rank;
 mod sequences;
 
 pub use error::{Error, Result};
+pub use launch::{TOKEN_ENV, worker_command};
 pub use plan::{CombineStyle, GroupParts, Plan, RankPlan, Strategy, make_plan, split};
 pub use rank::{Assignment, Rank, Shard, local_pair, numerics_name};
 pub use sequences::{CommFigures, ShardedBatch};

@@ -238,34 +238,6 @@ impl Rank {
         &mut self.comm
     }
 
-    /// Rank 0 of a new instance: sends the assignment to every worker, loads its own shard,
-    /// and waits for each worker to report its shard loaded (or why not).
-    pub fn start_coordinator(
-        mut comm: Communicator,
-        file: &GgufFile,
-        a: &Assignment,
-    ) -> Result<Rank> {
-        let json = serde_json::to_vec(a).map_err(|e| Error::Protocol(e.to_string()))?;
-        for r in 1..comm.world() {
-            comm.post_send(r, &[&json])?;
-        }
-        comm.wait()?;
-        let world = comm.world();
-        let shard = Rank::prepare(file, a, 0)?;
-        let mut rank = Rank::new(comm, shard, &a.plan)?;
-        let mut failed = Vec::new();
-        for r in 1..world {
-            let msg = rank.comm_mut().recv(r)?;
-            if msg != b"ok" {
-                failed.push(format!("rank {r}: {}", String::from_utf8_lossy(msg)));
-            }
-        }
-        if !failed.is_empty() {
-            return Err(Error::Protocol(failed.join("; ")));
-        }
-        Ok(rank)
-    }
-
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.plan

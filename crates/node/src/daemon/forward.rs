@@ -73,6 +73,22 @@ pub(super) fn route<'a>(serving: &'a [Serving], model: Option<&str>) -> Option<&
 /// names, here or on the node running its rank 0. Listings (`/v1/models`, `/api/tags`,
 /// `/api/ps`) gather every instance's.
 pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    use tracing::Instrument as _;
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path());
+    let start = std::time::Instant::now();
+    let r = routed(shared, req).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::debug!(
+            status = r.status().as_u16(),
+            ms = start.elapsed().as_millis() as u64,
+            "answered"
+        );
+    });
+    r
+}
+
+/// [`to_instance`] inside its request's span.
+async fn routed(shared: Arc<Shared>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     if shared.flags.draining.load(Ordering::Relaxed)
         && (path.starts_with("/v1/") || path.starts_with("/api/"))

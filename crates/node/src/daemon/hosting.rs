@@ -99,7 +99,9 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
                 arrival: Some(arrival),
                 ..peers_of(&shared)
             };
+            let span = tracing::info_span!("instance", id = %k.0, epoch = k.1, rank);
             std::thread::spawn(move || {
+                let _span = span.enter();
                 let started = transfer::resolve(&model, &peers).and_then(|path| {
                     instances::start_worker(&path, rank, world, coordinator, &token)
                 });
@@ -117,7 +119,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
                             h.running = Some(Running::Worker(Arc::clone(c)));
                         }
                         Err(e) => {
-                            eprintln!("strata: rank {rank} of {} failed to start: {e}", k.0);
+                            tracing::error!("this rank failed to start: {e}");
                             h.info.status = format!("failed: {e}");
                         }
                     }
@@ -137,9 +139,10 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
     // A worker that exited is reported failed.
     for host in h.values_mut() {
         if let Some(st) = host.running.as_ref().and_then(Running::exited) {
-            eprintln!(
-                "strata: rank {} of {} exited ({st})",
-                host.info.rank, host.info.instance
+            tracing::error!(
+                instance = %host.info.instance,
+                rank = host.info.rank,
+                "the worker exited ({st})"
             );
             host.info.status = format!("failed: the worker exited ({st})");
             host.running = None;
@@ -171,7 +174,9 @@ pub(super) fn start_rank0(
     let shared = Arc::clone(shared);
     let spec = spec.clone();
     let p = p.clone();
+    let span = tracing::info_span!("instance", id = %spec.id, epoch = spec.epoch, rank = 0);
     std::thread::spawn(move || {
+        let _span = span.enter();
         let result = instances::start_rank0(instances::Rank0Start {
             spec: &spec,
             placement: &p,
@@ -193,10 +198,7 @@ pub(super) fn start_rank0(
         };
         match result {
             Ok(state) => {
-                eprintln!(
-                    "strata: instance {} (epoch {}) of {} is ready",
-                    spec.id, spec.epoch, spec.request.model
-                );
+                tracing::info!("{} is ready", spec.request.model);
                 locked(&shared.served).insert(
                     format!("{}@{}", k.0, k.1),
                     strata_api::server::router(Arc::clone(&state)),
@@ -205,10 +207,7 @@ pub(super) fn start_rank0(
                 h.running = Some(Running::Rank0(state));
             }
             Err(e) => {
-                eprintln!(
-                    "strata: instance {} (epoch {}) failed to start: {e}",
-                    spec.id, spec.epoch
-                );
+                tracing::error!("failed to start: {e}");
                 h.info.status = format!("failed: {e}");
             }
         }

@@ -85,7 +85,12 @@ pub(super) async fn rpc_loop(
             .unwrap_or("")
             .to_string();
         if op == "http" {
-            tokio::spawn(serve_forwarded(Arc::clone(&shared), q));
+            // A forwarded request's span names where it came from (its own path is read later).
+            let span = tracing::info_span!("forwarded", key = %q.key_expr());
+            tokio::spawn(tracing::Instrument::instrument(
+                serve_forwarded(Arc::clone(&shared), q),
+                span,
+            ));
             continue;
         }
         if op == "model" {

@@ -241,9 +241,9 @@ pub async fn run(
     strata_api::check_bind(opts.api_addr, opts.keys.is_some(), opts.insecure_no_auth)
         .map_err(Error::control)?;
     if opts.keys.as_ref().is_some_and(|k| !k.has_admin()) {
-        eprintln!(
-            "strata: no API key has role=admin: cluster operations (load, unload, drain, stop) \
-             will be refused over HTTP"
+        tracing::warn!(
+            "no API key has role=admin: cluster operations (load, unload, drain, stop) will be \
+             refused over HTTP"
         );
     }
     let model_dirs = opts
@@ -268,8 +268,8 @@ pub async fn run(
         .unwrap_or_else(|| opts.state_dir.join("cluster.key"));
     let (key, created) = ClusterKey::load_or_create(&key_file)?;
     if created {
-        eprintln!(
-            "strata: made a new cluster key at {} (copy it to every machine that should join)",
+        tracing::info!(
+            "made a new cluster key at {} (copy it to every machine that should join)",
             key_file.display()
         );
     }
@@ -322,8 +322,8 @@ pub async fn run(
         .await
         .map_err(|e| Error::Control(format!("binding the API to {}: {e}", opts.api_addr)))?;
     let api_addr = listener.local_addr().map_err(Error::control)?;
-    eprintln!(
-        "strata: node {id} ({}) in cluster {}: control plane {} ({}), API http://{api_addr}",
+    tracing::info!(
+        "node {id} ({}) in cluster {}: control plane {} ({}), API http://{api_addr} ",
         profile.name,
         control.fingerprint(),
         opts.control_addr,
@@ -399,6 +399,6 @@ pub async fn run(
     // Connections still closing may hold the shared state a moment longer; the session is
     // closed through it (its liveliness token goes with it, so peers see this node leave).
     shared.control.close().await?;
-    eprintln!("strata: node {id} stopped");
+    tracing::info!("node {id} stopped");
     Ok(())
 }

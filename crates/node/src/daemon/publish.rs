@@ -65,7 +65,7 @@ pub(super) async fn publish_loop(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         if let Err(e) = publish(&shared).await {
-            eprintln!("strata: publishing this node's state: {e}");
+            tracing::warn!("publishing this node's state: {e}");
         }
     }
 }
@@ -199,7 +199,7 @@ pub(super) async fn log_membership(shared: Arc<Shared>) {
         let events = shared.control.snapshot().events;
         let total = events.len();
         for e in events.iter().skip(seen.min(total)) {
-            eprintln!("strata: {}", e.what);
+            tracing::info!("{}", e.what);
         }
         seen = total;
     }
