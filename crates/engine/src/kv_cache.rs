@@ -24,6 +24,21 @@ use half::vec::HalfBitsVecExt;
 use std::sync::Arc;
 use strata_kernels::attn::{self, ValueRun};
 
+/// `total` zeroed halves, or `None` when the memory cannot be reserved. Probed first, so an
+/// impossible size is an error rather than an abort; then taken zeroed, so the kernel supplies
+/// pages only as positions fill. (Zeroed `u16`s come from calloc untouched; `vec![f16::ZERO; n]`
+/// would write every page.)
+fn zeroed(total: usize) -> Option<Vec<f16>> {
+    let mut probe: Vec<f16> = Vec::new();
+    probe.try_reserve_exact(total).ok()?;
+    drop(probe);
+    Some(vec![0u16; total].reinterpret_into())
+}
+
+/// Own positions past which dropping them all gives their memory back (below it, keeping the
+/// pages for the next sequence costs less than faulting them in again).
+const RELEASE_BYTES: usize = 16 << 20;
+
 /// Keys and values for `n_layers x n_kv_heads x n_ctx` positions, keys `head_dim` wide and
 /// values `v_dim` (equal but under multi-head latent attention, whose values are the first
 /// `v_dim` elements of its keys).
@@ -73,15 +88,7 @@ impl KvCache {
                 .and_then(|x| x.checked_mul(width))
                 .ok_or_else(too_large)
         };
-        let alloc = |total: usize| -> crate::Result<Vec<f16>> {
-            // Probe first, so an impossible size is an error rather than an abort; then take
-            // zeroed memory, whose pages the kernel supplies only as positions fill. (Zeroed
-            // `u16`s come from calloc untouched; `vec![f16::ZERO; n]` would write every page.)
-            let mut probe: Vec<f16> = Vec::new();
-            probe.try_reserve_exact(total).map_err(|_| too_large())?;
-            drop(probe);
-            Ok(vec![0u16; total].reinterpret_into())
-        };
+        let alloc = |total: usize| zeroed(total).ok_or_else(too_large);
         Ok(KvCache {
             n_kv_heads,
             n_ctx,
@@ -112,18 +119,37 @@ impl KvCache {
 
     /// Forgets every position (a new sequence), letting go of shared blocks.
     pub fn clear(&mut self) {
+        self.release_own();
         self.len = 0;
         self.shared.clear();
+    }
+
+    /// Gives the memory of the cache's own positions back when they are many and all about to
+    /// be dropped: fresh zeroed arrays (untouched pages) replace the old (large arrays are
+    /// their own mappings, returned to the system when freed). A sequence that takes shared
+    /// blocks in place of a prefix it computed itself then holds no second copy.
+    fn release_own(&mut self) {
+        if self.own_bytes() < RELEASE_BYTES {
+            return;
+        }
+        if let (Some(k), Some(v)) = (zeroed(self.k.len()), zeroed(self.v.len())) {
+            self.k = k;
+            self.v = v;
+        }
     }
 
     /// Forgets positions from `len` on (e.g. to reuse a shared prompt prefix). Shared blocks
     /// past `len` are let go; the part of one that `len` ends inside is copied into the
     /// cache's own memory.
     pub fn truncate(&mut self, len: usize) {
+        if len == self.base() {
+            self.release_own();
+        }
         if len >= self.base() {
             self.len = self.len.min(len);
             return;
         }
+        self.release_own();
         let (keep, part) = (len / BLOCK, len % BLOCK);
         let cut = self.shared.get(keep).cloned();
         self.shared.truncate(keep);
@@ -537,6 +563,27 @@ mod tests {
         );
         c.clear();
         assert_eq!((c.len(), c.base()), (0, 0));
+    }
+
+    #[test]
+    fn dropping_many_own_positions_gives_their_memory_back() {
+        // 1 KiB a position: 16,400 positions are past the release threshold.
+        let (layers, heads, hd, len) = (2, 2, 64, 16_400);
+        let mut big = filled(layers, heads, len + 64, hd, len);
+        assert!(big.own_bytes() >= RELEASE_BYTES);
+        big.truncate(0);
+        big.advance(1);
+        assert!(
+            keys(&big, 1, 1, 1).iter().all(|x| *x == f16::ZERO),
+            "fresh pages"
+        );
+        // A short sequence keeps its pages for the next.
+        let mut small = filled(layers, heads, 128, hd, 100);
+        let before = keys(&small, 1, 1, 1);
+        small.truncate(0);
+        small.advance(1);
+        assert_eq!(keys(&small, 1, 1, 1), before);
+        assert!(before.iter().any(|x| *x != f16::ZERO));
     }
 
     #[test]

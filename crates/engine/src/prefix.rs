@@ -330,10 +330,18 @@ impl<D: BlockData> SlotBlocks<D> {
         let slot = (0..self.held.len())
             .filter(|&i| !busy.get(i).copied().unwrap_or(true))
             .max_by_key(|&i| (common(&self.held[i]), std::cmp::Reverse(self.held[i].len())))?;
-        let kept = common(&self.held[slot]);
+        let mut kept = common(&self.held[slot]);
         self.held[slot].truncate(kept * BLOCK);
         self.chain[slot].truncate(kept);
         let found = self.cache.lookup(&prompt[..usable * BLOCK]);
+        // Blocks the slot computed itself that the cache holds too are read from the cache
+        // instead (in place): the slot's own copy goes, and every sequence with this prefix
+        // shares one.
+        if kept > 0 && found.len() >= kept && found[..kept] == self.chain[slot][..] {
+            kept = 0;
+            self.held[slot].clear();
+            self.chain[slot].clear();
+        }
         let restore = if found.len() > kept && self.chain[slot].len() == kept {
             found[kept..].to_vec()
         } else {

@@ -274,14 +274,16 @@ fn concurrent_sequences_share_one_copy_of_a_prefix_and_compute_as_alone() {
             // One sequence computes the prefix and leaves it in the cache.
             let (s, _) = warm.admit(&prompts[0]).unwrap();
             finish(&mut warm, s, &prompts[0], 0, 1);
-            // Three at once while it still runs: each reads the cache's blocks in place.
+            // Three at once once it is done: each reads the cache's blocks in place, the first
+            // in the slot that computed them (which lets its own copy go).
+            warm.release(s);
             let mut live = Vec::new();
             for p in &prompts {
                 let (slot, held) = warm.admit(p).unwrap();
                 assert_eq!(held, blocks * BLOCK, "{id}");
                 live.push(slot);
             }
-            warm.release(s);
+            assert_eq!(live[0], s, "{id}: the slot holding the prefix is preferred");
             let kv = warm.kv_stats();
             let cached = warm.prefix_stats().unwrap();
             let block_bytes = cached.bytes / cached.blocks;
