@@ -191,6 +191,11 @@ struct Seq {
     forced: Vec<u32>,
     /// Prompt tokens in the engine so far; the rest are run in later rounds.
     prefilled: usize,
+    /// The tokens the grammar allows next, when computed before a decode step for an engine
+    /// that limits rows to them (bit `t % 32` of word `t / 32`), and whether it holds for the
+    /// row being sampled.
+    allowed: Vec<u32>,
+    premasked: bool,
 }
 
 impl Seq {
@@ -225,6 +230,31 @@ impl Seq {
         }
     }
 
+    /// Computes the tokens the grammar allows next (for an engine that limits the row to them);
+    /// `scratch` is a row of `vocab` logits to mask. Left unmarked when the grammar fails here
+    /// (sampling then masks the row itself, and reports the failure).
+    fn compute_allowed(&mut self, vocab: usize, scratch: &mut Vec<f32>) {
+        self.premasked = false;
+        let Some(c) = self.job.constraint.as_mut() else {
+            return;
+        };
+        // A mask depends on the token ids only, never on the logits: masking a row of zeros
+        // gives the allowed set.
+        scratch.clear();
+        scratch.resize(vocab, 0.0);
+        if c.mask(scratch).is_err() {
+            return;
+        }
+        self.allowed.clear();
+        self.allowed.resize(vocab.div_ceil(32), 0);
+        for (t, l) in scratch.iter().enumerate() {
+            if *l != f32::NEG_INFINITY {
+                self.allowed[t / 32] |= 1 << (t % 32);
+            }
+        }
+        self.premasked = true;
+    }
+
     /// Whether the sequence takes part in the next decode step: its prompt is in and no
     /// forced tokens wait for their own pass.
     fn decoding(&self) -> bool {
@@ -234,7 +264,13 @@ impl Seq {
     /// Samples the next token from `logits`, reports it, and says whether the sequence goes on.
     fn advance(&mut self, logits: &mut [f32], tok: &Tokenizer, n_ctx: usize, m: &Metrics) -> bool {
         if let Some(c) = self.job.constraint.as_mut() {
-            if let Err(e) = c.mask(logits) {
+            let masked = if std::mem::take(&mut self.premasked) {
+                apply_allowed(&self.allowed, logits);
+                Ok(())
+            } else {
+                c.mask(logits)
+            };
+            if let Err(e) = masked {
                 let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
                 return false;
             }
@@ -385,6 +421,16 @@ fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f
     )
 }
 
+/// Sets the logits of tokens outside `allowed` (bit `t % 32` of word `t / 32`) to minus
+/// infinity.
+fn apply_allowed(allowed: &[u32], logits: &mut [f32]) {
+    for (t, l) in logits.iter_mut().enumerate() {
+        if allowed.get(t / 32).is_none_or(|w| w & (1 << (t % 32)) == 0) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Most forced tokens run in one pass: a grammar may force thousands (a fixed string), and a
 /// pass that long would stall every other sequence in the batch.
 const MAX_FORCED: usize = 32;
@@ -480,6 +526,8 @@ fn run(
 ) {
     let n_ctx = batch.n_ctx();
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
+    // A row to compute grammar masks on (see `Seq::compute_allowed`).
+    let mut mask_row: Vec<f32> = Vec::new();
     loop {
         // Prompt tokens this round may run: long prompts go in chunks between the decode steps
         // of the sequences already generating, so their streams keep flowing.
@@ -517,6 +565,8 @@ fn run(
                         last: 0,
                         last_at: Instant::now(),
                         forced: Vec::new(),
+                        allowed: Vec::new(),
+                        premasked: false,
                     });
                 }
                 Err(e) => {
@@ -563,9 +613,25 @@ fn run(
             .filter(|s| s.decoding())
             .map(Seq::reads_top)
             .try_fold(1, |k, need| need.map(|n| k.max(n)));
-        let pass = match top {
-            Some(k) => batch.step_top(&steps, k),
-            None => batch.step(&steps),
+        let constrained = active
+            .iter()
+            .any(|s| s.decoding() && s.job.constraint.is_some());
+        let pass = match (top, batch.n_vocab()) {
+            (Some(k), _) => batch.step_top(&steps, k),
+            // Grammars limit their rows where the engine gains by it (a sharded instance's
+            // ranks then send only the allowed logits).
+            (None, Some(vocab)) if constrained => {
+                for s in active.iter_mut().filter(|s| s.decoding()) {
+                    s.compute_allowed(vocab, &mut mask_row);
+                }
+                let masks: Vec<Option<&[u32]>> = active
+                    .iter()
+                    .filter(|s| s.decoding())
+                    .map(|s| s.premasked.then_some(&s.allowed[..]))
+                    .collect();
+                batch.step_masked(&steps, &masks)
+            }
+            (None, _) => batch.step(&steps),
         };
         match pass {
             Ok(logits) => {

@@ -51,6 +51,23 @@ pub trait Sequences: Send + 'static {
     fn step_top(&mut self, steps: &[(SlotId, u32)], _k: usize) -> Result<&mut [f32], EngineError> {
         self.step(steps)
     }
+    /// The vocabulary's size (a row of logits), when the engine limits rows to masks
+    /// ([`Sequences::step_masked`]); `None` when masks gain nothing here.
+    fn n_vocab(&self) -> Option<usize> {
+        None
+    }
+    /// [`Sequences::step`] with rows limited to the tokens a grammar allows: `masks[i]`, when
+    /// given, is row `i`'s bitset over the vocabulary (bit `t % 32` of word `t / 32` set when
+    /// token `t` is allowed). An engine may set the other logits of those rows to minus
+    /// infinity, or leave them (the caller masks the row either way); a sharded engine applies
+    /// each mask on the ranks that hold the vocabulary slices and moves only allowed logits.
+    fn step_masked(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        _masks: &[Option<&[u32]>],
+    ) -> Result<&mut [f32], EngineError> {
+        self.step(steps)
+    }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
     /// last (prefill chunks, and tokens a grammar forces).
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError>;

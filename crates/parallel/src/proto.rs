@@ -69,6 +69,12 @@ pub(crate) struct Header {
     pub(crate) seqs: Vec<u32>,
     /// A batch's position of each token.
     pub(crate) poss: Vec<u32>,
+    /// A batch's rows limited to the tokens a grammar allows: 1 for each such row (empty when
+    /// none is).
+    pub(crate) masked: Vec<u32>,
+    /// The masks of those rows, one after another: bit `t % 32` of word `t / 32` set when
+    /// token `t` is allowed, as many words per row as the vocabulary needs.
+    pub(crate) masks: Vec<u32>,
 }
 
 impl Default for Header {
@@ -83,6 +89,8 @@ impl Default for Header {
             history: Vec::new(),
             seqs: Vec::new(),
             poss: Vec::new(),
+            masked: Vec::new(),
+            masks: Vec::new(),
         }
     }
 }
@@ -143,7 +151,14 @@ impl Header {
         out.extend_from_slice(&(p.top_k as u32).to_le_bytes());
         out.extend_from_slice(&(p.penalty_last_n as u32).to_le_bytes());
         out.extend_from_slice(&p.seed.to_le_bytes());
-        for list in [&self.tokens, &self.history, &self.seqs, &self.poss] {
+        for list in [
+            &self.tokens,
+            &self.history,
+            &self.seqs,
+            &self.poss,
+            &self.masked,
+            &self.masks,
+        ] {
             out.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for t in list.iter() {
                 out.extend_from_slice(&t.to_le_bytes());
@@ -181,6 +196,15 @@ impl Header {
         r.ids(&mut self.history)?;
         r.ids(&mut self.seqs)?;
         r.ids(&mut self.poss)?;
+        r.ids(&mut self.masked)?;
+        r.ids(&mut self.masks)?;
+        if !self.masked.is_empty() && self.masked.len() != self.tokens.len() {
+            return Err(Error::Protocol(format!(
+                "masks for {} rows of a batch of {}",
+                self.masked.len(),
+                self.tokens.len()
+            )));
+        }
         if self.kind == Kind::Batch
             && (self.seqs.len() != self.tokens.len() || self.poss.len() != self.tokens.len())
         {
@@ -299,8 +323,7 @@ mod tests {
                 ..SamplingParams::default()
             },
             history: vec![5, 6],
-            seqs: Vec::new(),
-            poss: Vec::new(),
+            ..Header::default()
         };
         let mut buf = Vec::new();
         h.encode(&mut buf);
@@ -326,6 +349,16 @@ mod tests {
             (Kind::Batch, &b.seqs, &b.poss)
         );
         b.poss.pop();
+        b.encode(&mut buf);
+        assert!(back.decode(&buf).is_err());
+        // Masks name every row of the batch or none.
+        b.poss.push(0);
+        b.masked = vec![1, 0, 1];
+        b.masks = vec![7, 9, 11, 13];
+        b.encode(&mut buf);
+        back.decode(&buf).expect("masked batch");
+        assert_eq!((&back.masked, &back.masks), (&b.masked, &b.masks));
+        b.masked.pop();
         b.encode(&mut buf);
         assert!(back.decode(&buf).is_err());
     }

@@ -349,10 +349,40 @@ impl Rank {
             for (row, out) in logits.chunks_exact(width).zip(self.rows.iter_mut()) {
                 shard_candidates(&self.step.params, row, offset, &[], out);
             }
+            self.apply_masks(n)?;
             if self.me != 0 {
                 encode_candidate_rows(&self.rows[..n], &mut self.bytes);
                 self.comm.send(0, &self.bytes)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Keeps, in each masked row of the last batch's candidates, only the tokens its mask allows.
+    fn apply_masks(&mut self, n: usize) -> Result<()> {
+        let h = &self.step;
+        if h.masked.is_empty() {
+            return Ok(());
+        }
+        let words = self.model.config().n_vocab.div_ceil(32);
+        let rows = h.masked.iter().filter(|&&m| m != 0).count();
+        if h.masks.len() != rows * words {
+            return Err(Error::Protocol(format!(
+                "{} mask words for {rows} rows of {words}",
+                h.masks.len()
+            )));
+        }
+        let mut at = 0;
+        for (flag, out) in h.masked.iter().zip(&mut self.rows[..n]) {
+            if *flag == 0 {
+                continue;
+            }
+            let mask = &h.masks[at..at + words];
+            at += words;
+            out.retain(|&(id, _)| {
+                mask.get(id as usize / 32)
+                    .is_some_and(|w| w & (1 << (id % 32)) != 0)
+            });
         }
         Ok(())
     }
@@ -611,6 +641,20 @@ impl Rank {
         steps: &[(usize, usize, u32)],
         params: &strata_engine::SamplingParams,
     ) -> Result<()> {
+        self.submit_batch_masked(steps, params, &[])
+    }
+
+    /// [`Rank::submit_batch`] with rows limited to the tokens a grammar allows: `masks[i]`
+    /// (when given; `masks` may be empty) is row `i`'s bitset over the whole vocabulary (bit
+    /// `t % 32` of word `t / 32` for token `t`). The last stage's ranks apply each to their
+    /// vocabulary slice and send back only the allowed candidates, so a grammar costs bytes in
+    /// proportion to what it allows instead of a full row.
+    pub fn submit_batch_masked(
+        &mut self,
+        steps: &[(usize, usize, u32)],
+        params: &strata_engine::SamplingParams,
+        masks: &[Option<&[u32]>],
+    ) -> Result<()> {
         if steps.is_empty() {
             return Err(Error::Protocol("an empty batch".into()));
         }
@@ -629,11 +673,22 @@ impl Rank {
             h.poss.push(pos as u32);
             h.tokens.push(token);
         }
+        h.masked.clear();
+        h.masks.clear();
+        if masks.iter().any(Option::is_some) {
+            for i in 0..steps.len() {
+                let m = masks.get(i).copied().flatten();
+                h.masked.push(u32::from(m.is_some()));
+                h.masks.extend_from_slice(m.unwrap_or(&[]));
+            }
+        }
         self.broadcast_header()?;
         let res = self.run_step();
         // The next single step's header carries no batch.
         self.step.seqs.clear();
         self.step.poss.clear();
+        self.step.masked.clear();
+        self.step.masks.clear();
         self.in_flight += 1;
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
         res

@@ -168,6 +168,7 @@ impl ShardedBatch {
         &mut self,
         steps: &[(SlotId, u32)],
         params: &SamplingParams,
+        masks: &[Option<&[u32]>],
     ) -> std::result::Result<&mut [f32], EngineError> {
         for &(slot, _) in steps {
             let slot = slot.index();
@@ -189,8 +190,11 @@ impl ShardedBatch {
         let per = steps
             .len()
             .div_ceil(self.rank.stages().clamp(1, steps.len()));
-        for micro in self.batch.chunks(per) {
-            self.rank.submit_batch(micro, params)?;
+        for (i, micro) in self.batch.chunks(per).enumerate() {
+            let masks = masks
+                .get(i * per..)
+                .map_or(&[][..], |m| &m[..m.len().min(per)]);
+            self.rank.submit_batch_masked(micro, params, masks)?;
         }
         let mut at = 0;
         for micro in self.batch.chunks(per) {
@@ -342,7 +346,19 @@ impl Sequences for ShardedBatch {
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> std::result::Result<&mut [f32], EngineError> {
-        self.step_with(steps, &Self::raw())
+        self.step_with(steps, &Self::raw(), &[])
+    }
+
+    fn n_vocab(&self) -> Option<usize> {
+        Some(self.vocab)
+    }
+
+    fn step_masked(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        masks: &[Option<&[u32]>],
+    ) -> std::result::Result<&mut [f32], EngineError> {
+        self.step_with(steps, &Self::raw(), masks)
     }
 
     fn step_top(
@@ -357,7 +373,7 @@ impl Sequences for ShardedBatch {
             top_k: k.max(1),
             ..SamplingParams::default()
         };
-        self.step_with(steps, &top)
+        self.step_with(steps, &top, &[])
     }
 
     fn extend(
@@ -592,6 +608,61 @@ mod tests {
                 let v = cfg.n_vocab;
                 (tb, tc) = (argmax(&y[..v]), argmax(&y[v..]));
             }
+            sharded.shutdown().unwrap();
+            worker.join().unwrap().unwrap();
+        }
+    }
+
+    /// A grammar's mask goes to the ranks that hold the vocabulary: a masked row comes back
+    /// with only the allowed candidates (each rank filters its slice), equal bit for bit to one
+    /// process's row with the mask applied; an unmasked row in the same step stays whole.
+    #[test]
+    fn grammar_masks_are_applied_on_the_ranks() {
+        let (path, file, cfg) = smollm2();
+        let v = cfg.n_vocab;
+        // Allowed: a few tokens spread over both ranks' vocabulary slices.
+        let allowed = [17u32, 3000, 25_000, 40_000, v as u32 - 1];
+        let mut mask = vec![0u32; v.div_ceil(32)];
+        for t in allowed {
+            mask[t as usize / 32] |= 1 << (t % 32);
+        }
+        for strategy in [Strategy::Tensor, Strategy::Pipeline] {
+            let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
+            let (rank, worker) = local_pair(&file, &path, plan, 96, 2).unwrap();
+            let mut sharded = ShardedBatch::new(rank, v).unwrap();
+            let mut model = Model::load_full(&file).unwrap();
+            model.set_flavour(Flavour::native());
+            let mut local = Batch::new(model, 1, 2, 96).unwrap();
+            let mut slots = Vec::new();
+            for prompt in [&[1u32, 504, 3000][..], &[9, 8, 7, 6]] {
+                let (s, _) = Sequences::admit(&mut sharded, prompt).unwrap();
+                let (l, _) = Sequences::admit(&mut local, prompt).unwrap();
+                Sequences::extend(&mut sharded, s, prompt).unwrap();
+                Sequences::extend(&mut local, l, prompt).unwrap();
+                slots.push((s, l));
+            }
+            let masks = [Some(&mask[..]), None];
+            let s_steps = [(slots[0].0, 42), (slots[1].0, 43)];
+            let l_steps = [(slots[0].1, 42), (slots[1].1, 43)];
+            let a = Sequences::step_masked(&mut sharded, &s_steps, &masks)
+                .unwrap()
+                .to_vec();
+            // Row 0's candidates were only the allowed tokens; row 1's, every token.
+            let mut counts: Vec<usize> = sharded.rows.iter().take(2).map(Vec::len).collect();
+            if strategy == Strategy::Pipeline {
+                // Two micro-batches of one row: only the last collected (row 1) is kept; row 0's
+                // mask is checked by the logits below.
+                counts = vec![allowed.len(), counts[0]];
+            }
+            assert_eq!(counts, [allowed.len(), v], "{strategy:?}");
+            let mut b = Sequences::step(&mut local, &l_steps).unwrap().to_vec();
+            for (t, l) in b[..v].iter_mut().enumerate() {
+                if !allowed.contains(&(t as u32)) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{strategy:?}: masked step differs from one process's");
             sharded.shutdown().unwrap();
             worker.join().unwrap().unwrap();
         }

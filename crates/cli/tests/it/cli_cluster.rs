@@ -460,6 +460,25 @@ fn complete_long(net: &Net, host: usize, tail: &str) -> (String, u64) {
     (answer_text(code, &body), cached)
 }
 
+/// A greedy answer constrained by a JSON schema (a grammar on every token): its text.
+fn complete_json(net: &Net, host: usize) -> String {
+    let body = serde_json::json!({
+        "model": "smollm2-135m-instruct", "max_tokens": 48, "temperature": 0,
+        "messages": [{"role": "user", "content": "Name a city and the year it was founded."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+            "type": "object", "additionalProperties": false, "required": ["city", "year"],
+            "properties": {"city": {"type": "string", "maxLength": 24}, "year": {"type": "integer"}},
+        }}},
+    });
+    let (code, body) = net.http(host, "/v1/chat/completions", &body.to_string());
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string()
+}
+
 /// The text of a whole completion answer.
 fn answer_text(code: u16, body: &str) -> String {
     assert_eq!(code, 200, "{body}");
@@ -631,6 +650,8 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
         .to_string();
     assert!(!reference.is_empty());
     let long_reference = complete_long(&net, 3, " The last ship").0;
+    let json_reference = complete_json(&net, 3);
+    assert!(json_reference.starts_with('{'), "{json_reference}");
     let id = single["id"].as_str().expect("id");
     let out = net.cli(1, &["unload", id, "--json"]).expect("unload");
     let out: Value = serde_json::from_str(&out).expect("unload json");
@@ -660,6 +681,8 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     let (again, cached) = complete_long(&net, rank0, " The last ship");
     assert_eq!(again, long_reference);
     assert!(cached >= 512, "{cached} prompt tokens restored");
+    // A grammar's masks are applied on the ranks that hold the vocabulary: the same answer.
+    assert_eq!(complete_json(&net, rank0), json_reference);
     // Host 2 holds a verified copy now.
     let copy = net.dir.path().join("store2/models/smollm2-135m-instruct");
     assert!(
