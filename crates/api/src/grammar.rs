@@ -173,7 +173,7 @@ impl Grammars {
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
     pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let schema = compact(tools::bounded(tools::closed(schema)));
+        let schema = compact(tools::bounded(tools::closed(tools::unrolled(schema))));
         check_size(&schema.to_string())?;
         let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
         Ok(Box::new(Grammar { m }))
@@ -530,6 +530,16 @@ mod tests {
                 Some(json!({"type": "object", "properties": {
                 "kids": {"type": "array", "items": {"$ref": "#"}}}})),
             ),
+            tool(
+                "outline",
+                Some(json!({"type": "object", "$defs": {
+                    "Section": {"type": "object", "properties": {"title": {"type": "string"},
+                        "sections": {"type": "array", "items": {"$ref": "#/$defs/Section"}}},
+                        "required": ["title"]},
+                    "Address": address.clone()},
+                "properties": {"root": {"$ref": "#/$defs/Section"},
+                    "owner": {"$ref": "#/$defs/Address"}}, "required": ["root"]})),
+            ),
             tool("ping", None),
             tool(
                 "count",
@@ -556,6 +566,16 @@ mod tests {
         ));
         assert!(!call(
             r#"{"name": "tree", "arguments": {"kids": [{"kids": [{"kids": [{"kids": [{"#
+        ));
+        // Recursion through definitions (pydantic's self-referencing models) is bounded too.
+        assert!(call(
+            r#"{"name": "outline", "arguments": {"root": {"title": "a", "sections": [{"title": "b", "sections": [{"title": "c", "sections": []}]}]}}}"#
+        ));
+        assert!(!call(
+            r#"{"name": "outline", "arguments": {"root": {"title": "a", "sections": [{"title": "b", "sections": [{"title": "c", "sections": [{"#
+        ));
+        assert!(call(
+            r#"{"name": "outline", "arguments": {"root": {"title": "a", "sections": [{"title": "b"}]}, "owner": {"street": "x"}}}"#
         ));
         // Numbers in a call's arguments are bounded as in any constrained JSON.
         assert!(call(

@@ -344,10 +344,12 @@ pub(crate) fn bounded(mut schema: Value) -> Value {
 /// How deep a schema that refers to itself (`{"$ref": "#"}`) may nest in constrained output.
 pub(crate) const MAX_SELF_NESTING: usize = 3;
 
-/// `schema` with its references to itself (`#`) unrolled [`MAX_SELF_NESTING`] levels deep,
-/// the deepest level allowing nothing (`false`: an array of them stays empty). A weak model
-/// asked for a recursive structure otherwise nests until its budget ends and never finishes
-/// the call. References through `$defs` are left as they are.
+/// `schema` with its recursion unrolled [`MAX_SELF_NESTING`] levels deep, the deepest level
+/// allowing nothing (`false`: an array of them stays empty): references to itself (`#`), and
+/// references to definitions (`#/$defs/X`, `#/definitions/X`) that lead back to themselves (a
+/// tree of pydantic models). A weak model asked for a recursive structure otherwise nests
+/// until its budget ends and never finishes the call. Definitions outside any cycle stay
+/// references.
 pub(crate) fn unrolled(schema: Value) -> Value {
     fn refers_to_root(v: &Value) -> bool {
         match v {
@@ -368,6 +370,7 @@ pub(crate) fn unrolled(schema: Value) -> Value {
             _ => {}
         }
     }
+    let schema = unrolled_defs(schema);
     if !refers_to_root(&schema) {
         return schema;
     }
@@ -378,6 +381,131 @@ pub(crate) fn unrolled(schema: Value) -> Value {
         level = next;
     }
     level
+}
+
+/// The definition a local reference names (`#/$defs/X` or `#/definitions/X`): its keyword and
+/// name.
+fn def_ref(r: &str) -> Option<(&str, &str)> {
+    ["$defs", "definitions"].into_iter().find_map(|k| {
+        let name = r.strip_prefix("#/")?.strip_prefix(k)?.strip_prefix('/')?;
+        (!name.is_empty() && !name.contains('/')).then_some((k, name))
+    })
+}
+
+/// The definitions `v` refers to, by name.
+fn refs_in(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some((_, name)) = m.get("$ref").and_then(Value::as_str).and_then(def_ref) {
+                out.insert(name.to_string());
+            }
+            m.values().for_each(|c| refs_in(c, out));
+        }
+        Value::Array(a) => a.iter().for_each(|c| refs_in(c, out)),
+        _ => {}
+    }
+}
+
+/// [`unrolled`] for cycles through definitions: every reference to a definition on a cycle is
+/// replaced by the definition itself, expanded the same way, at most [`MAX_SELF_NESTING`]
+/// times along any path (then `false`).
+fn unrolled_defs(mut schema: Value) -> Value {
+    use std::collections::{BTreeMap, BTreeSet};
+    let Value::Object(root) = &schema else {
+        return schema;
+    };
+    let mut defs: BTreeMap<String, Value> = BTreeMap::new();
+    for k in ["$defs", "definitions"] {
+        if let Some(Value::Object(d)) = root.get(k) {
+            for (name, def) in d {
+                defs.insert(name.clone(), def.clone());
+            }
+        }
+    }
+    // Definitions that can reach themselves.
+    let edges: BTreeMap<&str, BTreeSet<String>> = defs
+        .iter()
+        .map(|(n, d)| {
+            let mut out = BTreeSet::new();
+            refs_in(d, &mut out);
+            (n.as_str(), out)
+        })
+        .collect();
+    let cyclic: BTreeSet<String> = defs
+        .keys()
+        .filter(|start| {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<&str> = edges
+                .get(start.as_str())
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            while let Some(n) = todo.pop() {
+                if n == start.as_str() {
+                    return true;
+                }
+                if seen.insert(n) {
+                    todo.extend(edges.get(n).into_iter().flatten().map(String::as_str));
+                }
+            }
+            false
+        })
+        .cloned()
+        .collect();
+    if cyclic.is_empty() {
+        return schema;
+    }
+    fn expand(
+        v: &mut Value,
+        defs: &BTreeMap<String, Value>,
+        cyclic: &BTreeSet<String>,
+        depth: &mut BTreeMap<String, usize>,
+    ) {
+        match v {
+            Value::Object(m) => {
+                let target = m
+                    .get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(def_ref)
+                    .map(|(_, n)| n.to_string())
+                    .filter(|n| cyclic.contains(n));
+                let Some(name) = target else {
+                    for (k, c) in m.iter_mut() {
+                        // The definitions themselves are expanded where they are used.
+                        if k != "$defs" && k != "definitions" {
+                            expand(c, defs, cyclic, depth);
+                        }
+                    }
+                    return;
+                };
+                let d = depth.entry(name.clone()).or_insert(0);
+                if *d >= MAX_SELF_NESTING {
+                    *v = Value::Bool(false);
+                    return;
+                }
+                *d += 1;
+                let mut body = defs.get(&name).cloned().unwrap_or(Value::Bool(false));
+                expand(&mut body, defs, cyclic, depth);
+                if let Some(d) = depth.get_mut(&name) {
+                    *d -= 1;
+                }
+                // Keywords beside the reference (a description) stay.
+                if let Value::Object(b) = &mut body {
+                    for (k, x) in m.iter() {
+                        if k != "$ref" && !b.contains_key(k) {
+                            b.insert(k.clone(), x.clone());
+                        }
+                    }
+                }
+                *v = body;
+            }
+            Value::Array(a) => a.iter_mut().for_each(|c| expand(c, defs, cyclic, depth)),
+            _ => {}
+        }
+    }
+    expand(&mut schema, &defs, &cyclic, &mut BTreeMap::new());
+    schema
 }
 
 /// `schema`, moved to `at` inside another document: every local reference (`#…`) is rewritten
