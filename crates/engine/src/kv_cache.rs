@@ -9,7 +9,13 @@
 //! Keys are stored by position (a row of `head_dim` each), values transposed (a row per
 //! dimension over the positions, as llama.cpp's cache holds them without flash attention): a
 //! weighted sum of values is then a dot product of the probabilities with each row, which the
-//! attention kernels compute for several query heads at once.
+//! attention kernels compute for several query heads at once. The transposed values are kept in
+//! tiles of [`BLOCK`] positions (every dimension's row of a tile, then the next tile), the
+//! layout of a prefix-cache block: storing a position writes into one tile (`v_dim` x 256
+//! halves, 32 KB for 64 dimensions) instead of one cache line in each of `v_dim` rows a whole
+//! context apart (a TLB miss each), a short
+//! sequence touches a tile's pages instead of a page per dimension, and attention reads a
+//! tile's rows as one stream.
 //!
 //! A cache may start with blocks of [`BLOCK`] positions it shares with the prefix cache and with
 //! other sequences (a prompt prefix computed once): those are read in place, never copied, and
@@ -22,7 +28,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use std::sync::Arc;
-use strata_kernels::attn::{self, ValueRun};
+use strata_kernels::attn::ValueRun;
 
 /// `total` zeroed halves, or `None` when the memory cannot be reserved. Probed first, so an
 /// impossible size is an error rather than an abort; then taken zeroed, so the kernel supplies
@@ -56,12 +62,13 @@ pub struct KvCache {
     shared: Vec<Arc<[f16]>>,
     /// `[layer][head][position][dim]`, own positions from the first after the shared blocks.
     k: Vec<f16>,
-    /// `[layer][head][dim][position]`, rows of `v_stride`; past the filled positions, zero or
-    /// values of an earlier sequence (finite either way: weighted sums give them weight zero).
+    /// `[layer][head][tile][dim][position in tile]`, tiles of [`BLOCK`] positions (a multiple
+    /// of every attention order's step, so a weighted sum over padded positions stays inside
+    /// its tile); past the filled positions, zero or values of an earlier sequence (finite
+    /// either way: weighted sums give them weight zero).
     v: Vec<f16>,
-    /// Positions per value row: `n_ctx` rounded up to whole steps of every attention order, so
-    /// a weighted sum over padded positions stays inside its row.
-    v_stride: usize,
+    /// Tiles per `(layer, head)`.
+    tiles: usize,
 }
 
 impl KvCache {
@@ -73,7 +80,8 @@ impl KvCache {
         n_ctx: usize,
         (head_dim, v_dim): (usize, usize),
     ) -> crate::Result<Self> {
-        let v_stride = n_ctx.div_ceil(attn::MAX_STEP) * attn::MAX_STEP;
+        let tiles = n_ctx.div_ceil(BLOCK);
+        let v_stride = tiles * BLOCK;
         let too_large = || crate::Error::CacheTooLarge {
             n_ctx,
             bytes: 2
@@ -98,7 +106,7 @@ impl KvCache {
             shared: Vec::new(),
             k: alloc(per_head(n_ctx, head_dim)?)?,
             v: alloc(per_head(v_stride, v_dim)?)?,
-            v_stride,
+            tiles,
         })
     }
 
@@ -180,9 +188,15 @@ impl KvCache {
         ((layer * self.n_kv_heads + head) * self.n_ctx + pos) * self.head_dim
     }
 
-    /// Where the value rows of `(layer, head)` start.
+    /// Where the value tiles of `(layer, head)` start.
     fn v_at(&self, layer: usize, head: usize) -> usize {
-        (layer * self.n_kv_heads + head) * self.v_dim * self.v_stride
+        (layer * self.n_kv_heads + head) * self.tiles * self.v_dim * BLOCK
+    }
+
+    /// Where dimension 0 of own position `q` is, given where its `(layer, head)`'s tiles start
+    /// (dimension `d` is `d * BLOCK` further).
+    fn v_pos(&self, at: usize, q: usize) -> usize {
+        at + (q / BLOCK) * self.v_dim * BLOCK + q % BLOCK
     }
 
     /// Writes position `pos` of `(layer, head)`, rounding to f16 (to nearest, ties to even, as
@@ -194,14 +208,15 @@ impl KvCache {
         let i = self.at(layer, head, pos);
         let hd = self.head_dim;
         self.k[i..i + hd].convert_from_f32_slice(&k[..hd]);
-        // Values go down a column: convert a stretch at a time, then scatter it.
-        let base = self.v_at(layer, head) + pos;
+        // Values go down a column of the position's tile: convert a stretch at a time, then
+        // scatter it.
+        let base = self.v_pos(self.v_at(layer, head), pos);
         let mut buf = [f16::ZERO; 64];
         for (c, chunk) in v[..self.v_dim].chunks(buf.len()).enumerate() {
             let b = &mut buf[..chunk.len()];
             b.convert_from_f32_slice(chunk);
             for (j, &x) in b.iter().enumerate() {
-                self.v[base + (c * 64 + j) * self.v_stride] = x;
+                self.v[base + (c * 64 + j) * BLOCK] = x;
             }
         }
     }
@@ -213,7 +228,8 @@ impl KvCache {
     }
 
     /// The pieces of positions `first..end` in storage order: `(first position, block or own,
-    /// offset of the first position in it, positions)`, shared blocks first.
+    /// offset of the first position in it, positions)`: each shared block's part, then the
+    /// cache's own positions tile by tile.
     fn pieces(
         &self,
         first: usize,
@@ -229,9 +245,16 @@ impl KvCache {
                 let (from, to) = (first.max(at), end.min(at + n));
                 (from < to).then_some((from, blk, from - at, to - from))
             });
-        let own = (end > base.max(first)).then(|| {
-            let from = first.max(base);
-            (from, None, from - base, end - from)
+        let from = first.max(base);
+        let tiles = if end > from {
+            (from - base) / BLOCK..(end - 1 - base) / BLOCK + 1
+        } else {
+            0..0
+        };
+        let own = tiles.map(move |t| {
+            let lo = from.max(base + t * BLOCK);
+            let hi = end.min(base + (t + 1) * BLOCK);
+            (lo, None, lo - base, hi - lo)
         });
         shared.chain(own)
     }
@@ -272,20 +295,17 @@ impl KvCache {
         let vd = self.v_dim;
         let (_, in_block) = self.in_block(layer, head);
         let own = self.v_at(layer, head);
-        let vs = self.v_stride;
-        self.pieces(first, end)
-            .map(move |(_, blk, off, n)| match blk {
-                Some(b) => ValueRun {
-                    vt: &b[in_block + off..in_block + (vd - 1) * BLOCK + off + n],
-                    vs: BLOCK,
-                    len: n,
-                },
-                None => ValueRun {
-                    vt: &self.v[own + off..own + (vd - 1) * vs + off + n],
-                    vs,
-                    len: n,
-                },
-            })
+        self.pieces(first, end).map(move |(_, blk, off, n)| {
+            let (rows, at) = match blk {
+                Some(b) => (b, in_block + off),
+                None => (&self.v[..], self.v_pos(own, off)),
+            };
+            ValueRun {
+                vt: &rows[at..at + (vd - 1) * BLOCK + n],
+                vs: BLOCK,
+                len: n,
+            }
+        })
     }
 
     pub(crate) fn advance(&mut self, n: usize) {
@@ -323,10 +343,12 @@ impl KvCache {
             let kn = n * self.head_dim;
             out[at..at + kn].copy_from_slice(&self.k[k..k + kn]);
             at += kn;
-            let v = self.v_at(layer, head) + start;
+            let v = self.v_at(layer, head);
             for d in 0..self.v_dim {
-                let row = v + d * self.v_stride;
-                out[at..at + n].copy_from_slice(&self.v[row..row + n]);
+                for (q, len, o) in tile_segments(start, n) {
+                    let row = self.v_pos(v, q) + d * BLOCK;
+                    out[at + o..at + o + len].copy_from_slice(&self.v[row..row + len]);
+                }
                 at += n;
             }
         }
@@ -374,15 +396,31 @@ impl KvCache {
             let kn = count * self.head_dim;
             self.k[k..k + kn].copy_from_slice(&data[at..at + kn]);
             at += n * self.head_dim;
-            let v = self.v_at(layer, head) + start;
+            let v = self.v_at(layer, head);
             for d in 0..self.v_dim {
-                let row = v + d * self.v_stride;
-                self.v[row..row + count].copy_from_slice(&data[at..at + count]);
+                for (q, len, o) in tile_segments(start, count) {
+                    let row = self.v_pos(v, q) + d * BLOCK;
+                    self.v[row..row + len].copy_from_slice(&data[at + o..at + o + len]);
+                }
                 at += n;
             }
         }
         self.len += count;
     }
+}
+
+/// Own positions `q0..q0 + n` cut at tile edges: `(first position, positions, offset from q0)`.
+fn tile_segments(q0: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut q = q0;
+    std::iter::from_fn(move || {
+        if q >= q0 + n {
+            return None;
+        }
+        let len = (BLOCK - q % BLOCK).min(q0 + n - q);
+        let seg = (q, len, q - q0);
+        q += len;
+        Some(seg)
+    })
 }
 
 /// The KV caches of one step: row `t` of the step belongs to cache `rows.seq[t]` of these.
@@ -468,7 +506,7 @@ mod tests {
         c.advance(6);
         let r = |x: f32| f16::from_f32(x);
         assert_eq!(&keys(&c, 1, 2, 6)[5 * hd..6 * hd], &k.map(r)[..]);
-        assert!(c.v_stride >= ctx && c.v_stride.is_multiple_of(attn::MAX_STEP));
+        assert!(c.tiles * BLOCK >= ctx && BLOCK.is_multiple_of(strata_kernels::attn::MAX_STEP));
         for (d, &vx) in v.iter().enumerate() {
             let vd = values(&c, 1, 2, d, 6);
             assert_eq!(vd[5], r(vx));
