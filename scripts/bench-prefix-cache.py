@@ -65,14 +65,6 @@ def ask(url, model, prompt, max_tokens):
     return (first or time.perf_counter()) - t0, "".join(parts), usage
 
 
-def metric(url, name):
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return None
-
-
 def metrics(url):
     """Every unlabelled sample of `/metrics`, by name."""
     out = {}
@@ -141,7 +133,7 @@ def main():
         wall = time.perf_counter() - t0
         peaks.done.set()
         peaks.join()
-        cache_bytes = metric(url, "strata_prefix_cache_bytes")
+        cache_bytes = metrics(url).get("strata_prefix_cache_bytes")
         rss_after = rss_bytes(pid)
     with serving(a.strata, a.model, *common, "--cache-mem", "0") as (url, _):
         off = [ask(url, a.model, p, a.max_tokens) for p in prompts]

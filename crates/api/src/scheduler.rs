@@ -249,7 +249,7 @@ impl Seq {
         self.allowed.resize(vocab.div_ceil(32), 0);
         for (t, l) in scratch.iter().enumerate() {
             if *l != f32::NEG_INFINITY {
-                self.allowed[t / 32] |= 1 << (t % 32);
+                strata_engine::mask_allow(&mut self.allowed, t);
             }
         }
         self.premasked = true;
@@ -425,7 +425,7 @@ fn logprobs(logits: &[f32], top: usize) -> (Box<dyn Fn(u32) -> f32>, Vec<(u32, f
 /// infinity.
 fn apply_allowed(allowed: &[u32], logits: &mut [f32]) {
     for (t, l) in logits.iter_mut().enumerate() {
-        if allowed.get(t / 32).is_none_or(|w| w & (1 << (t % 32)) == 0) {
+        if !strata_engine::mask_allows(allowed, t) {
             *l = f32::NEG_INFINITY;
         }
     }

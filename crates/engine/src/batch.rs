@@ -131,17 +131,16 @@ impl Batch {
         let a = prefix.choose(&self.busy, prompt).ok_or_else(no_slot)?;
         let cache = &mut self.caches[a.slot];
         cache.truncate(a.kept * BLOCK);
-        // Read in place while the slot holds nothing of its own (concurrent sequences then
-        // share one copy); copied after positions of its own.
-        let n =
-            a.restore
-                .iter()
-                .take_while(|&&id| {
-                    prefix.cache().data(id).is_some_and(|d| {
-                        cache.attach(d.clone()) || cache.load_block(cache.len(), d)
-                    })
-                })
-                .count();
+        let n = a
+            .restore
+            .iter()
+            .take_while(|&&id| {
+                prefix
+                    .cache()
+                    .data(id)
+                    .is_some_and(|d| cache.append_block(d))
+            })
+            .count();
         let kept = prefix.restored(&a, prompt, n);
         self.busy[a.slot] = true;
         Ok((SlotId(a.slot), kept * BLOCK))

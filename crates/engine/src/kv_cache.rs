@@ -370,6 +370,13 @@ impl KvCache {
         true
     }
 
+    /// Appends a whole saved block: read in place while the cache holds nothing of its own
+    /// ([`KvCache::attach`]; concurrent sequences then share one copy), copied after positions
+    /// of its own ([`KvCache::load_block`]). False when neither can take it.
+    pub fn append_block(&mut self, block: &Arc<[f16]>) -> bool {
+        self.attach(Arc::clone(block)) || self.load_block(self.len, block)
+    }
+
     /// Writes a block saved by [`KvCache::save_block`] back at positions `start..start + n`;
     /// the block must directly follow the filled positions, and the cache then holds it.
     pub fn load_block(&mut self, start: usize, data: &[f16]) -> bool {

@@ -39,5 +39,7 @@ pub use kv_cache::KvCache;
 pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput};
 pub use models::Arch;
 pub use sampler::{Sampler, SamplingParams, shard_candidates};
-pub use sequences::{EngineError, PREFILL_CHUNK, Sequences, generate, prefill_chunks};
+pub use sequences::{
+    EngineError, PREFILL_CHUNK, Sequences, generate, mask_allow, mask_allows, prefill_chunks,
+};
 pub use shard::{Combine, ExpertSplit, ShardSpec};

@@ -95,6 +95,19 @@ pub trait Sequences: Send + 'static {
     }
 }
 
+/// Whether a token mask of [`Sequences::step_masked`] (bit `t % 32` of word `t / 32`) allows
+/// token `t`.
+pub fn mask_allows(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).is_some_and(|w| w & (1 << (t % 32)) != 0)
+}
+
+/// Sets token `t`'s bit in a token mask of [`Sequences::step_masked`].
+pub fn mask_allow(mask: &mut [u32], t: usize) {
+    if let Some(w) = mask.get_mut(t / 32) {
+        *w |= 1 << (t % 32);
+    }
+}
+
 impl Sequences for Batch {
     fn n_ctx(&self) -> usize {
         Batch::n_ctx(self)

@@ -379,10 +379,7 @@ impl Rank {
             }
             let mask = &h.masks[at..at + words];
             at += words;
-            out.retain(|&(id, _)| {
-                mask.get(id as usize / 32)
-                    .is_some_and(|w| w & (1 << (id % 32)) != 0)
-            });
+            out.retain(|&(id, _)| strata_engine::mask_allows(mask, id as usize));
         }
         Ok(())
     }
@@ -482,11 +479,7 @@ impl Rank {
                 cache.truncate(h.pos0 as usize);
                 Ok(ids
                     .iter()
-                    .take_while(|id| {
-                        self.blocks.get(id).is_some_and(|b| {
-                            cache.attach(b.clone()) || cache.load_block(cache.len(), b)
-                        })
-                    })
+                    .take_while(|id| self.blocks.get(id).is_some_and(|b| cache.append_block(b)))
                     .count())
             }
             Kind::Save => {
@@ -517,7 +510,7 @@ impl Rank {
     /// Rank 0: sends the prefix-cache message in `self.step` to every rank and applies it here.
     fn control(&mut self) -> Result<usize> {
         self.broadcast_header()?;
-        self.forward_shutdown()?;
+        self.forward_header()?;
         self.apply_control()
     }
 
@@ -534,7 +527,7 @@ impl Rank {
         let n = self.apply_control()?;
         ids_to_words(&ids[..n], &mut self.step.tokens);
         self.broadcast_header()?;
-        self.forward_shutdown()?;
+        self.forward_header()?;
         Ok(n)
     }
 
@@ -567,7 +560,7 @@ impl Rank {
 
     /// Sends the header in `self.step` alone to the next stage (a shutdown, or a prefix-cache
     /// message).
-    fn forward_shutdown(&mut self) -> Result<()> {
+    fn forward_header(&mut self) -> Result<()> {
         self.step.encode(&mut self.bytes);
         let len = (self.bytes.len() as u32).to_le_bytes();
         for &t in &self.targets {
@@ -581,10 +574,10 @@ impl Rank {
     pub fn serve(&mut self) -> Result<()> {
         loop {
             if !self.receive()? {
-                return self.forward_shutdown();
+                return self.forward_header();
             }
             if self.step.kind.is_control() {
-                self.forward_shutdown()?;
+                self.forward_header()?;
                 let wanted = self.step.tokens.len() / 2;
                 let done = self.apply_control()?;
                 if self.step.kind == Kind::Restore && done != wanted {
@@ -768,7 +761,7 @@ impl Rank {
         self.step.tokens.clear();
         self.step.history.clear();
         self.broadcast_header()?;
-        self.forward_shutdown()
+        self.forward_header()
     }
 
     /// Number of KV cache slots.

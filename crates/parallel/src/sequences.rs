@@ -624,7 +624,7 @@ mod tests {
         let allowed = [17u32, 3000, 25_000, 40_000, v as u32 - 1];
         let mut mask = vec![0u32; v.div_ceil(32)];
         for t in allowed {
-            mask[t as usize / 32] |= 1 << (t % 32);
+            strata_engine::mask_allow(&mut mask, t as usize);
         }
         for strategy in [Strategy::Tensor, Strategy::Pipeline] {
             let plan = make_plan(&file, &cfg, strategy, 2, None, CombineStyle::Gather).unwrap();
