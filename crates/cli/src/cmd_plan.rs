@@ -426,6 +426,8 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let bytes = working_set.clamp(256 << 20, 1 << 30) as usize;
     let bandwidth = strata_kernels::membw::read_bandwidth(&pool, bytes, 8);
     let gflops = strata_node::profile::matmul_gflops(&pool);
+    let by_type = strata_node::profile::matmul_gflops_by_type(&pool);
+    let attention = strata_node::profile::attention_gflops(pool.n_threads());
     let class = presets()
         .class("measured")
         .context("the presets lack the measured class")?;
@@ -434,6 +436,11 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
         memory_available: (available as f64 * class.usable_memory) as u64,
         mem_bandwidth: bandwidth * class.bandwidth_efficiency,
         flops: gflops * 1e9 * class.compute_efficiency,
+        flops_by_type: by_type
+            .into_iter()
+            .map(|(t, g)| (t, g * 1e9 * class.compute_efficiency))
+            .collect(),
+        attn_flops: attention * 1e9 * class.compute_efficiency,
         message_overhead: class.message_overhead_us * 1e-6,
         ..Node::default()
     })

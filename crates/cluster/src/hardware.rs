@@ -168,6 +168,7 @@ impl NodePreset {
             message_overhead: class.message_overhead_us * 1e-6,
             power_watts: self.power_w,
             devices: self.devices,
+            ..Node::default()
         }
     }
 }

@@ -51,6 +51,19 @@ pub struct ModelFacts {
     /// experts (0 in facts from older nodes).
     #[serde(default)]
     pub token_params: u64,
+    /// Of `token_params`, the LM head's: a decode step multiplies every row by it, a prefill
+    /// chunk only the row whose logits it wants (0 from older nodes: priced as every row's).
+    #[serde(default)]
+    pub head_params: u64,
+    /// The LM head's weight type, ggml's name (empty: unknown, priced at the node's one rate).
+    #[serde(default)]
+    pub head_type: String,
+    /// Of `token_params` but the head's, how many in each weight type (ggml's names; a
+    /// mixture's experts counted at the share a token uses): each is priced at its own type's
+    /// measured rate, which differ by up to 2x (empty for cards and facts from older nodes:
+    /// all at the node's one rate).
+    #[serde(default)]
+    pub token_params_by_type: BTreeMap<String, f64>,
     /// KV-cache bytes per context position, whole model.
     pub kv_bytes_per_token: u64,
     /// Decoder layers.
@@ -104,15 +117,34 @@ impl ModelFacts {
             .moe
             .map_or(1.0, |m| m.n_used as f64 / m.n_expert.max(1) as f64);
         let tied = file.tensor("output.weight").is_none();
+        let head_name = if tied {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
         let (mut params, mut token_params, mut expert_bytes) = (0u64, 0.0f64, 0u64);
+        let (mut head_params, mut head_type) = (0u64, String::new());
+        let mut by_type: BTreeMap<String, f64> = BTreeMap::new();
         for t in file.tensors() {
             let n = t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
             params = params.saturating_add(n);
-            if t.name.contains("_exps") {
+            let (used_here, is_head) = if t.name.contains("_exps") {
                 expert_bytes = expert_bytes.saturating_add(t.n_bytes);
-                token_params += n as f64 * used;
-            } else if t.name != "token_embd.weight" || tied {
-                token_params += n as f64;
+                (n as f64 * used, false)
+            } else if t.name == head_name {
+                (n as f64, true)
+            } else if t.name != "token_embd.weight" {
+                (n as f64, false)
+            } else {
+                continue;
+            };
+            token_params += used_here;
+            if is_head {
+                head_params = n;
+                head_type = t.ggml_type.name().to_string();
+            } else if t.dims.len() >= 2 {
+                // Norm vectors and biases are not multiplied as matrices.
+                *by_type.entry(t.ggml_type.name().to_string()).or_default() += used_here;
             }
         }
         Ok(ModelFacts {
@@ -130,6 +162,9 @@ impl ModelFacts {
             expert_bytes,
             params,
             token_params: token_params as u64,
+            head_params,
+            head_type,
+            token_params_by_type: by_type,
             // strata keeps keys and values as f16, as llama.cpp's default cache does.
             kv_bytes_per_token: (2
                 * cfg.n_layer
@@ -158,6 +193,13 @@ pub struct Node {
     /// prediction).
     #[serde(default)]
     pub flops: f64,
+    /// Measured matrix-multiply throughput per weight type (ggml's names), FLOP/s; a type
+    /// missing here runs at `flops`.
+    #[serde(default)]
+    pub flops_by_type: BTreeMap<String, f64>,
+    /// Attention's throughput over the KV cache, FLOP/s (0: at `flops`).
+    #[serde(default)]
+    pub attn_flops: f64,
     /// What every exchange costs this node per peer beyond the link itself, seconds: posting
     /// a message and noticing its arrival (microseconds on a CPU spinning on shared memory,
     /// tens of microseconds where a GPU must finish its queued work first).
@@ -170,6 +212,26 @@ pub struct Node {
     /// fabric (0 or 1: one); their exchanges cost `message_overhead` per peer each.
     #[serde(default)]
     pub devices: usize,
+}
+
+impl Node {
+    /// Matrix-multiply throughput on weights of type `ty` (ggml's name), FLOP/s.
+    fn rate(&self, ty: &str) -> f64 {
+        self.flops_by_type
+            .get(ty)
+            .copied()
+            .filter(|r| *r > 0.0)
+            .unwrap_or(self.flops)
+    }
+
+    /// Attention's throughput, FLOP/s.
+    fn attention_rate(&self) -> f64 {
+        if self.attn_flops > 0.0 {
+            self.attn_flops
+        } else {
+            self.flops
+        }
+    }
 }
 
 /// A measured link between two nodes (symmetric).
@@ -423,6 +485,9 @@ pub struct Load {
     /// Independent sequences among the tokens: a pipeline overlaps different sequences'
     /// steps, never one sequence's (its next chunk waits for this one).
     pub sequences: usize,
+    /// Rows whose logits the step computes (through the LM head): every row of a decode
+    /// step, one of a prefill chunk (at most `streams`).
+    pub logits: usize,
 }
 
 impl Load {
@@ -431,6 +496,7 @@ impl Load {
         streams: 1,
         depth: 0,
         sequences: 1,
+        logits: 1,
     };
 }
 
@@ -479,10 +545,23 @@ impl Cost<'_, '_> {
         if node.flops <= 0.0 {
             return mem + inside;
         }
-        // Two FLOPs per weight a token uses, and attention's two products over the cache.
-        let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64;
-        let flops = frac * n * (2.0 * m.active_params() + attn);
-        mem.max(flops / node.flops) + inside
+        // Two FLOPs per weight a token uses, each matrix at its weight type's rate; the LM
+        // head only for the rows whose logits the step wants; attention's two products over
+        // the cache at attention's rate.
+        let head = m.head_params as f64;
+        let body = if m.token_params_by_type.is_empty() {
+            2.0 * (m.active_params() - head).max(0.0) / node.flops
+        } else {
+            m.token_params_by_type
+                .iter()
+                .map(|(ty, p)| 2.0 * p / node.rate(ty))
+                .sum()
+        };
+        let head = 2.0 * head / node.rate(&m.head_type);
+        let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64 / node.attention_rate();
+        let logits = load.logits.min(load.streams) as f64;
+        let comp = frac * (n * (body + attn) + logits * head);
+        mem.max(comp) + inside
     }
 
     /// Seconds of one exchange among `group` carrying `bytes` from each rank: the slowest
@@ -552,9 +631,8 @@ impl Cost<'_, '_> {
     }
 
     /// Predicted seconds of one step of `strategy` over `nodes` (rank order) with `weights`.
-    /// A pipeline keeps up to one micro-batch of sequences per stage in flight: its step is the longer of
-    /// one micro-batch's trip through every stage and the busiest stage's time for all of
-    /// them.
+    /// A pipeline splits a step's sequences into up to one micro-batch per stage, which
+    /// follow each other through the stages; the step ends when the last is back.
     fn step(&self, nodes: &[&Node], strategy: StrategyChoice, weights: &[f64], load: Load) -> f64 {
         let tp = match strategy {
             StrategyChoice::Single => return self.compute(nodes[0], 1.0, 1.0, load),
@@ -569,6 +647,7 @@ impl Cost<'_, '_> {
             streams: load.streams.div_ceil(in_flight),
             depth: load.depth,
             sequences: load.sequences.div_ceil(in_flight),
+            logits: load.logits.div_ceil(in_flight),
         };
         let total_w: f64 = weights.iter().sum();
         let mut stages = Vec::with_capacity(n_stages);
@@ -578,18 +657,35 @@ impl Cost<'_, '_> {
             let frac = w.iter().sum::<f64>() / total_w;
             stages.push(self.tensor(group, w, frac, micro));
         }
-        let mut trip: f64 = stages.iter().sum();
-        // Hand-offs: hidden state to each next stage, candidates back to rank 0.
-        if n_stages > 1 {
-            let hidden = (4 * self.m.n_embd * micro.streams) as f64;
-            for s in 0..n_stages {
+        if n_stages == 1 {
+            return stages[0];
+        }
+        // Hand-offs: hidden state to each next stage, candidates back to rank 0 (priced as
+        // a hidden row).
+        let hidden = (4 * self.m.n_embd * micro.streams) as f64;
+        let hand: Vec<f64> = (0..n_stages)
+            .map(|s| {
                 let a = nodes[s * tp];
                 let b = nodes[((s + 1) % n_stages) * tp];
-                trip += self.exchange(&[a, b], hidden);
+                self.exchange(&[a, b], hidden)
+            })
+            .collect();
+        // The engine submits a step's micro-batches back to back and collects them all
+        // before it samples the next step: micro-batch j enters stage s once stage s is done
+        // with micro-batch j - 1 and j has arrived from stage s - 1. The pipe fills and
+        // drains every step, so the step takes (stages + micro-batches - 1) stage times, not
+        // the busiest stage's time per micro-batch of a pipe kept full.
+        let mut free = vec![0.0f64; n_stages];
+        let mut back = 0.0f64;
+        for _ in 0..in_flight {
+            let mut at = 0.0f64;
+            for s in 0..n_stages {
+                free[s] = at.max(free[s]) + stages[s];
+                at = free[s] + hand[s];
             }
+            back = at;
         }
-        let busiest = stages.iter().copied().fold(0.0, f64::max);
-        trip.max(in_flight as f64 * busiest)
+        back
     }
 }
 

@@ -1,4 +1,4 @@
-//! Probe: time of one batched decode step for 1..=8 sequences on the default model, to see how
+//! Probe: time of one batched decode step for 1..=16 sequences on the default model, to see how
 //! much of continuous batching's gain the engine itself delivers (no HTTP, no client).
 //!
 //! `cargo run --release -p strata-engine --example batch_step [THREADS]`
@@ -19,11 +19,11 @@ fn main() {
         .ensure("smollm2-135m-instruct")
         .unwrap();
     let file = GgufFile::open(&path).unwrap();
-    let mut batch = Batch::new(Model::load_full(&file).unwrap(), threads, 8, 512).unwrap();
+    let mut batch = Batch::new(Model::load_full(&file).unwrap(), threads, 16, 512).unwrap();
     println!("| sequences | step ms | tok/s | vs 1 |");
     println!("| ---: | ---: | ---: | ---: |");
     let mut base = 0.0;
-    for n in [1usize, 2, 4, 8] {
+    for n in [1usize, 2, 4, 8, 16] {
         let slots: Vec<_> = (0..n)
             .map(|i| batch.start(&[1, 2, 3, 4 + i as u32]).unwrap().0)
             .collect();

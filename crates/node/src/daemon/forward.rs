@@ -125,7 +125,7 @@ async fn routed(shared: Arc<Shared>, req: Request) -> Response {
 async fn send(shared: &Shared, target: &Serving, req: Request) -> Response {
     use tower::ServiceExt as _;
     if target.node == shared.control.me() {
-        let router = locked(&shared.served).get(&target.key).cloned();
+        let router = shared.state().served.get(&target.key).cloned();
         if let Some(r) = router {
             return match r.oneshot(req).await {
                 Ok(resp) => resp,
@@ -251,10 +251,10 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
         Some((head, payload.get(4 + n..)?.to_vec()))
     })();
     let router = |head: &ForwardHead| {
-        let served = locked(&shared.served);
+        let st = shared.state();
         match &head.instance {
-            Some(k) => served.get(k).cloned(),
-            None => served.values().next().cloned(),
+            Some(k) => st.served.get(k).cloned(),
+            None => st.served.values().next().cloned(),
         }
     };
     // Brings the list of served models the instance's "not found" names up to date.

@@ -11,36 +11,37 @@ pub(super) async fn instances_loop(shared: Arc<Shared>) {
         let snap = shared.control.snapshot();
         // Follow the leader's table, unless it is older than the one followed already (a
         // leader that has just started and not yet taken up the cluster's table).
-        if let Some(f) = leader_followed(&snap) {
-            let mut last = locked(&shared.last_table);
-            if f.version >= last.version {
-                *last = f;
+        let leads = shared.control.is_leader();
+        let newest = if leads { newest_followed(&snap) } else { None };
+        let from_leader = leader_followed(&snap);
+        {
+            let mut st = shared.state();
+            if let Some(f) = from_leader
+                && f.version >= st.last_table.version
+            {
+                st.last_table = f;
+            }
+            if leads {
+                // A node that has just become leader takes up the table it followed, unless
+                // its own is newer.
+                if !std::mem::replace(&mut st.was_leader, true)
+                    && st.last_table.version >= st.table.version
+                {
+                    st.table = st.last_table.clone();
+                }
+                // A member may follow a newer table than this leader has (this node restarted
+                // and leads by its id): take it up before anything else.
+                if let Some(newest) = newest
+                    && newest.version > st.table.version
+                {
+                    st.table = newest;
+                }
+            } else {
+                st.was_leader = false;
             }
         }
-        if shared.control.is_leader() {
-            if !shared.was_leader.swap(true, Ordering::Relaxed) {
-                let inherited = locked(&shared.last_table).clone();
-                let mut t = locked(&shared.table);
-                if inherited.version >= shared.table_version.load(Ordering::Relaxed) {
-                    *t = inherited.table;
-                    shared
-                        .table_version
-                        .store(inherited.version, Ordering::Relaxed);
-                }
-            }
-            // A member may follow a newer table than this leader has (this node restarted and
-            // leads by its id): take it up before anything else.
-            if let Some(newest) = newest_followed(&snap)
-                && newest.version > shared.table_version.load(Ordering::Relaxed)
-            {
-                *locked(&shared.table) = newest.table;
-                shared
-                    .table_version
-                    .store(newest.version, Ordering::Relaxed);
-            }
+        if leads {
             replace_lost(&shared, &snap).await;
-        } else {
-            shared.was_leader.store(false, Ordering::Relaxed);
         }
         let table = followed(&shared).table;
         host(&shared, &snap, &table);
@@ -70,7 +71,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
         };
         let k = (spec.id.clone(), spec.epoch);
         wanted.push(k.clone());
-        if locked(&shared.hosted).contains_key(&k) {
+        if shared.state().hosted.contains_key(&k) {
             continue;
         }
         let token = instances::token(&shared.key, &spec.id, spec.epoch);
@@ -88,7 +89,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             };
             let host = Host::new(spec, rank, None, "starting".into());
             let arrival = Arc::clone(&host.arrival);
-            locked(&shared.hosted).insert(k.clone(), host);
+            shared.state().hosted.insert(k.clone(), host);
             // Resolving may mean copying the model from a peer: off the async threads.
             let (shared, model, world) = (
                 Arc::clone(shared),
@@ -107,8 +108,9 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
                 });
                 let started = started.map(|c| Arc::new(Mutex::new(c)));
                 {
-                    let mut hosted = locked(&shared.hosted);
-                    let Some(h) = hosted.get_mut(&k) else {
+                    let mut st = shared.state();
+                    let Some(h) = st.hosted.get_mut(&k) else {
+                        drop(st);
                         // Gone meanwhile; the child (if any) is killed as it drops.
                         drop(started.map(Running::Worker));
                         return;
@@ -130,24 +132,35 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             });
         }
     }
-    let mut h = locked(&shared.hosted);
-    let gone: Vec<(String, u64)> = h.keys().filter(|k| !wanted.contains(k)).cloned().collect();
-    for k in gone {
-        locked(&shared.served).remove(&format!("{}@{}", k.0, k.1));
-        h.remove(&k);
-    }
-    // A worker that exited is reported failed.
-    for host in h.values_mut() {
-        if let Some(st) = host.running.as_ref().and_then(Running::exited) {
-            tracing::error!(
-                instance = %host.info.instance,
-                rank = host.info.rank,
-                "the worker exited ({st})"
-            );
-            host.info.status = format!("failed: the worker exited ({st})");
-            host.running = None;
+    let gone = {
+        let mut st = shared.state();
+        let keys: Vec<(String, u64)> = st
+            .hosted
+            .keys()
+            .filter(|k| !wanted.contains(k))
+            .cloned()
+            .collect();
+        let mut gone = Vec::with_capacity(keys.len());
+        for k in keys {
+            st.served.remove(&format!("{}@{}", k.0, k.1));
+            gone.extend(st.hosted.remove(&k));
         }
-    }
+        // A worker that exited is reported failed.
+        for host in st.hosted.values_mut() {
+            if let Some(s) = host.running.as_ref().and_then(Running::exited) {
+                tracing::error!(
+                    instance = %host.info.instance,
+                    rank = host.info.rank,
+                    "the worker exited ({s})"
+                );
+                host.info.status = format!("failed: the worker exited ({s})");
+                host.running = None;
+            }
+        }
+        gone
+    };
+    // Stopping ranks (killing workers, ending engines) happens outside the lock.
+    drop(gone);
 }
 
 pub(super) fn start_rank0(
@@ -160,7 +173,7 @@ pub(super) fn start_rank0(
     let listener = match std::net::TcpListener::bind((shared.data_host, 0)) {
         Ok(l) => l,
         Err(e) => {
-            locked(&shared.hosted).insert(
+            shared.state().hosted.insert(
                 k,
                 Host::new(spec, 0, None, format!("failed: listening for ranks: {e}")),
             );
@@ -170,7 +183,7 @@ pub(super) fn start_rank0(
     let coordinator = listener.local_addr().ok().map(|a| a.to_string());
     let host = Host::new(spec, 0, coordinator, "starting".into());
     let arrival = Arc::clone(&host.arrival);
-    locked(&shared.hosted).insert(k.clone(), host);
+    shared.state().hosted.insert(k.clone(), host);
     let shared = Arc::clone(shared);
     let spec = spec.clone();
     let p = p.clone();
@@ -191,15 +204,18 @@ pub(super) fn start_rank0(
                 ..peers_of(&shared)
             },
         });
-        let mut hosted = locked(&shared.hosted);
-        let Some(h) = hosted.get_mut(&k) else {
-            // Unloaded or placed again meanwhile: the state drops here.
+        let mut guard = shared.state();
+        let st = &mut *guard;
+        let Some(h) = st.hosted.get_mut(&k) else {
+            // Unloaded or placed again meanwhile: the state drops here, after the lock.
+            drop(guard);
+            drop(result);
             return;
         };
         match result {
             Ok(state) => {
                 tracing::info!("{} is ready", spec.request.model);
-                locked(&shared.served).insert(
+                st.served.insert(
                     format!("{}@{}", k.0, k.1),
                     strata_api::server::router(Arc::clone(&state)),
                 );

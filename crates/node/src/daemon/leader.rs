@@ -26,15 +26,14 @@ pub(super) struct Followed {
     pub(super) table: Vec<InstanceSpec>,
 }
 
-/// What this node follows now: its own table when it leads.
+/// What this node follows now: its own table when it leads. Takes the state lock.
 pub(super) fn followed(shared: &Shared) -> Followed {
-    if shared.control.is_leader() {
-        Followed {
-            version: shared.table_version.load(Ordering::Relaxed),
-            table: locked(&shared.table).clone(),
-        }
+    let leads = shared.control.is_leader();
+    let st = shared.state();
+    if leads {
+        st.table.clone()
     } else {
-        locked(&shared.last_table).clone()
+        st.last_table.clone()
     }
 }
 
@@ -47,9 +46,13 @@ pub(super) fn newest_followed(s: &Snapshot) -> Option<Followed> {
         .max_by_key(|f| f.version)
 }
 
-/// Leader: counts one change to the table.
-pub(super) fn table_changed(shared: &Shared) {
-    shared.table_version.fetch_add(1, Ordering::Relaxed);
+impl Followed {
+    /// Leader: changes the table by `f` and counts the change, in one step under the state
+    /// lock (a publication never shows a table with the version of another).
+    pub(super) fn change<T>(&mut self, f: impl FnOnce(&mut Vec<InstanceSpec>) -> T) -> T {
+        self.version += 1;
+        f(&mut self.table)
+    }
 }
 
 /// What each member says it hosts, by node id.
@@ -152,20 +155,17 @@ pub(super) async fn leader_load(
         placement: Some(placement),
         problem: None,
     };
-    locked(&shared.table).push(spec.clone());
-    table_changed(shared);
+    shared.state().table.change(|t| t.push(spec.clone()));
     let _ = publish(shared).await;
     Ok(spec)
 }
 
 pub(super) fn leader_unload(shared: &Shared, id: &str) -> std::result::Result<(), String> {
-    let mut t = locked(&shared.table);
-    let before = t.len();
-    t.retain(|s| s.id != id);
-    if t.len() == before {
+    let mut st = shared.state();
+    if !st.table.table.iter().any(|s| s.id == id) {
         return Err(format!("no instance {id:?}"));
     }
-    table_changed(shared);
+    st.table.change(|t| t.retain(|s| s.id != id));
     Ok(())
 }
 
@@ -207,7 +207,10 @@ pub(super) async fn ask_leader(
 pub(super) async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
     let topo = topology(snap);
     let alive: Vec<&str> = topo.nodes.iter().map(|n| n.id.as_str()).collect();
-    let lost: Vec<InstanceSpec> = locked(&shared.table)
+    let lost: Vec<InstanceSpec> = shared
+        .state()
+        .table
+        .table
         .iter()
         .filter(|s| {
             s.placement
@@ -224,29 +227,37 @@ pub(super) async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
         let (topo, names, peers) = (topo.clone(), names(snap), peers_of(shared));
         let planned =
             tokio::task::spawn_blocking(move || instances::plan(&req, &topo, &names, &peers)).await;
-        let mut t = locked(&shared.table);
-        let Some(s) = t
-            .iter_mut()
-            .find(|s| s.id == spec.id && s.epoch == spec.epoch)
-        else {
+        let mut st = shared.state();
+        if !st
+            .table
+            .table
+            .iter()
+            .any(|s| s.id == spec.id && s.epoch == spec.epoch)
+        {
             continue;
-        };
-        match planned {
-            Ok(Ok((p, _))) => {
-                s.epoch += 1;
-                s.placement = Some(p);
-                s.problem = None;
-            }
-            Ok(Err(e)) => {
-                if s.placement.is_some() {
-                    s.epoch += 1;
-                }
-                s.placement = None;
-                s.problem = Some(e.to_string());
-            }
-            Err(e) => s.problem = Some(e.to_string()),
         }
-        drop(t);
-        table_changed(shared);
+        st.table.change(|t| {
+            let Some(s) = t
+                .iter_mut()
+                .find(|s| s.id == spec.id && s.epoch == spec.epoch)
+            else {
+                return;
+            };
+            match planned {
+                Ok(Ok((p, _))) => {
+                    s.epoch += 1;
+                    s.placement = Some(p);
+                    s.problem = None;
+                }
+                Ok(Err(e)) => {
+                    if s.placement.is_some() {
+                        s.epoch += 1;
+                    }
+                    s.placement = None;
+                    s.problem = Some(e.to_string());
+                }
+                Err(e) => s.problem = Some(e.to_string()),
+            }
+        });
     }
 }

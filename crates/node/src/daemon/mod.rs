@@ -87,17 +87,41 @@ struct Flags {
     draining: AtomicBool,
 }
 
-/// Shared by the HTTP handlers and the background tasks.
+/// Everything the node's tasks and handlers change, in one place behind one lock
+/// ([`Shared::state`]).
 ///
-/// Lock order: a thread holding one of these mutexes may take only those after it, never one
-/// before: `profile`, `links`, `hosted`, a host's `arrival`, `served`, `table`, `last_table`,
-/// `cpu_ticks` (the state publisher holds `profile` while it reads the others; hosting holds `hosted` while it swaps `served`;
-/// `table` and `last_table` are never held together). No guard lives across an `.await`: the
-/// guards are not `Send`, so a spawned task that tried would not compile.
+/// The rules: a guard is held for a few reads and writes of the fields, never across an
+/// `.await` (the guard is not `Send`, so a spawned task that tried would not compile), never
+/// while calling a function that takes the lock itself (those say so), and never while a rank
+/// starts or stops (a `Host` leaving the map is dropped after the guard, since dropping its
+/// rank kills a worker or ends an engine). The only other lock is a host's `arrival`, which
+/// the thread copying its model writes; it is taken under the state lock or alone, never the
+/// other way round.
+struct Live {
+    /// This node's published profile (its memory is refreshed on every publication).
+    profile: Profile,
+    /// The links this node measured, by peer.
+    links: BTreeMap<String, LinkReport>,
+    /// The instance table, while this node leads, and how many changes it has seen in the
+    /// cluster's history (see [`Followed`]): changed together.
+    table: Followed,
+    /// The table this node follows: the leader's, as last seen.
+    last_table: Followed,
+    /// Whether this node led at the last look (a new leader takes up the followed table).
+    was_leader: bool,
+    /// Ranks this node runs, by (instance, epoch).
+    hosted: BTreeMap<(String, u64), Host>,
+    /// The APIs of the instances whose rank 0 runs here, by `id@epoch`.
+    served: BTreeMap<String, Router>,
+    /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
+    cpu_ticks: Option<(u64, u64)>,
+}
+
+/// Shared by the HTTP handlers and the background tasks: what never changes, and the
+/// [`Live`] state that does.
 struct Shared {
     control: Control,
-    profile: Mutex<Profile>,
-    links: Mutex<BTreeMap<String, LinkReport>>,
+    state: Mutex<Live>,
     flags: Flags,
     keys: Option<Keys>,
     memory_limit: Option<u64>,
@@ -112,21 +136,15 @@ struct Shared {
     emulate: strata_net::LinkShape,
     /// Where this node answers data-plane link probes (published, so peers can time the link).
     link_probe: std::net::SocketAddr,
-    /// The instance table, while this node leads.
-    table: Mutex<Vec<InstanceSpec>>,
-    /// How many changes `table` has seen in the cluster's history (see [`Followed`]).
-    table_version: std::sync::atomic::AtomicU64,
-    /// The table this node follows and its version: the leader's, as last seen.
-    last_table: Mutex<Followed>,
-    was_leader: AtomicBool,
-    /// Ranks this node runs, by (instance, epoch).
-    hosted: Mutex<BTreeMap<(String, u64), Host>>,
-    /// The APIs of the instances whose rank 0 runs here, by `id@epoch`.
-    served: Mutex<BTreeMap<String, Router>>,
     /// The models the cluster serves, as last routed (the instances' "not found" lists them).
     served_names: strata_api::ServedNames,
-    /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
-    cpu_ticks: Mutex<Option<(u64, u64)>>,
+}
+
+impl Shared {
+    /// The node's mutable state, locked (see [`Live`] for the rules).
+    fn state(&self) -> std::sync::MutexGuard<'_, Live> {
+        locked(&self.state)
+    }
 }
 
 /// A rank this node runs, and what it says about it.
@@ -201,6 +219,13 @@ pub fn topology(s: &Snapshot) -> Topology {
             memory_available: st.profile.memory_available,
             mem_bandwidth: st.profile.mem_bandwidth,
             flops: st.profile.matmul_gflops * 1e9,
+            flops_by_type: st
+                .profile
+                .matmul_gflops_by_type
+                .iter()
+                .map(|(t, g)| (t.clone(), g * 1e9))
+                .collect(),
+            attn_flops: st.profile.attention_gflops * 1e9,
             ..placement::Node::default()
         })
         .collect();
@@ -292,6 +317,8 @@ pub async fn run(
         cores: threads,
         backend: profile::backend(),
         matmul_gflops: speed.matmul_gflops,
+        matmul_gflops_by_type: speed.matmul_gflops_by_type,
+        attention_gflops: speed.attention_gflops,
         mem_bandwidth: speed.mem_bandwidth,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
@@ -336,8 +363,16 @@ pub async fn run(
     let probe_server = crate::linkprobe::ProbeServer::start(data_host, &key, opts.emulate)?;
     let shared = Arc::new(Shared {
         control,
-        profile: Mutex::new(profile),
-        links: Mutex::new(BTreeMap::new()),
+        state: Mutex::new(Live {
+            profile,
+            links: BTreeMap::new(),
+            table: Followed::default(),
+            last_table: Followed::default(),
+            was_leader: false,
+            hosted: BTreeMap::new(),
+            served: BTreeMap::new(),
+            cpu_ticks: None,
+        }),
         flags: Flags::default(),
         keys: opts.keys,
         memory_limit: opts.memory_limit,
@@ -348,14 +383,7 @@ pub async fn run(
         threads,
         emulate: opts.emulate,
         link_probe: probe_server.addr(),
-        table: Mutex::new(Vec::new()),
-        table_version: std::sync::atomic::AtomicU64::new(0),
-        last_table: Mutex::new(Followed::default()),
-        was_leader: AtomicBool::new(false),
-        hosted: Mutex::new(BTreeMap::new()),
-        served: Mutex::new(BTreeMap::new()),
         served_names: strata_api::ServedNames::default(),
-        cpu_ticks: Mutex::new(None),
     });
     publish(&shared).await?;
     let publisher = tokio::spawn(publish_loop(Arc::clone(&shared)));
@@ -392,8 +420,11 @@ pub async fn run(
     instances_task.abort();
     let _ = tokio::join!(publisher, prober, watcher, rpc_task, instances_task);
     // Ranks stop with the node: workers are killed, rank 0's engine ends with its state.
-    locked(&shared.served).clear();
-    let hosted = std::mem::take(&mut *locked(&shared.hosted));
+    let hosted = {
+        let mut st = shared.state();
+        st.served.clear();
+        std::mem::take(&mut st.hosted)
+    };
     drop(hosted);
     served.map_err(Error::control)?;
     // Connections still closing may hold the shared state a moment longer; the session is

@@ -8,29 +8,29 @@ pub(super) fn cap(available: u64, limit: Option<u64>) -> u64 {
 }
 
 pub(super) async fn publish(shared: &Shared) -> Result<()> {
+    // Read before the state is locked: files, and the tables (`followed` takes the lock).
+    let memory = cap(profile::memory().1, shared.memory_limit);
+    let ticks = cpu_ticks();
+    let peers = shared.control.peers();
+    let followed = followed(shared);
     let state = {
-        let mut p = shared
-            .profile
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        p.memory_available = cap(profile::memory().1, shared.memory_limit);
-        let peers = shared.control.peers();
-        let links = shared
+        let mut st = shared.state();
+        st.profile.memory_available = memory;
+        let links = st
             .links
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .values()
             .filter(|l| peers.contains(&l.peer))
             .cloned()
             .collect();
+        let busy = ticks.and_then(|now| busy_since(&mut st.cpu_ticks, now));
         NodeState {
-            profile: p.clone(),
+            profile: st.profile.clone(),
             links,
             draining: shared.flags.draining.load(Ordering::Relaxed),
             extra: serde_json::json!({
-                "hosted": locked(&shared.hosted).values().map(Host::published).collect::<Vec<_>>(),
-                "cpu_busy": cpu_busy(&shared.cpu_ticks),
-                "followed": followed(shared),
+                "hosted": st.hosted.values().map(Host::published).collect::<Vec<_>>(),
+                "cpu_busy": busy,
+                "followed": followed,
                 "link_probe": shared.link_probe.to_string(),
             }),
         }
@@ -38,9 +38,9 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
     shared.control.publish(&state).await
 }
 
-/// The machine's busy fraction of CPU time (0-1) since the last call, from `/proc/stat`; `None`
-/// on the first call or where there is no `/proc/stat`.
-pub(super) fn cpu_busy(last: &Mutex<Option<(u64, u64)>>) -> Option<f64> {
+/// The machine's (total, idle) CPU ticks from `/proc/stat` (idle time is idle + iowait);
+/// `None` where there is no `/proc/stat`.
+fn cpu_ticks() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let fields: Vec<u64> = text
         .lines()
@@ -49,12 +49,17 @@ pub(super) fn cpu_busy(last: &Mutex<Option<(u64, u64)>>) -> Option<f64> {
         .skip(1)
         .filter_map(|f| f.parse().ok())
         .collect();
-    // user nice system idle iowait irq softirq steal ...: idle time is idle + iowait.
+    // user nice system idle iowait irq softirq steal ...
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
-    let mut last = locked(last);
-    let before = last.replace((total, idle));
-    let (t0, i0) = before?;
+    Some((total, idle))
+}
+
+/// The busy fraction of CPU time (0-1) between the ticks in `last` and `now`, which take their
+/// place; `None` on the first call.
+fn busy_since(last: &mut Option<(u64, u64)>, now: (u64, u64)) -> Option<f64> {
+    let (total, idle) = now;
+    let (t0, i0) = last.replace(now)?;
     let dt = total.checked_sub(t0).filter(|d| *d > 0)?;
     let di = idle.saturating_sub(i0).min(dt);
     Some(1.0 - di as f64 / dt as f64)
@@ -78,10 +83,8 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let due: Vec<String> = {
-            let links = shared
-                .links
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let st = shared.state();
+            let links = &st.links;
             let now = now_ms();
             shared
                 .control
@@ -100,17 +103,14 @@ pub(super) async fn probe_loop(shared: Arc<Shared>) {
                 Some((r, false)) => Some(r),
                 None => None,
             };
-            let mut links = shared
-                .links
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut st = shared.state();
             match report {
                 Some(r) => {
-                    links.insert(peer, r);
+                    st.links.insert(peer, r);
                 }
                 // A member that just left; the next round forgets it.
                 None => {
-                    links.remove(&peer);
+                    st.links.remove(&peer);
                 }
             }
         }
@@ -153,7 +153,7 @@ async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<(LinkReport, b
         .find(|m| m.id == peer)
         .and_then(|m| m.state.as_ref());
     let Some(state) = state else {
-        return locked(&shared.links).get(peer).cloned().map(|l| (l, false));
+        return shared.state().links.get(peer).cloned().map(|l| (l, false));
     };
     let probe_addr: Option<std::net::SocketAddr> = state
         .extra
@@ -174,7 +174,7 @@ async fn measure_link(shared: &Arc<Shared>, peer: &str) -> Option<(LinkReport, b
         }
         // Busy answering another node, most likely: keep the last figures (still due, so
         // tried again in half a second) rather than a control-plane guess.
-        let last = locked(&shared.links).get(peer).cloned();
+        let last = shared.state().links.get(peer).cloned();
         if let Some(l) = last {
             return Some((l, false));
         }
