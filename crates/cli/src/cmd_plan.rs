@@ -425,8 +425,8 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     // the prediction with them.
     let bytes = working_set.clamp(256 << 20, 1 << 30) as usize;
     let bandwidth = strata_kernels::membw::read_bandwidth(&pool, bytes, 8);
-    let gflops = strata_node::profile::matmul_gflops(&pool);
     let by_type = strata_node::profile::matmul_gflops_by_type(&pool);
+    let gflops = strata_node::profile::q8_0_gflops(&by_type);
     let attention = strata_node::profile::attention_gflops(pool.n_threads());
     let class = presets()
         .class("measured")

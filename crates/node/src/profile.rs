@@ -84,21 +84,23 @@ pub struct Speed {
 }
 
 /// Measures matmul throughput (per weight type), attention throughput and memory bandwidth on
-/// `threads` threads (about a second).
+/// `threads` threads.
 pub fn measure_speed(threads: usize) -> Speed {
     let pool = ThreadPool::new(threads.max(1));
     let mem_bandwidth = strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2);
+    let by_type = matmul_gflops_by_type(&pool);
     Speed {
-        matmul_gflops: matmul_gflops(&pool),
-        matmul_gflops_by_type: matmul_gflops_by_type(&pool),
+        matmul_gflops: q8_0_gflops(&by_type),
+        matmul_gflops_by_type: by_type,
         attention_gflops: attention_gflops(pool.n_threads()),
         mem_bandwidth,
     }
 }
 
-/// Q8_0 weights times 32 activation rows: the prefill-shaped work, bound by compute.
-pub fn matmul_gflops(pool: &ThreadPool) -> f64 {
-    matmul_gflops_of(pool, GgmlType::Q8_0, 5, Duration::from_millis(20))
+/// The headline matmul figure of a [`matmul_gflops_by_type`] map: Q8_0's, the rate the planner
+/// gives a type without its own.
+pub fn q8_0_gflops(by_type: &BTreeMap<String, f64>) -> f64 {
+    by_type.get(GgmlType::Q8_0.name()).copied().unwrap_or(0.0)
 }
 
 /// [`matmul_gflops_of`] for every weight type strata writes (the types GGUF models store
@@ -109,7 +111,7 @@ pub fn matmul_gflops_by_type(pool: &ThreadPool) -> BTreeMap<String, f64> {
         .map(|&ty| {
             (
                 ty.name().to_string(),
-                matmul_gflops_of(pool, ty, 3, Duration::from_millis(10)),
+                matmul_gflops_of(pool, ty, 3, Duration::from_millis(15)),
             )
         })
         .filter(|(_, g)| *g > 0.0)

@@ -140,10 +140,10 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             .filter(|k| !wanted.contains(k))
             .cloned()
             .collect();
-        let mut gone = Vec::with_capacity(keys.len());
+        let mut gone: Vec<Running> = Vec::with_capacity(keys.len());
         for k in keys {
             st.served.remove(&format!("{}@{}", k.0, k.1));
-            gone.extend(st.hosted.remove(&k));
+            gone.extend(st.hosted.remove(&k).and_then(|h| h.running));
         }
         // A worker that exited is reported failed.
         for host in st.hosted.values_mut() {
@@ -154,7 +154,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
                     "the worker exited ({s})"
                 );
                 host.info.status = format!("failed: the worker exited ({s})");
-                host.running = None;
+                gone.extend(host.running.take());
             }
         }
         gone

@@ -29,11 +29,13 @@ pub(super) struct Followed {
 /// What this node follows now: its own table when it leads. Takes the state lock.
 pub(super) fn followed(shared: &Shared) -> Followed {
     let leads = shared.control.is_leader();
-    let st = shared.state();
-    if leads {
-        st.table.clone()
-    } else {
-        st.last_table.clone()
+    shared.state().followed(leads).clone()
+}
+
+impl Live {
+    /// The table this node follows: its own when it `leads`, else the leader's as last seen.
+    pub(super) fn followed(&self, leads: bool) -> &Followed {
+        if leads { &self.table } else { &self.last_table }
     }
 }
 

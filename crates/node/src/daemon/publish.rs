@@ -8,11 +8,11 @@ pub(super) fn cap(available: u64, limit: Option<u64>) -> u64 {
 }
 
 pub(super) async fn publish(shared: &Shared) -> Result<()> {
-    // Read before the state is locked: files, and the tables (`followed` takes the lock).
+    // Files are read before the state is locked.
     let memory = cap(profile::memory().1, shared.memory_limit);
     let ticks = cpu_ticks();
     let peers = shared.control.peers();
-    let followed = followed(shared);
+    let leads = shared.control.is_leader();
     let state = {
         let mut st = shared.state();
         st.profile.memory_available = memory;
@@ -30,7 +30,7 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
             extra: serde_json::json!({
                 "hosted": st.hosted.values().map(Host::published).collect::<Vec<_>>(),
                 "cpu_busy": busy,
-                "followed": followed,
+                "followed": st.followed(leads),
                 "link_probe": shared.link_probe.to_string(),
             }),
         }
