@@ -125,27 +125,41 @@ mod tests {
             stall_timeout: Duration::from_secs(5),
             insecure_plaintext: false,
         };
+        // Three probes, judged by the best: a busy machine (CI builds beside this test) only
+        // adds wake-up delay to a trip and takes cycles from a stream, never the reverse, so the
+        // best of three shows what the link gives while the bounds still catch a wrong formula
+        // (a full round trip would read 1,000 us or more, an unhalved one-way much less than 500).
+        const PROBES: usize = 3;
         let answerer = std::thread::spawn(move || {
             let mut c = coordinate(&cfg(0), listener).unwrap();
-            answer_probe(&mut c, 1, 1 << 30).unwrap();
+            for _ in 0..PROBES {
+                answer_probe(&mut c, 1, 1 << 30).unwrap();
+            }
         });
         let mut c = join(&cfg(1)).unwrap();
         let size = ProbeSize {
-            rounds: 20,
+            rounds: 40,
             big: 1 << 20,
             bigs: 4,
         };
-        let f = probe_link(&mut c, 0, size).unwrap();
+        let found: Vec<LinkFigures> = (0..PROBES)
+            .map(|_| probe_link(&mut c, 0, size).unwrap())
+            .collect();
         answerer.join().unwrap();
+        let latency = found
+            .iter()
+            .map(|f| f.latency)
+            .fold(f64::INFINITY, f64::min);
+        let bandwidth = found.iter().map(|f| f.bandwidth).fold(0.0, f64::max);
         assert!(
-            (500e-6..900e-6).contains(&f.latency),
+            (500e-6..1000e-6).contains(&latency),
             "latency {} us",
-            f.latency * 1e6
+            latency * 1e6
         );
         assert!(
-            (50e6..=110e6).contains(&f.bandwidth),
+            (50e6..=110e6).contains(&bandwidth),
             "bandwidth {} MB/s",
-            f.bandwidth / 1e6
+            bandwidth / 1e6
         );
     }
 
