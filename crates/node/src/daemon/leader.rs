@@ -76,6 +76,22 @@ pub(super) fn names(s: &Snapshot) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// How long a member may be silent after joining before a leader counts it as gone: a node
+/// publishes its state every second, so ten cover the first one reaching a leader that has just
+/// started with room for a busy machine.
+const FIRST_STATE_GRACE_MS: u64 = 10_000;
+
+/// Whether a leader knows enough to judge which nodes an instance has lost: every member's
+/// state has arrived, or the member has been silent for longer than a node takes to speak.
+/// Without this a leader that has just started (a restarted node with the smallest id) saw the
+/// nodes whose state it had not yet heard as lost, and placed their instances again: a needless
+/// reload, and a moment in which no node served.
+pub(super) fn states_settled(snap: &Snapshot, now_ms: u64) -> bool {
+    snap.members
+        .iter()
+        .all(|m| m.state.is_some() || now_ms.saturating_sub(m.joined_at_ms) > FIRST_STATE_GRACE_MS)
+}
+
 /// Answers `load` and `unload` sent to this node as leader.
 pub(super) async fn rpc_loop(
     shared: Arc<Shared>,
@@ -102,35 +118,47 @@ pub(super) async fn rpc_loop(
             tokio::task::spawn_blocking(move || transfer::serve(&q));
             continue;
         }
-        let body = q
-            .payload()
-            .map(|p| p.to_bytes().to_vec())
-            .unwrap_or_default();
-        let answer: std::result::Result<serde_json::Value, String> = if !shared.control.is_leader()
-        {
-            Err("this node is not the leader".into())
-        } else {
-            match op.as_str() {
-                "load" => match serde_json::from_slice::<LoadRequest>(&body) {
-                    Ok(req) => leader_load(&shared, req)
-                        .await
-                        .map(|s| serde_json::to_value(s).unwrap_or_default()),
-                    Err(e) => Err(format!("bad load request: {e}")),
-                },
-                "unload" => match serde_json::from_slice::<String>(&body) {
-                    Ok(id) => leader_unload(&shared, &id).map(|()| serde_json::json!({})),
-                    Err(e) => Err(format!("bad unload request: {e}")),
-                },
-                other => Err(format!("unknown request {other:?}")),
-            }
-        };
-        let bytes = serde_json::to_vec(&match answer {
-            Ok(v) => serde_json::json!({ "ok": v }),
-            Err(e) => serde_json::json!({ "error": e }),
-        })
-        .unwrap_or_default();
-        let _ = q.reply(q.key_expr().clone(), bytes).await;
+        // Its own task: a leader that has just started waits to hear its members before it
+        // changes the table, and forwarded requests must not wait behind that.
+        tokio::spawn(answer_leader_request(Arc::clone(&shared), q, op));
     }
+}
+
+/// Answers one `load` or `unload` sent to this node as leader.
+async fn answer_leader_request(shared: Arc<Shared>, q: zenoh::query::Query, op: String) {
+    let body = q
+        .payload()
+        .map(|p| p.to_bytes().to_vec())
+        .unwrap_or_default();
+    let answer: std::result::Result<serde_json::Value, String> = if !shared.control.is_leader() {
+        Err("this node is not the leader".into())
+    } else {
+        // A leader that has just started may hold a table older than the cluster's (it takes
+        // up the newest a member publishes): a change made before it has heard every member
+        // could be lost, so it waits for them (at most the grace a member has).
+        while !states_settled(&shared.control.snapshot(), now_ms()) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match op.as_str() {
+            "load" => match serde_json::from_slice::<LoadRequest>(&body) {
+                Ok(req) => leader_load(&shared, req)
+                    .await
+                    .map(|s| serde_json::to_value(s).unwrap_or_default()),
+                Err(e) => Err(format!("bad load request: {e}")),
+            },
+            "unload" => match serde_json::from_slice::<String>(&body) {
+                Ok(id) => leader_unload(&shared, &id).map(|()| serde_json::json!({})),
+                Err(e) => Err(format!("bad unload request: {e}")),
+            },
+            other => Err(format!("unknown request {other:?}")),
+        }
+    };
+    let bytes = serde_json::to_vec(&match answer {
+        Ok(v) => serde_json::json!({ "ok": v }),
+        Err(e) => serde_json::json!({ "error": e }),
+    })
+    .unwrap_or_default();
+    let _ = q.reply(q.key_expr().clone(), bytes).await;
 }
 
 pub(super) async fn leader_load(
@@ -207,6 +235,9 @@ pub(super) async fn ask_leader(
 
 /// Leader: instances on a node that left are placed again on the nodes left (a new epoch).
 pub(super) async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
+    if !states_settled(snap, now_ms()) {
+        return;
+    }
     let topo = topology(snap);
     let alive: Vec<&str> = topo.nodes.iter().map(|n| n.id.as_str()).collect();
     let lost: Vec<InstanceSpec> = shared
@@ -261,5 +292,65 @@ pub(super) async fn replace_lost(shared: &Arc<Shared>, snap: &Snapshot) {
                 Err(e) => s.problem = Some(e.to_string()),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::MemberSnapshot;
+
+    fn member(id: &str, joined_at_ms: u64, heard: bool) -> MemberSnapshot {
+        let state = heard.then(|| NodeState {
+            profile: Profile {
+                id: id.into(),
+                name: id.into(),
+                hostname: id.into(),
+                version: String::new(),
+                memory_total: 1 << 30,
+                memory_available: 1 << 30,
+                cores: 1,
+                backend: String::new(),
+                matmul_gflops: 1.0,
+                matmul_gflops_by_type: BTreeMap::new(),
+                attention_gflops: 1.0,
+                mem_bandwidth: 1e9,
+                api_addr: String::new(),
+                started_at: 0,
+                memory_limit: None,
+            },
+            links: Vec::new(),
+            draining: false,
+            extra: serde_json::Value::Null,
+        });
+        MemberSnapshot {
+            id: id.into(),
+            joined_at_ms,
+            state,
+        }
+    }
+
+    #[test]
+    fn a_new_leader_judges_no_node_lost_before_hearing_it() {
+        let snap = |members| Snapshot {
+            me: "0".into(),
+            cluster: String::new(),
+            leader: Some("0".into()),
+            members,
+            events: Vec::new(),
+        };
+        let now = 100_000;
+        // A member joined a moment ago and has not spoken yet: wait.
+        let fresh = snap(vec![member("0", now, true), member("5", now - 500, false)]);
+        assert!(!states_settled(&fresh, now));
+        // Every member heard: judge.
+        let heard = snap(vec![member("0", now, true), member("5", now - 500, true)]);
+        assert!(states_settled(&heard, now));
+        // Silent far longer than a node takes to speak: judged (as gone, by the topology).
+        let mute = snap(vec![
+            member("0", now, true),
+            member("5", now - FIRST_STATE_GRACE_MS - 1, false),
+        ]);
+        assert!(states_settled(&mute, now));
     }
 }
