@@ -427,7 +427,7 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let bandwidth = strata_kernels::membw::read_bandwidth(&pool, bytes, 8);
     let by_type = strata_node::profile::matmul_gflops_by_type(&pool);
     let gflops = strata_node::profile::q8_0_gflops(&by_type);
-    let attention = strata_node::profile::attention_gflops(pool.n_threads());
+    let attention = strata_node::profile::attention_speed(pool.n_threads());
     let class = presets()
         .class("measured")
         .context("the presets lack the measured class")?;
@@ -440,7 +440,8 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
             .into_iter()
             .map(|(t, g)| (t, g * 1e9 * class.compute_efficiency))
             .collect(),
-        attn_flops: attention * 1e9 * class.compute_efficiency,
+        attn_flops: attention.gflops * 1e9 * class.compute_efficiency,
+        attn_fixed: attention.fixed_s / class.compute_efficiency,
         message_overhead: class.message_overhead_us * 1e-6,
         ..Node::default()
     })

@@ -257,6 +257,15 @@ mod tests {
         let plain = estimate(&dense(), &[one_rate], &[], &p, &work).unwrap();
         assert!(plain.prefill_tok_s.unwrap() < 0.6 * pp);
         assert!(plain.decode_aggregate_tok_s < 0.7 * agg);
+        // Attention's fixed part: 1 us per head, row and layer adds 32 x 32 us to every row.
+        let fixed = Node {
+            attn_fixed: 1e-6,
+            ..fast.clone()
+        };
+        let e = estimate(&m, std::slice::from_ref(&fixed), &[], &p, &work).unwrap();
+        let want = 1.0 / (0.8e-3 + 0.4e-3 + attn + 32.0 * 32.0 * 1e-6);
+        let agg = e.decode_aggregate_tok_s;
+        assert!((agg / want - 1.0).abs() < 1e-6, "{agg} vs {want}");
     }
 
     /// A mixture's step reads more experts as streams grow, but never more than all of them.

@@ -197,9 +197,15 @@ pub struct Node {
     /// missing here runs at `flops`.
     #[serde(default)]
     pub flops_by_type: BTreeMap<String, f64>,
-    /// Attention's throughput over the KV cache, FLOP/s (0: at `flops`).
+    /// Attention's throughput over the KV cache, FLOP/s of the part that grows with the
+    /// positions read (0: at `flops`).
     #[serde(default)]
     pub attn_flops: f64,
+    /// Attention's fixed part, seconds per query head per decoded row per layer: what a pass
+    /// costs before it reads a position, most of attention at a chat turn's short context
+    /// (0: unknown, none).
+    #[serde(default)]
+    pub attn_fixed: f64,
     /// What every exchange costs this node per peer beyond the link itself, seconds: posting
     /// a message and noticing its arrival (microseconds on a CPU spinning on shared memory,
     /// tens of microseconds where a GPU must finish its queued work first).
@@ -547,7 +553,7 @@ impl Cost<'_, '_> {
         }
         // Two FLOPs per weight a token uses, each matrix at its weight type's rate; the LM
         // head only for the rows whose logits the step wants; attention's two products over
-        // the cache at attention's rate.
+        // the cache at attention's rate, and its fixed part per head.
         let head = m.head_params as f64;
         let body = if m.token_params_by_type.is_empty() {
             2.0 * (m.active_params() - head).max(0.0) / node.flops
@@ -558,7 +564,8 @@ impl Cost<'_, '_> {
                 .sum()
         };
         let head = 2.0 * head / node.rate(&m.head_type);
-        let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64 / node.attention_rate();
+        let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64 / node.attention_rate()
+            + (m.n_head * m.n_layer) as f64 * node.attn_fixed;
         let logits = load.logits.min(load.streams) as f64;
         let comp = frac * (n * (body + attn) + logits * head);
         mem.max(comp) + inside

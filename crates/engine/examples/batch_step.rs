@@ -1,7 +1,8 @@
 //! Probe: time of one batched decode step for 1..=16 sequences on the default model, to see how
 //! much of continuous batching's gain the engine itself delivers (no HTTP, no client).
 //!
-//! `cargo run --release -p strata-engine --example batch_step [THREADS]`
+//! `cargo run --release -p strata-engine --example batch_step [THREADS] [SEQUENCES,...]`
+//! (default sequences 1,2,4,8,16; one count alone is what a profiler wants).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
@@ -18,12 +19,16 @@ fn main() {
         .unwrap()
         .ensure("smollm2-135m-instruct")
         .unwrap();
+    let counts: Vec<usize> = std::env::args()
+        .nth(2)
+        .map(|c| c.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
     let file = GgufFile::open(&path).unwrap();
     let mut batch = Batch::new(Model::load_full(&file).unwrap(), threads, 16, 512).unwrap();
     println!("| sequences | step ms | tok/s | vs 1 |");
     println!("| ---: | ---: | ---: | ---: |");
     let mut base = 0.0;
-    for n in [1usize, 2, 4, 8, 16] {
+    for &n in &counts {
         let slots: Vec<_> = (0..n)
             .map(|i| batch.start(&[1, 2, 3, 4 + i as u32]).unwrap().0)
             .collect();
@@ -41,7 +46,12 @@ fn main() {
         if n == 1 {
             base = tps;
         }
-        println!("| {n} | {ms:.2} | {tps:.0} | {:.2}x |", tps / base);
+        let vs = if base > 0.0 {
+            format!("{:.2}x", tps / base)
+        } else {
+            "-".into()
+        };
+        println!("| {n} | {ms:.2} | {tps:.0} | {vs} |");
         for s in slots {
             batch.release(s);
         }

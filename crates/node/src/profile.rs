@@ -34,9 +34,14 @@ pub struct Profile {
     /// from older nodes: every type at `matmul_gflops`).
     #[serde(default)]
     pub matmul_gflops_by_type: BTreeMap<String, f64>,
-    /// Measured attention throughput over an f16 cache, GFLOP/s (0 from older nodes).
+    /// Measured attention throughput over an f16 cache, GFLOP/s of the part that grows with
+    /// the positions read (0 from older nodes).
     #[serde(default)]
     pub attention_gflops: f64,
+    /// Measured fixed part of attention, microseconds per query head per decoded row per layer
+    /// (0 from older nodes).
+    #[serde(default)]
+    pub attention_fixed_us: f64,
     /// Measured memory read bandwidth, bytes per second (all cores).
     pub mem_bandwidth: f64,
     /// Where this node's HTTP API listens (as the node sees it).
@@ -77,8 +82,10 @@ pub struct Speed {
     pub matmul_gflops: f64,
     /// Matmul per weight type (every type the synthetic models write), GFLOP/s.
     pub matmul_gflops_by_type: BTreeMap<String, f64>,
-    /// Attention over an f16 cache, GFLOP/s.
+    /// Attention over an f16 cache, GFLOP/s of the part that grows with depth.
     pub attention_gflops: f64,
+    /// Attention's fixed part, microseconds per query head per row per layer.
+    pub attention_fixed_us: f64,
     /// Memory read bandwidth, bytes per second.
     pub mem_bandwidth: f64,
 }
@@ -89,10 +96,12 @@ pub fn measure_speed(threads: usize) -> Speed {
     let pool = ThreadPool::new(threads.max(1));
     let mem_bandwidth = strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2);
     let by_type = matmul_gflops_by_type(&pool);
+    let attention = attention_speed(pool.n_threads());
     Speed {
         matmul_gflops: q8_0_gflops(&by_type),
         matmul_gflops_by_type: by_type,
-        attention_gflops: attention_gflops(pool.n_threads()),
+        attention_gflops: attention.gflops,
+        attention_fixed_us: attention.fixed_s * 1e6,
         mem_bandwidth,
     }
 }
@@ -157,40 +166,89 @@ pub fn matmul_gflops_of(pool: &ThreadPool, ty: GgmlType, rounds: usize, round: D
     best / 1e9
 }
 
+/// What decode attention costs here: a part that grows with the cached positions a token
+/// reads, and a part that does not (per head and row: the query's setup, the softmax's and the
+/// weighted sum's passes, the tails of short rows), which dominates at the short contexts of
+/// chat turns (on SmolLM2 with 16 streams about 40 positions deep, the fixed part was most of
+/// attention's tenth of a step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpeed {
+    /// Throughput of the part that grows with depth (the two products), GFLOP/s.
+    pub gflops: f64,
+    /// The fixed part, seconds per query head per row per layer.
+    pub fixed_s: f64,
+}
+
 /// Decode attention as the engine runs it, for one query group (three heads of 64 sharing a
-/// key/value head) over 1,024 cached f16 positions: scores, softmax, and the weighted sum of
-/// the values. Timed on one thread and scaled by `threads` (the engine spreads head groups
-/// and sequences over its threads), GFLOP/s of the two products.
-pub fn attention_gflops(threads: usize) -> f64 {
+/// key/value head): the new position's key and value stored (f16, the value down its
+/// column), scores, softmax, and the weighted sum of the values, over 16 and over 1,024
+/// cached positions; the line through the two gives the fixed part and the rate. The cache is
+/// laid out as the engine's (values transposed in tiles of 256 positions) and spread over
+/// more memory than a core's caches hold, as a batch's cache is, so the fixed part includes
+/// fetching a short context's scattered value rows. Timed on one thread and scaled by
+/// `threads` (the engine spreads head groups and sequences over its threads).
+pub fn attention_speed(threads: usize) -> AttentionSpeed {
+    const G: usize = 3;
+    const HD: usize = 64;
+    const SHORT: usize = 16;
+    const LONG: usize = 1024;
+    let (short, long) = (attention_pass(SHORT), attention_pass(LONG));
+    let per_position = ((long - short) / (LONG - SHORT) as f64).max(1e-15);
+    let fixed = (short - per_position * SHORT as f64).max(0.0);
+    let threads = threads.max(1) as f64;
+    AttentionSpeed {
+        gflops: 4.0 * (G * HD) as f64 / per_position * threads / 1e9,
+        fixed_s: fixed / G as f64 / threads,
+    }
+}
+
+/// Seconds of one group's attention pass over `len` cached positions on this thread (a
+/// multiple of the kernels' step, at most a tile or a multiple of tiles): the best of three
+/// rounds, each pass on the next of copies spanning 24 MiB.
+fn attention_pass(len: usize) -> f64 {
     use strata_kernels::attn;
     const HD: usize = 64;
     const G: usize = 3;
-    const LEN: usize = 1024;
+    const TILE: usize = 256;
     let flavour = attn::Flavour::native();
     let order = flavour.single();
+    let lenp = attn::padded_len(order, len);
+    let vs = lenp.max(TILE);
+    let copy = lenp * HD + HD * vs;
+    let copies = ((24usize << 20) / (2 * copy)).max(2);
+    let cache: Vec<half::f16> = (0..copies * copy)
+        .map(|i| half::f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))
+        .collect();
+    let mut cache = cache;
     let q: Vec<f32> = (0..G * HD)
         .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
         .collect();
-    let keys: Vec<half::f16> = (0..LEN * HD)
-        .map(|i| half::f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))
-        .collect();
-    let stride = attn::padded_len(order, LEN);
-    let values: Vec<half::f16> = (0..HD * stride)
-        .map(|i| half::f16::from_f32(((i * 17) % 89) as f32 / 89.0 - 0.5))
-        .collect();
-    let mut scores = vec![0f32; G * stride];
+    let new: Vec<f32> = (0..HD).map(|i| (i as f32 - 32.0) * 0.01).collect();
+    let mut scores = vec![0f32; G * lenp];
     let mut out = vec![0f32; G * HD];
-    let once = |scores: &mut [f32], out: &mut [f32]| {
-        attn::scores_grouped(order, &q, HD, &keys, LEN, 0.125, scores, stride);
-        for row in scores.chunks_mut(stride) {
-            strata_kernels::ops::softmax(&mut row[..LEN], None, flavour);
-            strata_kernels::ops::round_f16_slice(&mut row[..LEN]);
+    let mut next = 0usize;
+    let mut once = |scores: &mut [f32], out: &mut [f32]| {
+        let c = &mut cache[next * copy..(next + 1) * copy];
+        next = (next + 1) % copies;
+        let (keys, values) = c.split_at_mut(lenp * HD);
+        // The new position (the last): its key in place, its value down the column.
+        let last = len - 1;
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(
+            &mut keys[last * HD..(last + 1) * HD],
+            &new,
+        );
+        for (d, &x) in new.iter().enumerate() {
+            values[d * vs + last] = half::f16::from_f32(x);
         }
-        attn::weighted_sum_grouped(order, scores, stride, &values, stride, HD, stride, out);
+        attn::scores_grouped(order, &q, HD, keys, len, 0.125, scores, lenp);
+        for row in scores.chunks_mut(lenp) {
+            strata_kernels::ops::softmax(&mut row[..len], None, flavour);
+            strata_kernels::ops::round_f16_slice(&mut row[..len]);
+        }
+        attn::weighted_sum_grouped(order, scores, lenp, values, vs, HD, lenp, out);
     };
     once(&mut scores, &mut out);
-    let flops = 4.0 * (G * HD * LEN) as f64;
-    let mut best = 0f64;
+    let mut best = f64::INFINITY;
     for _ in 0..3 {
         let t = Instant::now();
         let mut reps = 0u32;
@@ -198,10 +256,10 @@ pub fn attention_gflops(threads: usize) -> f64 {
             once(&mut scores, &mut out);
             reps += 1;
         }
-        best = best.max(flops * f64::from(reps) / t.elapsed().as_secs_f64());
+        best = best.min(t.elapsed().as_secs_f64() / f64::from(reps));
     }
     std::hint::black_box(&out);
-    best * threads.max(1) as f64 / 1e9
+    best
 }
 
 #[cfg(test)]
@@ -221,6 +279,11 @@ mod tests {
         );
         assert!(
             s.attention_gflops.is_finite() && s.attention_gflops > 0.1,
+            "{s:?}"
+        );
+        // A pass has a cost of its own (well under a millisecond per head here).
+        assert!(
+            s.attention_fixed_us.is_finite() && (0.0..1000.0).contains(&s.attention_fixed_us),
             "{s:?}"
         );
         // Every probed type the kernels take was timed, Q8_0 among them.

@@ -226,6 +226,7 @@ pub fn topology(s: &Snapshot) -> Topology {
                 .map(|(t, g)| (t.clone(), g * 1e9))
                 .collect(),
             attn_flops: st.profile.attention_gflops * 1e9,
+            attn_fixed: st.profile.attention_fixed_us * 1e-6,
             ..placement::Node::default()
         })
         .collect();
@@ -319,6 +320,7 @@ pub async fn run(
         matmul_gflops: speed.matmul_gflops,
         matmul_gflops_by_type: speed.matmul_gflops_by_type,
         attention_gflops: speed.attention_gflops,
+        attention_fixed_us: speed.attention_fixed_us,
         mem_bandwidth: speed.mem_bandwidth,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
