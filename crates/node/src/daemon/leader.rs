@@ -139,6 +139,10 @@ async fn answer_leader_request(shared: Arc<Shared>, q: zenoh::query::Query, op: 
         while !states_settled(&shared.control.snapshot(), now_ms()) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Leadership may have moved while it waited.
+        if !shared.control.is_leader() {
+            return reply(&q, Err("this node is not the leader".into())).await;
+        }
         match op.as_str() {
             "load" => match serde_json::from_slice::<LoadRequest>(&body) {
                 Ok(req) => leader_load(&shared, req)
@@ -153,6 +157,11 @@ async fn answer_leader_request(shared: Arc<Shared>, q: zenoh::query::Query, op: 
             other => Err(format!("unknown request {other:?}")),
         }
     };
+    reply(&q, answer).await;
+}
+
+/// Sends a leader request's answer back.
+async fn reply(q: &zenoh::query::Query, answer: std::result::Result<serde_json::Value, String>) {
     let bytes = serde_json::to_vec(&match answer {
         Ok(v) => serde_json::json!({ "ok": v }),
         Err(e) => serde_json::json!({ "error": e }),
