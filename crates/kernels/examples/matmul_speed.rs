@@ -41,7 +41,7 @@ fn main() {
         // An 8B model's attention and FFN matrices, and the node profile's probe.
         ("Q4_0 4096x4096", GgmlType::Q4_0, 4096, 4096),
         ("Q4_0 14336x4096", GgmlType::Q4_0, 14336, 4096),
-        ("Q8_0 1024x1024 probe", GgmlType::Q8_0, 1024, 1024),
+        ("Q8_0 512x1024 probe", GgmlType::Q8_0, 512, 1024),
         ("BF16 8192x2048", GgmlType::BF16, 8192, 2048),
         // The same formats on a matrix that stays in L2 (about 110-200 KB): the speed of the
         // kernel's instructions alone, with no memory traffic, which bounds decode speed when

@@ -188,8 +188,6 @@ pub struct AttentionSpeed {
 /// fetching a short context's scattered value rows. Timed on one thread and scaled by
 /// `threads` (the engine spreads head groups and sequences over its threads).
 pub fn attention_speed(threads: usize) -> AttentionSpeed {
-    const G: usize = 3;
-    const HD: usize = 64;
     const SHORT: usize = 16;
     const LONG: usize = 1024;
     let (short, long) = (attention_pass(SHORT), attention_pass(LONG));
@@ -197,29 +195,35 @@ pub fn attention_speed(threads: usize) -> AttentionSpeed {
     let fixed = (short - per_position * SHORT as f64).max(0.0);
     let threads = threads.max(1) as f64;
     AttentionSpeed {
-        gflops: 4.0 * (G * HD) as f64 / per_position * threads / 1e9,
-        fixed_s: fixed / G as f64 / threads,
+        gflops: 4.0 * (PROBE_GROUP * PROBE_HEAD_DIM) as f64 / per_position * threads / 1e9,
+        fixed_s: fixed / PROBE_GROUP as f64 / threads,
     }
 }
 
+/// Query heads per key/value head in the attention probe (SmolLM2's grouping).
+const PROBE_GROUP: usize = 3;
+/// Head width in the attention probe.
+const PROBE_HEAD_DIM: usize = 64;
+
 /// Seconds of one group's attention pass over `len` cached positions on this thread (a
-/// multiple of the kernels' step, at most a tile or a multiple of tiles): the best of three
-/// rounds, each pass on the next of copies spanning 24 MiB.
+/// multiple of the kernels' step): the best of three rounds, each pass on the next of copies
+/// spanning 24 MiB. Value rows are a tile apart when `len` fits a tile, as in the engine; a
+/// longer context's rows are whole (the engine reads its tiles as runs one after another).
 fn attention_pass(len: usize) -> f64 {
     use strata_kernels::attn;
-    const HD: usize = 64;
-    const G: usize = 3;
-    const TILE: usize = 256;
+    const HD: usize = PROBE_HEAD_DIM;
+    const G: usize = PROBE_GROUP;
+    // The engine's value tiles are prefix-cache blocks.
+    const TILE: usize = strata_engine::prefix::BLOCK;
     let flavour = attn::Flavour::native();
     let order = flavour.single();
     let lenp = attn::padded_len(order, len);
     let vs = lenp.max(TILE);
     let copy = lenp * HD + HD * vs;
     let copies = ((24usize << 20) / (2 * copy)).max(2);
-    let cache: Vec<half::f16> = (0..copies * copy)
+    let mut cache: Vec<half::f16> = (0..copies * copy)
         .map(|i| half::f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))
         .collect();
-    let mut cache = cache;
     let q: Vec<f32> = (0..G * HD)
         .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
         .collect();
