@@ -40,6 +40,7 @@ pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput}
 pub use models::Arch;
 pub use sampler::{Sampler, SamplingParams, shard_candidates};
 pub use sequences::{
-    EngineError, PREFILL_CHUNK, Sequences, generate, mask_allow, mask_allows, prefill_chunks,
+    EngineError, PREFILL_CHUNK, Sequences, StepKind, generate, mask_allow, mask_allows,
+    prefill_chunks,
 };
 pub use shard::{Combine, ExpertSplit, ShardSpec};

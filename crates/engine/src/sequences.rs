@@ -28,6 +28,17 @@ pub enum EngineError {
     Slots(String),
 }
 
+/// Which logits a submitted step needs (see [`Sequences::submit`]).
+#[derive(Clone, Copy, Debug)]
+pub enum StepKind<'a> {
+    /// Whole rows, as [`Sequences::step`].
+    Full,
+    /// The `k` greatest logits of each row, as [`Sequences::step_top`].
+    Top(usize),
+    /// Rows limited to grammar masks, as [`Sequences::step_masked`].
+    Masked(&'a [Option<&'a [u32]>]),
+}
+
 /// A model that runs sequences in slots.
 pub trait Sequences: Send + 'static {
     /// Context positions per sequence.
@@ -67,6 +78,28 @@ pub trait Sequences: Send + 'static {
         _masks: &[Option<&[u32]>],
     ) -> Result<&mut [f32], EngineError> {
         self.step(steps)
+    }
+    /// How many steps can usefully be in flight at once: a pipeline's stage count, where stage
+    /// 2 works on one group of sequences while stage 1 starts the next. A client that steps
+    /// `depth` groups of its sequences in turn through [`Sequences::submit`] and
+    /// [`Sequences::collect`], each group submitted again as soon as its row is sampled, keeps
+    /// every stage busy across steps; 1 (the default) means [`Sequences::step`] loses nothing.
+    fn depth(&self) -> usize {
+        1
+    }
+    /// Starts a step of the listed slots (as [`Sequences::step`], [`Sequences::step_top`] or
+    /// [`Sequences::step_masked`], by `kind`) whose logits [`Sequences::collect`] returns,
+    /// steps being collected in the order submitted. No other call may come between a submit
+    /// and the collect that ends it, besides more submits and collects (at most
+    /// [`Sequences::depth`] in flight). Engines of depth 1 need not implement it.
+    fn submit(&mut self, _steps: &[(SlotId, u32)], _kind: StepKind<'_>) -> Result<(), EngineError> {
+        Err(EngineError::Slots(
+            "this engine runs one step at a time".into(),
+        ))
+    }
+    /// The logits of the oldest step submitted, one row per listed slot in its order.
+    fn collect(&mut self) -> Result<&mut [f32], EngineError> {
+        Err(EngineError::Slots("no step was submitted".into()))
     }
     /// Appends several tokens to one slot in one pass and returns the logits that follow the
     /// last (prefill chunks, and tokens a grammar forces).

@@ -6,10 +6,11 @@
 //!
 //! [`Batch`]: strata_engine::Batch
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use strata_engine::prefix::{BLOCK, PrefixStats, Remote, SlotBlocks};
-use strata_engine::{EngineError, SamplingParams, Sequences, SlotId};
+use strata_engine::{EngineError, SamplingParams, Sequences, SlotId, StepKind};
 
 use crate::rank::Rank;
 use crate::{Error, Result};
@@ -40,9 +41,12 @@ pub struct ShardedBatch {
     lens: Vec<usize>,
     logits: Vec<f32>,
     cands: Vec<(u32, f32)>,
-    /// The current step as (slot, position, token), and its candidates per row.
+    /// The step being submitted as (slot, position, token), and the candidates per row of
+    /// the one being collected.
     batch: Vec<(usize, usize, u32)>,
     rows: Vec<Vec<(u32, f32)>>,
+    /// Rows of each step in flight (submitted, not collected), oldest first.
+    pending: VecDeque<usize>,
     /// Rank 0's communication counters at the last prefill pass, and steps since.
     mark: strata_net::CommStats,
     steps: u64,
@@ -68,6 +72,7 @@ impl ShardedBatch {
             cands: Vec::new(),
             batch: Vec::new(),
             rows: Vec::new(),
+            pending: VecDeque::new(),
             mark,
             steps: 0,
             prefix: None,
@@ -162,6 +167,85 @@ impl ShardedBatch {
         self.collect_row(0)
     }
 
+    /// Sampling settings under which the ranks give back what a step of `kind` needs.
+    fn params_of(kind: StepKind<'_>) -> SamplingParams {
+        match kind {
+            // Each rank's `k` greatest raw logits per row, ordered and tied as the sampler's
+            // top-k orders them.
+            StepKind::Top(k) => SamplingParams {
+                temperature: 1.0,
+                top_k: k.max(1),
+                ..SamplingParams::default()
+            },
+            StepKind::Full | StepKind::Masked(_) => Self::raw(),
+        }
+    }
+
+    /// Fails unless every listed slot holds a sequence.
+    fn check_busy(&self, steps: &[(SlotId, u32)]) -> std::result::Result<(), EngineError> {
+        for &(slot, _) in steps {
+            let slot = slot.index();
+            if !self.busy.get(slot).copied().unwrap_or(false) {
+                return Err(EngineError::Slots(format!("slot {slot} holds no sequence")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails while steps are in flight (submitted, not collected): the ranks answer in order,
+    /// so nothing else may go through them until those are collected.
+    fn check_idle(&self) -> std::result::Result<(), EngineError> {
+        if self.pending.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::Slots(format!(
+                "{} step(s) are in flight: collect them first",
+                self.pending.len()
+            )))
+        }
+    }
+
+    /// Starts one batched step of the listed sequences (checked busy) through the ranks, each
+    /// rank to give back the candidates `params` keep of its vocabulary slice.
+    fn submit_rows(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        params: &SamplingParams,
+        masks: &[Option<&[u32]>],
+    ) -> std::result::Result<(), EngineError> {
+        self.batch.clear();
+        self.batch.extend(
+            steps
+                .iter()
+                .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
+        );
+        self.rank.submit_batch_masked(&self.batch, params, masks)?;
+        for &(slot, _) in steps {
+            self.lens[slot.index()] += 1;
+        }
+        self.pending.push_back(steps.len());
+        Ok(())
+    }
+
+    /// Takes the rows of the oldest step in flight into the logits from row `at` on; returns
+    /// how many.
+    fn collect_rows(&mut self, at: usize) -> std::result::Result<usize, EngineError> {
+        let n = self
+            .pending
+            .pop_front()
+            .ok_or_else(|| EngineError::Slots("no step was submitted".into()))?;
+        self.logits
+            .resize(((at + n) * self.vocab).max(self.logits.len()), 0.0);
+        self.rank.collect_batch(n, &mut self.rows)?;
+        for (i, row) in self.rows[..n].iter().enumerate() {
+            fill_row(
+                &mut self.logits[(at + i) * self.vocab..(at + i + 1) * self.vocab],
+                row,
+            );
+        }
+        Ok(n)
+    }
+
     /// One batched step of every listed sequence, each rank giving back the candidates
     /// `params` keep of its vocabulary slice.
     fn step_with(
@@ -170,46 +254,24 @@ impl ShardedBatch {
         params: &SamplingParams,
         masks: &[Option<&[u32]>],
     ) -> std::result::Result<&mut [f32], EngineError> {
-        for &(slot, _) in steps {
-            let slot = slot.index();
-            if !self.busy.get(slot).copied().unwrap_or(false) {
-                return Err(EngineError::Slots(format!("slot {slot} holds no sequence")));
-            }
-        }
+        self.check_idle()?;
+        self.check_busy(steps)?;
         // Every sequence in one batched step; a pipeline gets one micro-batch per stage, each
         // submitted before the first is collected, so stage 2 works on the first while stage 1
         // works on the second. Each row's arithmetic is a one-token step's, so a sequence's
         // tokens do not depend on what it is batched with.
-        self.logits.resize(steps.len() * self.vocab, 0.0);
-        self.batch.clear();
-        self.batch.extend(
-            steps
-                .iter()
-                .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
-        );
         let per = steps
             .len()
-            .div_ceil(self.rank.stages().clamp(1, steps.len()));
-        for (i, micro) in self.batch.chunks(per).enumerate() {
+            .div_ceil(self.rank.stages().clamp(1, steps.len().max(1)));
+        for (i, micro) in steps.chunks(per.max(1)).enumerate() {
             let masks = masks
                 .get(i * per..)
                 .map_or(&[][..], |m| &m[..m.len().min(per)]);
-            self.rank.submit_batch_masked(micro, params, masks)?;
+            self.submit_rows(micro, params, masks)?;
         }
         let mut at = 0;
-        for micro in self.batch.chunks(per) {
-            let n = micro.len();
-            self.rank.collect_batch(n, &mut self.rows)?;
-            for row in &self.rows[..n] {
-                fill_row(
-                    &mut self.logits[at * self.vocab..(at + 1) * self.vocab],
-                    row,
-                );
-                at += 1;
-            }
-        }
-        for &(slot, _) in steps {
-            self.lens[slot.index()] += 1;
+        while at < steps.len() {
+            at += self.collect_rows(at)?;
         }
         self.steps += 1;
         Ok(&mut self.logits[..steps.len() * self.vocab])
@@ -315,6 +377,7 @@ impl Sequences for ShardedBatch {
     }
 
     fn admit(&mut self, prompt: &[u32]) -> std::result::Result<(SlotId, usize), EngineError> {
+        self.check_idle()?;
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.into());
         }
@@ -366,14 +429,37 @@ impl Sequences for ShardedBatch {
         steps: &[(SlotId, u32)],
         k: usize,
     ) -> std::result::Result<&mut [f32], EngineError> {
-        // Each rank's `k` greatest raw logits per row, ordered and tied as the sampler's top-k
-        // orders them.
-        let top = SamplingParams {
-            temperature: 1.0,
-            top_k: k.max(1),
-            ..SamplingParams::default()
+        self.step_with(steps, &Self::params_of(StepKind::Top(k)), &[])
+    }
+
+    fn depth(&self) -> usize {
+        self.rank.stages()
+    }
+
+    fn submit(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        kind: StepKind<'_>,
+    ) -> std::result::Result<(), EngineError> {
+        if self.pending.len() >= self.rank.stages() {
+            return Err(EngineError::Slots(format!(
+                "{} steps are in flight already, as many as the pipeline has stages",
+                self.pending.len()
+            )));
+        }
+        self.check_busy(steps)?;
+        let masks = match kind {
+            StepKind::Masked(m) => m,
+            _ => &[],
         };
-        self.step_with(steps, &top, &[])
+        self.submit_rows(steps, &Self::params_of(kind), masks)?;
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn collect(&mut self) -> std::result::Result<&mut [f32], EngineError> {
+        let n = self.collect_rows(0)?;
+        Ok(&mut self.logits[..n * self.vocab])
     }
 
     fn extend(
@@ -381,6 +467,7 @@ impl Sequences for ShardedBatch {
         slot: SlotId,
         tokens: &[u32],
     ) -> std::result::Result<&mut [f32], EngineError> {
+        self.check_idle()?;
         let at = slot.index();
         if !self.busy.get(at).copied().unwrap_or(false) {
             return Err(EngineError::Slots(format!("slot {at} holds no sequence")));
@@ -537,6 +624,88 @@ mod tests {
             sharded.shutdown().unwrap();
             worker.join().unwrap().unwrap();
         }
+    }
+
+    /// A pipeline's steps overlap across steps: two groups of sequences step in turn through
+    /// `submit` and `collect`, each submitted again while the other is in flight, and every
+    /// row is bit for bit one process's. Nothing else may go through the ranks while a step is
+    /// in flight, and no more steps than stages may be.
+    #[test]
+    fn pipelined_groups_overlap_across_steps_and_match_one_process() {
+        let (path, file, cfg) = smollm2();
+        let plan = make_plan(
+            &file,
+            &cfg,
+            Strategy::Pipeline,
+            2,
+            None,
+            CombineStyle::Gather,
+        )
+        .unwrap();
+        let (rank, worker) = local_pair(&file, &path, plan, 96, 4).unwrap();
+        let mut sharded = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
+        assert_eq!(Sequences::depth(&sharded), 2);
+        let mut model = Model::load_full(&file).unwrap();
+        model.set_flavour(Flavour::native());
+        let mut local = Batch::new(model, 1, 4, 96).unwrap();
+        let v = cfg.n_vocab;
+        // Per sequence: its slot in either engine and its next token.
+        let mut seqs: Vec<(SlotId, SlotId, u32)> = Vec::new();
+        for prompt in [
+            &[1u32, 504, 3000][..],
+            &[7, 8],
+            &[200, 201, 202, 203],
+            &[42],
+        ] {
+            let (s, _) = Sequences::admit(&mut sharded, prompt).unwrap();
+            let (l, _) = Sequences::admit(&mut local, prompt).unwrap();
+            let a = Sequences::extend(&mut sharded, s, prompt).unwrap().to_vec();
+            let b = Sequences::extend(&mut local, l, prompt).unwrap().to_vec();
+            assert!(a == b);
+            seqs.push((s, l, argmax(&b)));
+        }
+        let groups = [[0, 1], [2, 3]];
+        let steps = |seqs: &[(SlotId, SlotId, u32)], g: usize| -> Vec<(SlotId, u32)> {
+            groups[g].iter().map(|&i| (seqs[i].0, seqs[i].2)).collect()
+        };
+        Sequences::submit(&mut sharded, &steps(&seqs, 0), StepKind::Full).unwrap();
+        Sequences::submit(&mut sharded, &steps(&seqs, 1), StepKind::Top(1)).unwrap();
+        let err = Sequences::submit(&mut sharded, &steps(&seqs, 0), StepKind::Full);
+        assert!(err.is_err(), "a third step in flight on two stages");
+        assert!(Sequences::extend(&mut sharded, seqs[0].0, &[5]).is_err());
+        assert!(Sequences::step(&mut sharded, &steps(&seqs, 0)).is_err());
+        for turn in 0..12 {
+            let g = turn % 2;
+            let got = Sequences::collect(&mut sharded).unwrap().to_vec();
+            let l_steps: Vec<(SlotId, u32)> =
+                groups[g].iter().map(|&i| (seqs[i].1, seqs[i].2)).collect();
+            let want = Sequences::step(&mut local, &l_steps).unwrap().to_vec();
+            for (r, &i) in groups[g].iter().enumerate() {
+                let (a, b) = (&got[r * v..(r + 1) * v], &want[r * v..(r + 1) * v]);
+                if g == 0 {
+                    assert!(a == b, "turn {turn}, row {r}");
+                } else {
+                    assert_eq!(top(a, 1), top(b, 1), "turn {turn}, row {r}");
+                }
+                seqs[i].2 = argmax(b);
+            }
+            if turn < 10 {
+                let kind = if g == 0 {
+                    StepKind::Full
+                } else {
+                    StepKind::Top(1)
+                };
+                Sequences::submit(&mut sharded, &steps(&seqs, g), kind).unwrap();
+            }
+        }
+        assert!(
+            Sequences::collect(&mut sharded).is_err(),
+            "nothing in flight"
+        );
+        // Steps were submitted while the other group's was in flight.
+        assert_eq!(sharded.rank.max_in_flight(), 2);
+        sharded.shutdown().unwrap();
+        worker.join().unwrap().unwrap();
     }
 
     /// With the prefix cache on, a sharded instance keeps every block a prompt completes on

@@ -19,6 +19,8 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 
+mod overlap;
+
 /// A decoding constraint (a grammar): it masks the tokens the grammar forbids before each
 /// sample and follows the sampled token.
 pub trait Constraint: Send {
@@ -594,44 +596,26 @@ fn run(
         if let Some(stats) = batch.kv_stats() {
             m.show_kv(&stats);
         }
+        if batch.depth() > 1 && active.iter().filter(|s| s.decoding()).count() > 1 {
+            // A pipeline: its stages overlap the steps of groups of sequences.
+            overlap::decode(batch, active, rx, tok, m, &mut mask_row);
+            m.active_sequences.set(active.len() as i64);
+            continue;
+        }
         steps.clear();
         // Sequences with forced tokens waiting take their own pass instead (next round), and
         // sequences still prefilling have nothing to decode yet.
-        steps.extend(
-            active
-                .iter()
-                .filter(|s| s.decoding())
-                .map(|s| (s.slot, s.last)),
-        );
+        let idx: Vec<usize> = (0..active.len())
+            .filter(|&i| active[i].decoding())
+            .collect();
+        steps.extend(idx.iter().map(|&i| (active[i].slot, active[i].last)));
         if steps.is_empty() {
             continue;
         }
-        // Rows whose sampler reads only their top k need only those (a sharded instance then
-        // moves k candidates per rank and row instead of its vocabulary slice).
-        let top = active
-            .iter()
-            .filter(|s| s.decoding())
-            .map(Seq::reads_top)
-            .try_fold(1, |k, need| need.map(|n| k.max(n)));
-        let constrained = active
-            .iter()
-            .any(|s| s.decoding() && s.job.constraint.is_some());
-        let pass = match (top, batch.n_vocab()) {
-            (Some(k), _) => batch.step_top(&steps, k),
-            // Grammars limit their rows where the engine gains by it (a sharded instance's
-            // ranks then send only the allowed logits).
-            (None, Some(vocab)) if constrained => {
-                for s in active.iter_mut().filter(|s| s.decoding()) {
-                    s.compute_allowed(vocab, &mut mask_row);
-                }
-                let masks: Vec<Option<&[u32]>> = active
-                    .iter()
-                    .filter(|s| s.decoding())
-                    .map(|s| s.premasked.then_some(&s.allowed[..]))
-                    .collect();
-                batch.step_masked(&steps, &masks)
-            }
-            (None, _) => batch.step(&steps),
+        let pass = match need(&*batch, active, &idx, &mut mask_row) {
+            Need::Top(k) => batch.step_top(&steps, k),
+            Need::Masked => batch.step_masked(&steps, &masks(active, &idx)),
+            Need::Full => batch.step(&steps),
         };
         match pass {
             Ok(logits) => {
@@ -654,16 +638,57 @@ fn run(
                     batch.release(slot);
                 }
             }
-            Err(e) => {
-                let e = e.to_string();
-                for s in active.drain(..) {
-                    let _ = s.job.events.send(Event::Failed(e.clone()));
-                    batch.release(s.slot);
-                }
-            }
+            Err(e) => fail_all(batch, active, &e),
         }
         m.active_sequences.set(active.len() as i64);
     }
+}
+
+/// Fails every live request with the engine's error and frees its slot.
+fn fail_all(batch: &mut dyn Sequences, active: &mut Vec<Seq>, e: &EngineError) {
+    let e = e.to_string();
+    for s in active.drain(..) {
+        let _ = s.job.events.send(Event::Failed(e.clone()));
+        batch.release(s.slot);
+    }
+}
+
+/// What a decode step of the sequences `idx` (indices into `active`) needs from the engine.
+enum Need {
+    /// The `k` greatest logits of each row: every sampler reads only those (a sharded
+    /// instance then moves k candidates per rank and row instead of its vocabulary slice).
+    Top(usize),
+    /// Rows limited to the grammars' masks, now computed into each sequence (a sharded
+    /// instance's ranks then send only the allowed logits).
+    Masked,
+    /// Whole rows.
+    Full,
+}
+
+/// What a step of the decoding sequences `idx` needs (see [`Need`]); `mask_row` is scratch.
+fn need(batch: &dyn Sequences, active: &mut [Seq], idx: &[usize], mask_row: &mut Vec<f32>) -> Need {
+    let top = idx
+        .iter()
+        .map(|&i| active[i].reads_top())
+        .try_fold(1, |k, need| need.map(|n| k.max(n)));
+    let constrained = idx.iter().any(|&i| active[i].job.constraint.is_some());
+    match (top, batch.n_vocab()) {
+        (Some(k), _) => Need::Top(k),
+        (None, Some(vocab)) if constrained => {
+            for &i in idx {
+                active[i].compute_allowed(vocab, mask_row);
+            }
+            Need::Masked
+        }
+        (None, _) => Need::Full,
+    }
+}
+
+/// The grammar masks of the sequences `idx` for [`Need::Masked`], in their order.
+fn masks<'a>(active: &'a [Seq], idx: &[usize]) -> Vec<Option<&'a [u32]>> {
+    idx.iter()
+        .map(|&i| active[i].premasked.then_some(&active[i].allowed[..]))
+        .collect()
 }
 
 /// Prompt tokens run per round across all sequences being admitted (see [`run`]) while no
@@ -758,7 +783,7 @@ mod tests {
     use strata_gguf::{Array, GgufFile, GgufWriter, Value};
 
     /// Eight tokens; `</s>` (2) ends generation.
-    fn tokenizer() -> Tokenizer {
+    pub(super) fn tokenizer() -> Tokenizer {
         let tokens = ["<unk>", "<s>", "</s>", "a", "b", "c", "d", "e"];
         let mut w = GgufWriter::new();
         w.kv("tokenizer.ggml.model", Value::String("llama".into()));
