@@ -96,6 +96,11 @@ struct Level {
     predicted_per_stream_tok_s: Option<f64>,
     /// Aggregate over one node's at the same level.
     vs_one_node: Option<f64>,
+    /// Cores the node processes kept busy on average over the level (CPU time over wall
+    /// time; `None` where `/proc` does not tell), and the clients (this process's threads),
+    /// which share the machine's cores with them.
+    nodes_cores: Option<f64>,
+    clients_cores: f64,
 }
 
 /// One measured configuration.
@@ -377,7 +382,15 @@ const TOPICS: [&str; 4] = [
 
 /// `clients` concurrent clients, each making `rounds` requests in a row. Every prompt starts
 /// with its own tag, so no request's prompt is served from another's prefix cache.
-fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> Result<Level> {
+fn level(
+    url: &str,
+    model: &str,
+    a: &ClusterArgs,
+    clients: usize,
+    tag: &str,
+    pids: &[u32],
+) -> Result<Level> {
+    let (nodes_cpu0, clients_cpu0) = (cpu_of(pids), own_cpu());
     let t0 = Instant::now();
     let results: Vec<Result<Vec<Stream>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..clients)
@@ -402,6 +415,8 @@ fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> 
             .collect()
     });
     let wall = t0.elapsed().as_secs_f64();
+    let nodes_cores = cpu_of(pids).zip(nodes_cpu0).map(|(b, a)| (b - a) / wall);
+    let clients_cores = (own_cpu() - clients_cpu0) / wall;
     let streams: Vec<Stream> = results
         .into_iter()
         .collect::<Result<Vec<_>>>()?
@@ -439,7 +454,41 @@ fn level(url: &str, model: &str, a: &ClusterArgs, clients: usize, tag: &str) -> 
         predicted_aggregate_tok_s: None,
         predicted_per_stream_tok_s: None,
         vs_one_node: None,
+        nodes_cores,
+        clients_cores,
     })
+}
+
+/// CPU seconds (user and system) this process's threads have used.
+fn own_cpu() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+/// CPU seconds (user and system) the processes `pids` have used, from `/proc` (`None` where it
+/// cannot be read).
+fn cpu_of(pids: &[u32]) -> Option<f64> {
+    // SAFETY: sysconf reads a configuration value.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    if tick <= 0.0 {
+        return None;
+    }
+    let mut total = 0.0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces, so it is skipped by its
+        // closing parenthesis): utime and stime are the 12th and 13th.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        total += ticks / tick;
+    }
+    Some(total)
 }
 
 /// Tokens per second across the streams of the first round while all of them are decoding.
@@ -592,6 +641,7 @@ fn measure(
     a: &ClusterArgs,
     p: &Predictor,
     name: &str,
+    pids: &[u32],
 ) -> Result<(f64, Option<f64>, Vec<Level>)> {
     // Warm-up: the first request pays for page faults and thread start-up.
     stream_one(url, model, &format!("[{name}-warm] Hello"), 4, 0.0, 0)?;
@@ -600,7 +650,7 @@ fn measure(
     let mut levels = Vec::new();
     for &c in &a.streams {
         eprintln!("  {name}: {c} client(s)");
-        let mut l = level(url, model, a, c, &format!("{name}-{c}"))?;
+        let mut l = level(url, model, a, c, &format!("{name}-{c}"), pids)?;
         // What the planner predicts for this work: each request's prompt prefilled, then
         // its tokens decoded `c` at a time, on average half of them deeper than the prompt.
         let n = l.requests.max(1) as f64;
@@ -668,7 +718,9 @@ fn run_config(
     };
     let served = served_model(&nodes.urls[0])?;
     let link = p.link();
-    let (prefill, predicted_prefill, levels) = measure(&nodes.urls[0], &served, a, &p, name)?;
+    let pids: Vec<u32> = nodes.children.iter().map(Child::id).collect();
+    let (prefill, predicted_prefill, levels) =
+        measure(&nodes.urls[0], &served, a, &p, name, &pids)?;
     let body = json!({ "instance": spec.id });
     node.call::<serde_json::Value>("POST", "/v1/cluster/unload", Some(&body))?;
     // Wait until the ranks have let go of their memory before the next load.
@@ -884,9 +936,9 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
         a.model, a.threads, a.tokens, a.rounds
     );
     println!(
-        "| nodes | strategy | link | prefill tok/s | clients | aggregate tok/s | all streams live tok/s | per stream tok/s | TTFT p50 s | ITL p50/p99 ms | vs 1 node |"
+        "| nodes | strategy | link | prefill tok/s | clients | aggregate tok/s | all streams live tok/s | per stream tok/s | TTFT p50 s | ITL p50/p99 ms | cores: nodes + clients | vs 1 node |"
     );
-    println!("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let strategy = if r.planner_pick && r.nodes > 1 {
             format!("{} (planner's pick)", r.strategy)
@@ -917,7 +969,7 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
                 String::new()
             };
             println!(
-                "| {} | {} | {} | {} | {} | {:.1} [{}] {} | {} | {:.1} [{}] {} | {:.2} | {:.0}/{:.0} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} [{}] {} | {} | {:.1} [{}] {} | {:.2} | {:.0}/{:.0} | {} + {:.2} | {} |",
                 r.nodes,
                 strategy,
                 link,
@@ -940,6 +992,8 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
                 l.ttft_p50_s,
                 l.itl_p50_ms,
                 l.itl_p99_ms,
+                l.nodes_cores.map_or("-".into(), |c| format!("{c:.2}")),
+                l.clients_cores,
                 l.vs_one_node.map_or("1.00x".into(), |x| format!("{x:.2}x")),
             );
         }

@@ -7,8 +7,8 @@
 //! parts, and of a mixture the experts any of the step's tokens picked, routing taken as
 //! uniform) plus each stream's cache, at the node's bandwidth; prefill is the same step over a
 //! chunk of the prompt, so it is compute-bound wherever the node's compute is known; a
-//! pipeline keeps one micro-batch of streams per stage in flight, and a prompt's chunks go
-//! through it one after another; KV room is what the nodes' memory holds
+//! pipeline keeps one group of streams per stage in flight, each group's next step starting
+//! as soon as its last is back, and a prompt's chunks go through it one after another; KV room is what the nodes' memory holds
 //! beyond the weights and a fixed overhead per node.
 
 use serde::{Deserialize, Serialize};
@@ -291,7 +291,7 @@ mod tests {
         assert!(many.decode_aggregate_tok_s < 64.0 * one.decode_tok_s);
     }
 
-    /// A pipeline overlaps different sequences inside a step, never one prompt's chunks.
+    /// A pipeline overlaps different sequences' steps, never one prompt's chunks.
     #[test]
     fn a_pipeline_overlaps_streams_but_not_one_prompt() {
         let m = dense();
@@ -302,11 +302,11 @@ mod tests {
         let alone = run(&m, &nodes[..1], &single, 2);
         // One stream goes through both stages in turn: no faster than one node.
         assert!(e.decode_tok_s <= alone.decode_tok_s * 1.001);
-        // Two streams, one micro-batch each, overlap inside a step (the second on stage 1
-        // while the first is on stage 2), but the pipe drains before the next step: three
-        // stage times for two tokens, 4/3 of one stream's rate.
+        // Two streams, one group each, keep both stages busy (each group's next step starts
+        // on stage 1 while the other's is on stage 2): twice one stream's rate, less the
+        // hand-offs, which the trip of a group through both stages still pays.
         let gain = e.decode_aggregate_tok_s / e.decode_tok_s;
-        assert!(gain > 1.28 && gain < 1.34, "{gain}");
+        assert!(gain > 1.9 && gain < 2.0, "{gain}");
         // One prompt's chunks take the stages one after another.
         let (pp, pp1) = (e.prefill_tok_s.unwrap(), alone.prefill_tok_s.unwrap());
         assert!(pp <= pp1 * 1.001 && pp > pp1 * 0.9, "{pp} vs {pp1}");

@@ -638,8 +638,8 @@ impl Cost<'_, '_> {
     }
 
     /// Predicted seconds of one step of `strategy` over `nodes` (rank order) with `weights`.
-    /// A pipeline splits a step's sequences into up to one micro-batch per stage, which
-    /// follow each other through the stages; the step ends when the last is back.
+    /// A pipeline steps its sequences in up to one group per stage, which follow each other
+    /// through the stages and keep them all busy (see the end).
     fn step(&self, nodes: &[&Node], strategy: StrategyChoice, weights: &[f64], load: Load) -> f64 {
         let tp = match strategy {
             StrategyChoice::Single => return self.compute(nodes[0], 1.0, 1.0, load),
@@ -677,22 +677,14 @@ impl Cost<'_, '_> {
                 self.exchange(&[a, b], hidden)
             })
             .collect();
-        // The engine submits a step's micro-batches back to back and collects them all
-        // before it samples the next step: micro-batch j enters stage s once stage s is done
-        // with micro-batch j - 1 and j has arrived from stage s - 1. The pipe fills and
-        // drains every step, so the step takes (stages + micro-batches - 1) stage times, not
-        // the busiest stage's time per micro-batch of a pipe kept full.
-        let mut free = vec![0.0f64; n_stages];
-        let mut back = 0.0f64;
-        for _ in 0..in_flight {
-            let mut at = 0.0f64;
-            for s in 0..n_stages {
-                free[s] = at.max(free[s]) + stages[s];
-                at = free[s] + hand[s];
-            }
-            back = at;
-        }
-        back
+        // The scheduler steps the sequences in one group per stage, each group submitted
+        // again as soon as its rows are sampled: a stage takes the groups in turn, so the
+        // busiest one bounds the rate (each group once per round), and so does one group's
+        // trip through every stage and hand-off (it cannot start its next step before its
+        // last is back). One stream is the trip alone.
+        let busiest = stages.iter().fold(0.0f64, |a, &b| a.max(b));
+        let trip: f64 = stages.iter().sum::<f64>() + hand.iter().sum::<f64>();
+        trip.max(in_flight as f64 * busiest)
     }
 }
 
