@@ -96,8 +96,9 @@ struct Level {
     predicted_per_stream_tok_s: Option<f64>,
     /// Aggregate over one node's at the same level.
     vs_one_node: Option<f64>,
-    /// Cores the node processes kept busy on average over the level (CPU time over wall
-    /// time; `None` where `/proc` does not tell), and the clients (this process's threads),
+    /// Cores the node processes and their rank workers kept busy on average over the level
+    /// (CPU time over wall time; `None` where `/proc` does not tell; a worker that exits
+    /// within the level is not counted), and the clients (this process's threads),
     /// which share the machine's cores with them.
     nodes_cores: Option<f64>,
     clients_cores: f64,
@@ -470,25 +471,56 @@ fn own_cpu() -> f64 {
     secs(u.ru_utime) + secs(u.ru_stime)
 }
 
-/// CPU seconds (user and system) the processes `pids` have used, from `/proc` (`None` where it
-/// cannot be read).
+/// CPU seconds (user and system) the processes `pids` and their descendants (the nodes'
+/// rank workers) have used, from `/proc` (`None` where it cannot be read).
 fn cpu_of(pids: &[u32]) -> Option<f64> {
     // SAFETY: sysconf reads a configuration value.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     if tick <= 0.0 {
         return None;
     }
-    let mut total = 0.0;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Every process as (pid, parent, CPU ticks).
+    let mut procs: Vec<(u32, u32, f64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
         // Fields after the command name (which may hold spaces, so it is skipped by its
-        // closing parenthesis): utime and stime are the 12th and 13th.
-        let rest = &stat[stat.rfind(')')? + 1..];
+        // closing parenthesis): the parent is the 2nd, utime and stime the 12th and 13th.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
         let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        total += ticks / tick;
+        let num = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
+        if let (Some(parent), Some(u), Some(s)) = (num(1), num(11), num(12)) {
+            procs.push((pid, parent as u32, u + s));
+        }
     }
-    Some(total)
+    let mut mine: Vec<u32> = pids.to_vec();
+    if !pids.iter().all(|p| procs.iter().any(|q| q.0 == *p)) {
+        return None;
+    }
+    // Descendants, a generation at a time.
+    loop {
+        let before = mine.len();
+        for &(pid, parent, _) in &procs {
+            if mine.contains(&parent) && !mine.contains(&pid) {
+                mine.push(pid);
+            }
+        }
+        if mine.len() == before {
+            break;
+        }
+    }
+    let ticks: f64 = procs
+        .iter()
+        .filter(|p| mine.contains(&p.0))
+        .map(|p| p.2)
+        .sum();
+    Some(ticks / tick)
 }
 
 /// Tokens per second across the streams of the first round while all of them are decoding.
