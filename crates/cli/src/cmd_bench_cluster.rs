@@ -482,7 +482,11 @@ fn cpu_of(pids: &[u32]) -> Option<f64> {
     // Every process as (pid, parent, CPU ticks).
     let mut procs: Vec<(u32, u32, f64)> = Vec::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {

@@ -126,3 +126,68 @@ fn batched_sharded_steps_do_not_allocate() {
         );
     }
 }
+
+/// A pipeline's steps overlapped across steps through the sequence engine (two groups of
+/// sequences stepping in turn, each submitted while the other is in flight, as the API
+/// scheduler drives it) allocate nothing once warm either.
+#[test]
+fn overlapped_pipeline_steps_do_not_allocate() {
+    use strata_engine::{Sequences, SlotId, StepKind};
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = smollm2();
+    let file = GgufFile::open(&path).unwrap();
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let plan = make_plan(
+        &file,
+        &cfg,
+        Strategy::Pipeline,
+        2,
+        None,
+        CombineStyle::Gather,
+    )
+    .unwrap();
+    let (rank, worker) = local_pair(&file, &path, plan, 256, 4).unwrap();
+    let mut g = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
+    let slots: Vec<SlotId> = (0..4u32)
+        .map(|i| {
+            let prompt = [1, 200 + i, 300];
+            let (s, _) = g.admit(&prompt).unwrap();
+            g.extend(s, &prompt).unwrap();
+            s
+        })
+        .collect();
+    let groups = [
+        [(slots[0], 100u32), (slots[1], 101)],
+        [(slots[2], 102), (slots[3], 103)],
+    ];
+    // Greedy rows and top-k rows alternate, as mixed clients would ask.
+    let kind = |turn: usize| {
+        if turn.is_multiple_of(2) {
+            StepKind::Top(1)
+        } else {
+            StepKind::Top(8)
+        }
+    };
+    g.submit(&groups[0], kind(0)).unwrap();
+    g.submit(&groups[1], kind(1)).unwrap();
+    let run = |g: &mut ShardedBatch, turns: std::ops::Range<usize>| {
+        for turn in turns {
+            g.collect().unwrap();
+            g.submit(&groups[turn % 2], kind(turn)).unwrap();
+        }
+    };
+    run(&mut g, 0..16);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    run(&mut g, 16..48);
+    let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    g.collect().unwrap();
+    g.collect().unwrap();
+    g.shutdown().unwrap();
+    worker.join().unwrap().unwrap();
+    assert_eq!(
+        during, 0,
+        "{during} allocations in 32 overlapped pipeline steps"
+    );
+}
