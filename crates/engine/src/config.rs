@@ -545,26 +545,33 @@ fn yarn_attn_factor(y: &Yarn, freq_scale: f32, attn_factor: f32) -> f32 {
 
 /// Bytes of weight matrices a decode step streams, read from the file's tensor table: one entry
 /// per layer, and the LM head. A mixture of experts streams its router and, on average, the
-/// used share of its experts. Planners balance shards with these figures.
+/// used share of its experts. The planner prices a step's memory traffic with these figures.
 pub fn streamed_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
-    matrix_bytes(file, cfg, true)
+    matrix_sizes(file, cfg, true, |t| (t.n_rows() * t.row_bytes()) as u64)
+}
+
+/// Weights of the matrices a decode step uses for each row, per layer and the LM head (of a
+/// mixture, the used share of its experts): the multiply-adds a row costs, whatever the
+/// weights' types. A batched step on a CPU is bound by these, not by the bytes.
+pub fn streamed_params(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
+    matrix_sizes(file, cfg, true, |t| (t.n_rows() * t.row_len()) as u64)
 }
 
 /// Bytes of weight matrices a shard holding every layer keeps in memory (all experts of a
 /// mixture), per layer, and the LM head.
 pub fn held_bytes(file: &strata_gguf::GgufFile, cfg: &ModelConfig) -> (Vec<u64>, u64) {
-    matrix_bytes(file, cfg, false)
+    matrix_sizes(file, cfg, false, |t| (t.n_rows() * t.row_bytes()) as u64)
 }
 
-fn matrix_bytes(
+/// `size` of each layer's weight matrices and of the LM head; of a mixture's experts, with
+/// `per_token`, the share a token uses.
+fn matrix_sizes(
     file: &strata_gguf::GgufFile,
     cfg: &ModelConfig,
     per_token: bool,
+    size: impl Fn(&strata_gguf::TensorInfo) -> u64,
 ) -> (Vec<u64>, u64) {
-    let bytes = |name: &str| {
-        file.tensor(name)
-            .map_or(0, |t| (t.n_rows() * t.row_bytes()) as u64)
-    };
+    let bytes = |name: &str| file.tensor(name).map_or(0, &size);
     const MATRICES: [&str; 18] = [
         "attn_q",
         "attn_q_a",

@@ -30,6 +30,7 @@ mod weights;
 pub use batch::{Batch, SlotId};
 pub use config::{
     DEFAULT_CONTEXT_CAP, FfnAct, ModelConfig, SlidingWindow, held_bytes, streamed_bytes,
+    streamed_params,
 };
 pub use error::{Error, Result};
 pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};

@@ -120,14 +120,19 @@ impl Plan {
     }
 }
 
-/// Bytes of weights streamed per token: each layer's, and the LM head's.
+/// What a row of a decode step costs each layer, and the LM head: the weights it multiplies
+/// (its multiply-adds). Pipeline stages are balanced on these: stages overlap only when many
+/// sequences step, and a batched step on a CPU is bound by its multiply-adds, not by the
+/// bytes (balancing bytes would give the stage with SmolLM2's 8-bit LM head 8 layers where
+/// its share of the work is 9 to 10); one sequence's step takes every stage in turn, however
+/// they split.
 struct Costs {
     layer: Vec<f64>,
     head: f64,
 }
 
 fn costs(file: &GgufFile, cfg: &ModelConfig) -> Costs {
-    let (layers, head) = strata_engine::streamed_bytes(file, cfg);
+    let (layers, head) = strata_engine::streamed_params(file, cfg);
     Costs {
         layer: layers.into_iter().map(|b| b as f64).collect(),
         head: head as f64,
