@@ -274,8 +274,31 @@ pub(crate) fn devices(a: DevicesArgs) -> Result<()> {
             d.matmul_gflops,
             d.backend
         );
+        if let Some(line) = probe_line(&d) {
+            println!("{:<18} {line}", "");
+        }
     }
     Ok(())
+}
+
+/// The rates a node's probes measured beyond its headline figures (what the planner prices
+/// each weight type and attention at): `None` for a node that sent none.
+fn probe_line(d: &Profile) -> Option<String> {
+    let mut parts: Vec<String> = d
+        .matmul_gflops_by_type
+        .iter()
+        .map(|(ty, g)| format!("{ty} {g:.0}"))
+        .collect();
+    if !parts.is_empty() {
+        parts[0] = format!("matmul GFLOP/s by type: {}", parts[0]);
+    }
+    if d.attention_gflops > 0.0 {
+        parts.push(format!(
+            "attention {:.0} GFLOP/s + {:.2} us per head and row",
+            d.attention_gflops, d.attention_fixed_us
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// `strata status`.

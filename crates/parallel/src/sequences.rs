@@ -219,7 +219,12 @@ impl ShardedBatch {
                 .iter()
                 .map(|&(slot, token)| (slot.index(), self.lens[slot.index()], token)),
         );
-        self.rank.submit_batch_masked(&self.batch, params, masks)?;
+        if let Err(e) = self.rank.submit_batch_masked(&self.batch, params, masks) {
+            // The ranks are out of step: what was in flight is lost, and later calls should
+            // meet the ranks' own failure, not a queue that never empties.
+            self.pending.clear();
+            return Err(e.into());
+        }
         for &(slot, _) in steps {
             self.lens[slot.index()] += 1;
         }
@@ -236,7 +241,10 @@ impl ShardedBatch {
             .ok_or_else(|| EngineError::Slots("no step was submitted".into()))?;
         self.logits
             .resize(((at + n) * self.vocab).max(self.logits.len()), 0.0);
-        self.rank.collect_batch(n, &mut self.rows)?;
+        if let Err(e) = self.rank.collect_batch(n, &mut self.rows) {
+            self.pending.clear();
+            return Err(e.into());
+        }
         for (i, row) in self.rows[..n].iter().enumerate() {
             fill_row(
                 &mut self.logits[(at + i) * self.vocab..(at + i + 1) * self.vocab],

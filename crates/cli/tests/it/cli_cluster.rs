@@ -297,6 +297,12 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
     let devices: Value = serde_json::from_str(&devices).expect("json");
     assert_eq!(devices.as_array().map(Vec::len), Some(3));
     assert!(!devices.to_string().contains("host4"));
+    // The table shows what the planner prices with: each weight type's rate, attention's.
+    let table = net.cli(1, &["devices"]).expect("devices");
+    assert!(
+        table.contains("matmul GFLOP/s by type: ") && table.contains(" per head and row"),
+        "{table}"
+    );
     // ... but it is named, as an event, once it has tried long enough.
     net.wait_for("the stranger is reported", Duration::from_secs(20), || {
         net.status(1).is_some_and(|s| {
