@@ -62,6 +62,19 @@ pub trait Sequences: Send + 'static {
     fn step_top(&mut self, steps: &[(SlotId, u32)], _k: usize) -> Result<&mut [f32], EngineError> {
         self.step(steps)
     }
+    /// [`Sequences::step`], [`Sequences::step_top`] or [`Sequences::step_masked`], as `kind`
+    /// says: what a client that decides the kind per step calls.
+    fn step_as(
+        &mut self,
+        steps: &[(SlotId, u32)],
+        kind: StepKind<'_>,
+    ) -> Result<&mut [f32], EngineError> {
+        match kind {
+            StepKind::Full => self.step(steps),
+            StepKind::Top(k) => self.step_top(steps, k),
+            StepKind::Masked(masks) => self.step_masked(steps, masks),
+        }
+    }
     /// The vocabulary's size (a row of logits), when the engine limits rows to masks
     /// ([`Sequences::step_masked`]); `None` when masks gain nothing here.
     fn n_vocab(&self) -> Option<usize> {

@@ -54,6 +54,7 @@ fn main() {
         CombineStyle::Gather,
     )
     .unwrap();
+    print!("{}", plan.describe(&cfg));
     let (rank, worker) = local_pair(&file, &path, plan, 512, n).unwrap();
     let mut sharded = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
     let slots: Vec<SlotId> = prompts

@@ -13,7 +13,7 @@ use std::time::Instant;
 use strata_engine::prefix::{BLOCK, REUSABLE_STEP};
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
-use strata_engine::{EngineError, Sequences};
+use strata_engine::{EngineError, Sequences, StepKind};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -612,11 +612,9 @@ fn run(
         if steps.is_empty() {
             continue;
         }
-        let pass = match need(&*batch, active, &idx, &mut mask_row) {
-            Need::Top(k) => batch.step_top(&steps, k),
-            Need::Masked => batch.step_masked(&steps, &masks(active, &idx)),
-            Need::Full => batch.step(&steps),
-        };
+        let need = need(&*batch, active, &idx, &mut mask_row);
+        let masks = masks(active, &idx, &need);
+        let pass = batch.step_as(&steps, need.kind(&masks));
         match pass {
             Ok(logits) => {
                 let vocab = logits.len() / steps.len();
@@ -684,8 +682,23 @@ fn need(batch: &dyn Sequences, active: &mut [Seq], idx: &[usize], mask_row: &mut
     }
 }
 
-/// The grammar masks of the sequences `idx` for [`Need::Masked`], in their order.
-fn masks<'a>(active: &'a [Seq], idx: &[usize]) -> Vec<Option<&'a [u32]>> {
+impl Need {
+    /// The step kind, with `masks` (see [`masks`]) for [`Need::Masked`].
+    fn kind<'a>(&self, masks: &'a [Option<&'a [u32]>]) -> StepKind<'a> {
+        match *self {
+            Need::Top(k) => StepKind::Top(k),
+            Need::Masked => StepKind::Masked(masks),
+            Need::Full => StepKind::Full,
+        }
+    }
+}
+
+/// The grammar masks of the sequences `idx` in their order when `need` is [`Need::Masked`];
+/// none (and nothing allocated) otherwise.
+fn masks<'a>(active: &'a [Seq], idx: &[usize], need: &Need) -> Vec<Option<&'a [u32]>> {
+    if !matches!(need, Need::Masked) {
+        return Vec::new();
+    }
     idx.iter()
         .map(|&i| active[i].premasked.then_some(&active[i].allowed[..]))
         .collect()
@@ -800,6 +813,27 @@ mod tests {
         w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
         let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
         Tokenizer::from_gguf(file.metadata()).unwrap()
+    }
+
+    /// A greedy job of `prompt` generating at most `max_tokens`, and its events.
+    pub(super) fn greedy_job(
+        prompt: Vec<u32>,
+        max_tokens: usize,
+    ) -> (Job, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            logprobs: None,
+            constraint: None,
+            events: tx,
+            arrived: Instant::now(),
+        };
+        (job, rx)
     }
 
     /// What the scripted engine was asked to do.
@@ -1104,24 +1138,8 @@ mod tests {
             Arc::new(Metrics::new()),
         )
         .unwrap();
-        let job = |prompt: Vec<u32>, max_tokens: usize| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let j = Job {
-                prompt,
-                max_tokens,
-                sampling: SamplingParams {
-                    temperature: 0.0,
-                    ..SamplingParams::default()
-                },
-                logprobs: None,
-                constraint: None,
-                events: tx,
-                arrived: Instant::now(),
-            };
-            (j, rx)
-        };
         // A stream is generating ...
-        let (a, mut a_rx) = job(vec![1, 4], 1 << 19);
+        let (a, mut a_rx) = greedy_job(vec![1, 4], 1 << 19);
         sched.submit(a).unwrap();
         assert!(matches!(a_rx.blocking_recv(), Some(Event::Admitted { .. })));
         assert!(matches!(a_rx.blocking_recv(), Some(Event::Token { .. })));
@@ -1129,7 +1147,7 @@ mod tests {
         let rxs: Vec<_> = prompts
             .iter()
             .map(|&n| {
-                let (j, rx) = job((0..n as u32).map(|i| 3 + i % 5).collect(), 2);
+                let (j, rx) = greedy_job((0..n as u32).map(|i| 3 + i % 5).collect(), 2);
                 sched.submit(j).unwrap();
                 (n, rx)
             })

@@ -8,11 +8,11 @@
 
 use std::collections::VecDeque;
 
-use strata_engine::{Sequences, SlotId, StepKind};
+use strata_engine::{Sequences, SlotId};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-use super::{Job, Need, Seq, fail_all, masks, need};
+use super::{Job, Seq, fail_all, masks, need};
 use crate::metrics::Metrics;
 
 /// Steps the decoding sequences of `active` in overlapped groups until the round has other
@@ -104,11 +104,8 @@ fn submit(
 ) -> Result<(), strata_engine::EngineError> {
     steps.clear();
     steps.extend(group.iter().map(|&i| (active[i].slot, active[i].last)));
-    match need(&*batch, active, group, mask_row) {
-        Need::Top(k) => batch.submit(steps, StepKind::Top(k)),
-        Need::Masked => batch.submit(steps, StepKind::Masked(&masks(active, group))),
-        Need::Full => batch.submit(steps, StepKind::Full),
-    }
+    let need = need(&*batch, active, group, mask_row);
+    batch.submit(steps, need.kind(&masks(active, group, &need)))
 }
 
 /// Whether the round has work besides decoding: a request that a free slot could take, a
@@ -124,11 +121,10 @@ fn other_work(batch: &dyn Sequences, active: &[Seq], rx: &mpsc::Receiver<Job>) -
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::sync::{Arc, Mutex};
-    use std::time::Instant;
 
-    use strata_engine::{EngineError, SamplingParams};
+    use strata_engine::{EngineError, StepKind};
 
-    use super::super::tests::tokenizer;
+    use super::super::tests::{greedy_job, tokenizer};
     use super::super::{Event, Finish, Scheduler};
     use super::*;
 
@@ -259,21 +255,8 @@ mod tests {
         .unwrap();
         let streams: Vec<_> = (0..4u32)
             .map(|i| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                sched
-                    .submit(Job {
-                        prompt: vec![3 + i, 4],
-                        max_tokens: 12 + i as usize,
-                        sampling: SamplingParams {
-                            temperature: 0.0,
-                            ..SamplingParams::default()
-                        },
-                        logprobs: None,
-                        constraint: None,
-                        events: tx,
-                        arrived: Instant::now(),
-                    })
-                    .unwrap();
+                let (job, rx) = greedy_job(vec![3 + i, 4], 12 + i as usize);
+                sched.submit(job).unwrap();
                 rx
             })
             .collect();
