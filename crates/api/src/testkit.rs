@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use strata_engine::synth::{SynthSpec, synth};
 use strata_engine::{Arch, Batch, Model};
-use strata_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
+use strata_gguf::{GgmlType, GgufFile};
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::server::AppState;
@@ -39,29 +39,10 @@ pub const ROUTES: [&str; 8] = [
     "/v1/responses",
 ];
 
-/// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
-/// markers.
+/// GGUF metadata of a byte-level vocabulary with ChatML's markers (the engine's, which its
+/// probe model uses too).
 pub(crate) fn vocabulary() -> Vec<u8> {
-    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
-    tokens.extend([
-        "<|im_start|>".into(),
-        "<|im_end|>".into(),
-        "\u{2581}".into(),
-    ]);
-    let mut types = vec![2, 3, 3];
-    types.extend(std::iter::repeat_n(6, 256));
-    // The markers are control tokens; SentencePiece's space (U+2581) a normal one, as in every
-    // real SentencePiece vocabulary.
-    types.extend([3, 3, 1]);
-    let mut w = GgufWriter::new();
-    w.kv("tokenizer.ggml.model", Value::String("llama".into()));
-    w.kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
-    w.kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
-    w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
-    w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
-    w.kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    w.to_bytes()
+    strata_engine::synth::byte_vocabulary()
 }
 
 /// Starts the test server's state (model, tokenizer, template, scheduler): ~50 ms.

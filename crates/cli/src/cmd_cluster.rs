@@ -298,6 +298,12 @@ fn probe_line(d: &Profile) -> Option<String> {
             d.attention_gflops, d.attention_fixed_us
         ));
     }
+    if d.row_cost_ns > 0.0 {
+        parts.push(format!(
+            "{:.1} ns per row, layer and element of width besides",
+            d.row_cost_ns
+        ));
+    }
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 

@@ -428,6 +428,7 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let by_type = strata_node::profile::matmul_gflops_by_type(&pool);
     let gflops = strata_node::profile::q8_0_gflops(&by_type);
     let attention = strata_node::profile::attention_speed(pool.n_threads());
+    let row_cost = strata_node::profile::row_cost_s(pool.n_threads(), &attention);
     let class = presets()
         .class("measured")
         .context("the presets lack the measured class")?;
@@ -442,6 +443,7 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
             .collect(),
         attn_flops: attention.gflops * 1e9 * class.compute_efficiency,
         attn_fixed: attention.fixed_s / class.compute_efficiency,
+        row_cost: row_cost / class.compute_efficiency,
         message_overhead: class.message_overhead_us * 1e-6,
         ..Node::default()
     })

@@ -266,6 +266,35 @@ mod tests {
         let want = 1.0 / (0.8e-3 + 0.4e-3 + attn + 32.0 * 32.0 * 1e-6);
         let agg = e.decode_aggregate_tok_s;
         assert!((agg / want - 1.0).abs() < 1e-6, "{agg} vs {want}");
+        // The engine's measured cost per row beside the products (1 ns per element of
+        // 4096 + 14336 + 4096 widths, 32 layers: 0.72 ms) replaces attention's fixed part, and
+        // adds to the step whatever bounds the products: every decode row pays it, a prefill
+        // chunk once.
+        let timed = Node {
+            row_cost: 1e-9,
+            ..fixed
+        };
+        let e = estimate(&m, std::slice::from_ref(&timed), &[], &p, &work).unwrap();
+        let rows = 32.0 * (4096.0 + 14336.0 + 4096.0) * 1e-9;
+        let want = 1.0 / (0.8e-3 + 0.4e-3 + attn + rows);
+        let agg = e.decode_aggregate_tok_s;
+        assert!((agg / want - 1.0).abs() < 1e-6, "{agg} vs {want}");
+        let pattn = 4.0 * 4096.0 * 32.0 * 256.0 / 10e12;
+        let want = 512.0 / (512.0 * (0.8e-3 + pattn) + 0.4e-3 + rows);
+        let pp = e.prefill_tok_s.unwrap();
+        assert!((pp / want - 1.0).abs() < 1e-6, "{pp} vs {want}");
+        // Memory-bound, one stream: still added.
+        let slow = Node {
+            mem_bandwidth: 100e9,
+            ..timed
+        };
+        let one = estimate(&m, std::slice::from_ref(&slow), &[], &p, &work).unwrap();
+        let want = 1.0 / (10e9 / 100e9 + rows);
+        assert!(
+            (one.decode_tok_s / want - 1.0).abs() < 1e-6,
+            "{}",
+            one.decode_tok_s
+        );
     }
 
     /// A mixture's step reads more experts as streams grow, but never more than all of them.

@@ -206,6 +206,15 @@ pub struct Node {
     /// (0: unknown, none).
     #[serde(default)]
     pub attn_fixed: f64,
+    /// What a decoded row costs beyond its matrix products and attention's depth, seconds per
+    /// row, per layer, per element of the layer's widths (model, FFN, attention output): the
+    /// key/value store, norms, RoPE, quantising, gating, attention's fixed part. Measured by
+    /// timing the engine itself; it replaces `attn_fixed`, which it includes (0: unknown,
+    /// `attn_fixed` alone). Serial work beside the products, so it adds to a step whether
+    /// memory or compute bounds them; charged per sequence a step advances (a prefill chunk's
+    /// rows share their cache lines).
+    #[serde(default)]
+    pub row_cost: f64,
     /// What every exchange costs this node per peer beyond the link itself, seconds: posting
     /// a message and noticing its arrival (microseconds on a CPU spinning on shared memory,
     /// tens of microseconds where a GPU must finish its queued work first).
@@ -548,12 +557,18 @@ impl Cost<'_, '_> {
         let n = load.streams as f64;
         let kv = m.kv_bytes_per_token as f64 * load.depth as f64 * n;
         let mem = frac * (self.step_bytes(load.streams) + kv) / node.mem_bandwidth;
+        // A decode row pays `row_cost` in full (its sequence's cache lines are cold); a
+        // prefill chunk's rows share theirs, and pay it once.
+        let width = (m.n_embd + m.n_ff + m.q_width) as f64;
+        let cold = load.sequences.clamp(1, load.streams.max(1)) as f64;
+        let rows = frac * cold * m.n_layer as f64 * width * node.row_cost;
         if node.flops <= 0.0 {
-            return mem + inside;
+            return mem + inside + rows;
         }
         // Two FLOPs per weight a token uses, each matrix at its weight type's rate; the LM
         // head only for the rows whose logits the step wants; attention's two products over
-        // the cache at attention's rate, and its fixed part per head.
+        // the cache at attention's rate, and its fixed part per head (within `row_cost` where
+        // that was measured).
         let head = m.head_params as f64;
         let body = if m.token_params_by_type.is_empty() {
             2.0 * (m.active_params() - head).max(0.0) / node.flops
@@ -564,11 +579,16 @@ impl Cost<'_, '_> {
                 .sum()
         };
         let head = 2.0 * head / node.rate(&m.head_type);
+        let fixed = if node.row_cost > 0.0 {
+            0.0
+        } else {
+            node.attn_fixed
+        };
         let attn = 4.0 * (m.q_width * m.n_layer) as f64 * load.depth as f64 / node.attention_rate()
-            + (m.n_head * m.n_layer) as f64 * node.attn_fixed;
+            + (m.n_head * m.n_layer) as f64 * fixed;
         let logits = load.logits.min(load.streams) as f64;
         let comp = frac * (n * (body + attn) + logits * head);
-        mem.max(comp) + inside
+        mem.max(comp) + inside + rows
     }
 
     /// Seconds of one exchange among `group` carrying `bytes` from each rank: the slowest

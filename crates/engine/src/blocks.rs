@@ -24,6 +24,10 @@ use crate::weights::{
 };
 use crate::{Combine, Error, ExpertSplit, ModelConfig, Result, ShardSpec};
 
+/// Most rows a step prefetches the cache lines of before storing their keys and values: a
+/// decode batch (beyond it, a prefill chunk, whose consecutive positions share lines).
+const PREFETCH_ROWS: usize = 64;
+
 /// One step's state as it passes through the layers of a shard.
 pub(crate) struct Blocks<'a, 'c> {
     pub(crate) cfg: &'a ModelConfig,
@@ -425,6 +429,16 @@ impl Blocks<'_, '_> {
         let pool = self.pool;
         let s = &mut *self.s;
 
+        // Decode rows each store one position per head, down a column of scattered lines:
+        // start fetching them now, so the projections below hide the wait (a prefill chunk's
+        // positions share their lines, and stream).
+        if n <= PREFETCH_ROWS {
+            for t in 0..n {
+                self.caches
+                    .get(self.rows.seq[t])
+                    .prefetch_store(li, self.rows.pos[t]);
+            }
+        }
         s.acts.quantize(qkv.wq.ggml_type(), &s.xn[..n * e], n, e);
         let same = |m: &QMatrix| m.ggml_type() == qkv.wq.ggml_type();
         if same(&qkv.wk) && same(&qkv.wv) {

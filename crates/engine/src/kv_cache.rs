@@ -29,6 +29,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use std::sync::Arc;
 use strata_kernels::attn::ValueRun;
+use strata_kernels::ops;
 
 /// `total` zeroed halves, or `None` when the memory cannot be reserved. Probed first, so an
 /// impossible size is an error rather than an abort; then taken zeroed, so the kernel supplies
@@ -217,6 +218,29 @@ impl KvCache {
             b.convert_from_f32_slice(chunk);
             for (j, &x) in b.iter().enumerate() {
                 self.v[base + (c * 64 + j) * BLOCK] = x;
+            }
+        }
+    }
+
+    /// Starts fetching what [`KvCache::store`] of own position `pos` in `layer` will write (every
+    /// head's key row and the cache lines down its value column): a batch stores each row's
+    /// position on one thread, and the value column's scattered lines, fetched one store after
+    /// another, cost more than the rest of the store.
+    pub(crate) fn prefetch_store(&self, layer: usize, pos: usize) {
+        let Some(pos) = pos.checked_sub(self.base()) else {
+            return;
+        };
+        if pos >= self.n_ctx {
+            return;
+        }
+        for head in 0..self.n_kv_heads {
+            let i = self.at(layer, head, pos);
+            for line in (0..self.head_dim).step_by(32) {
+                ops::prefetch(self.k[i + line..].as_ptr());
+            }
+            let base = self.v_pos(self.v_at(layer, head), pos);
+            for d in 0..self.v_dim {
+                ops::prefetch(self.v[base + d * BLOCK..].as_ptr());
             }
         }
     }

@@ -21,6 +21,7 @@ mod kv_cache;
 mod model;
 mod models;
 pub mod prefix;
+pub mod probe;
 mod sampler;
 mod sequences;
 mod shard;

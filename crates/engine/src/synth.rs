@@ -322,6 +322,31 @@ pub const WRITABLE: [GgmlType; 16] = [
     GgmlType::MXFP4,
 ];
 
+/// GGUF metadata of a byte-level SentencePiece vocabulary (every byte a token) plus ChatML's
+/// markers.
+pub fn byte_vocabulary() -> Vec<u8> {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    tokens.extend([
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+        "\u{2581}".into(),
+    ]);
+    let mut types = vec![2, 3, 3];
+    types.extend(std::iter::repeat_n(6, 256));
+    // The markers are control tokens; SentencePiece's space (U+2581) a normal one, as in every
+    // real SentencePiece vocabulary.
+    types.extend([3, 3, 1]);
+    let mut w = GgufWriter::new();
+    w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+    w.kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    w.kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    w.to_bytes()
+}
+
 /// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
 pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
     let s = spec;

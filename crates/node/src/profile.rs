@@ -42,6 +42,11 @@ pub struct Profile {
     /// (0 from older nodes).
     #[serde(default)]
     pub attention_fixed_us: f64,
+    /// Measured cost of a decoded row outside the matrix products and attention's part that
+    /// grows with depth, nanoseconds per row, per layer, per element of the layer's widths
+    /// (model, FFN and attention output); see [`row_cost_s`] (0 from older nodes).
+    #[serde(default)]
+    pub row_cost_ns: f64,
     /// Measured memory read bandwidth, bytes per second (all cores).
     pub mem_bandwidth: f64,
     /// Where this node's HTTP API listens (as the node sees it).
@@ -86,6 +91,9 @@ pub struct Speed {
     pub attention_gflops: f64,
     /// Attention's fixed part, microseconds per query head per row per layer.
     pub attention_fixed_us: f64,
+    /// A decoded row's cost beyond matrix products and attention's depth, nanoseconds per
+    /// row, layer and element of width.
+    pub row_cost_ns: f64,
     /// Memory read bandwidth, bytes per second.
     pub mem_bandwidth: f64,
 }
@@ -97,13 +105,36 @@ pub fn measure_speed(threads: usize) -> Speed {
     let mem_bandwidth = strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2);
     let by_type = matmul_gflops_by_type(&pool);
     let attention = attention_speed(pool.n_threads());
+    let row_cost = row_cost_s(pool.n_threads(), &attention);
     Speed {
         matmul_gflops: q8_0_gflops(&by_type),
         matmul_gflops_by_type: by_type,
         attention_gflops: attention.gflops,
         attention_fixed_us: attention.fixed_s * 1e6,
+        row_cost_ns: row_cost * 1e9,
         mem_bandwidth,
     }
+}
+
+/// What a decoded row costs the engine besides its matrix products and the part of attention
+/// that grows with depth, seconds per row, per layer, per element of the layer's widths (the
+/// model's, the FFN's and the attention output's): storing its keys and values, norms, RoPE,
+/// quantising and gating it, and attention's passes at a short context. The engine's own
+/// batched step on a small model less the same step's products timed alone
+/// ([`strata_engine::probe`]), less attention's depth at `attention`'s rate; 0 when the probe
+/// cannot run.
+pub fn row_cost_s(threads: usize, attention: &AttentionSpeed) -> f64 {
+    let Ok(p) = strata_engine::probe::decode_step(threads, Duration::from_millis(20)) else {
+        return 0.0;
+    };
+    let (embd, ff, q) = p.widths;
+    let per_row = (p.step_s - p.products_s) / p.rows as f64 / p.layers as f64;
+    let depth = if attention.gflops > 0.0 {
+        4.0 * q as f64 * p.depth / (attention.gflops * 1e9)
+    } else {
+        0.0
+    };
+    ((per_row - depth) / (embd + ff + q) as f64).max(0.0)
 }
 
 /// The headline matmul figure of a [`matmul_gflops_by_type`] map: Q8_0's, the rate the planner
@@ -288,6 +319,12 @@ mod tests {
         // A pass has a cost of its own (well under a millisecond per head here).
         assert!(
             s.attention_fixed_us.is_finite() && (0.0..1000.0).contains(&s.attention_fixed_us),
+            "{s:?}"
+        );
+        // The engine's own step costs something beyond its products (a row stores its keys
+        // and values at least), well under a microsecond per element here.
+        assert!(
+            s.row_cost_ns.is_finite() && s.row_cost_ns > 0.0 && s.row_cost_ns < 1000.0,
             "{s:?}"
         );
         // Every probed type the kernels take was timed, Q8_0 among them.

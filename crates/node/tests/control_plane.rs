@@ -41,6 +41,7 @@ fn state(id: &str) -> NodeState {
             matmul_gflops_by_type: Default::default(),
             attention_gflops: 0.0,
             attention_fixed_us: 0.0,
+            row_cost_ns: 0.0,
             memory_limit: None,
             mem_bandwidth: 1e10,
             api_addr: String::new(),

@@ -324,6 +324,7 @@ mod tests {
                 matmul_gflops_by_type: BTreeMap::new(),
                 attention_gflops: 1.0,
                 attention_fixed_us: 0.0,
+                row_cost_ns: 0.0,
                 mem_bandwidth: 1e9,
                 api_addr: String::new(),
                 started_at: 0,

@@ -227,6 +227,7 @@ pub fn topology(s: &Snapshot) -> Topology {
                 .collect(),
             attn_flops: st.profile.attention_gflops * 1e9,
             attn_fixed: st.profile.attention_fixed_us * 1e-6,
+            row_cost: st.profile.row_cost_ns * 1e-9,
             ..placement::Node::default()
         })
         .collect();
@@ -321,6 +322,7 @@ pub async fn run(
         matmul_gflops_by_type: speed.matmul_gflops_by_type,
         attention_gflops: speed.attention_gflops,
         attention_fixed_us: speed.attention_fixed_us,
+        row_cost_ns: speed.row_cost_ns,
         mem_bandwidth: speed.mem_bandwidth,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
