@@ -29,16 +29,18 @@ const LAYERS: usize = 8;
 pub const ROWS: usize = 16;
 /// Prompt length of each probe sequence: a chat turn's shallow cache.
 const PROMPT: usize = 32;
+/// Rounds of each kind the probe takes.
+const ROUNDS: usize = 5;
 /// Weight type of every matrix (one type, so one probed matmul rate prices them).
 pub const WEIGHT_TYPE: GgmlType = GgmlType::Q4_1;
 
 /// A timed decode step of the probe model and what it computed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepProbe {
-    /// Seconds of one step of [`ROWS`] rows (the best round's mean).
+    /// Seconds of one step of [`ROWS`] rows (of the median round, by the difference below).
     pub step_s: f64,
-    /// Seconds of the same step's matrix products alone, every layer's and the LM head's
-    /// (the best round's).
+    /// Seconds of the same step's matrix products alone, every layer's and the LM head's,
+    /// timed right after the steps of the same round.
     pub products_s: f64,
     /// Rows per step.
     pub rows: usize,
@@ -55,7 +57,7 @@ pub struct StepProbe {
 
 /// Builds the probe model (SmolLM2's widths: 576 wide, FFN 1536, 9 query and 3 key/value
 /// heads of 64) and times batched decode steps on `threads` threads, and their matrix
-/// products alone: the best of three rounds of each, taken in turn, of at least `round` each.
+/// products alone, in turn over five rounds of at least `round` each.
 pub fn decode_step(threads: usize, round: Duration) -> Result<StepProbe> {
     let (embd, ff, heads) = (576, 1536, 9);
     let spec = SynthSpec {
@@ -102,9 +104,11 @@ pub fn decode_step(threads: usize, round: Duration) -> Result<StepProbe> {
         taken += 1;
     }
     let mut products = Products::new(&cfg, LAYERS, threads.max(1))?;
-    let (mut best, mut best_products) = (f64::INFINITY, f64::INFINITY);
+    // Rounds of steps and of products alone in turn, so a burst of load from elsewhere hits a
+    // round's pair alike; the median round by their difference.
+    let mut rounds: Vec<(f64, f64)> = Vec::with_capacity(ROUNDS);
     let (mut depth_sum, mut timed) = (0.0, 0usize);
-    for _ in 0..3 {
+    for _ in 0..ROUNDS {
         let t = Instant::now();
         let mut reps = 0u32;
         // The context stays short (the cache holds 512 positions).
@@ -115,15 +119,17 @@ pub fn decode_step(threads: usize, round: Duration) -> Result<StepProbe> {
             taken += 1;
             reps += 1;
         }
-        best = best.min(t.elapsed().as_secs_f64() / f64::from(reps.max(1)));
-        best_products = best_products.min(products.time(round));
+        let step_s = t.elapsed().as_secs_f64() / f64::from(reps.max(1));
+        rounds.push((step_s, products.time(round)));
     }
+    rounds.sort_by(|a, b| (a.0 - a.1).total_cmp(&(b.0 - b.1)));
+    let (step_s, products_s) = rounds[rounds.len() / 2];
     for s in slots {
         batch.release(s);
     }
     Ok(StepProbe {
-        step_s: best,
-        products_s: best_products,
+        step_s,
+        products_s,
         rows: ROWS,
         layers: LAYERS,
         depth: depth_sum / timed.max(1) as f64,
