@@ -297,10 +297,13 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
     let devices: Value = serde_json::from_str(&devices).expect("json");
     assert_eq!(devices.as_array().map(Vec::len), Some(3));
     assert!(!devices.to_string().contains("host4"));
-    // The table shows what the planner prices with: each weight type's rate, attention's.
+    // The table shows what the planner prices with: each weight type's rate, attention's, a
+    // decoded row's cost beside them.
     let table = net.cli(1, &["devices"]).expect("devices");
     assert!(
-        table.contains("matmul GFLOP/s by type: ") && table.contains(" per head and row"),
+        table.contains("matmul GFLOP/s by type: ")
+            && table.contains(" per head and row")
+            && table.contains(" ns per row, layer and element of width besides"),
         "{table}"
     );
     // ... but it is named, as an event, once it has tried long enough.
