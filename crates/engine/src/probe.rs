@@ -138,6 +138,17 @@ pub fn decode_step(threads: usize, round: Duration) -> Result<StepProbe> {
     })
 }
 
+/// A `rows x cols` matrix of weight type `ty` for timing the kernels: deterministic values in
+/// [-0.5, 0.5), quantised as a model's would be and prepared as the engine prepares its
+/// weights (the node's matmul probe times the same kind of matrix).
+pub fn matrix(ty: GgmlType, rows: usize, cols: usize) -> strata_kernels::Result<QMatrix> {
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let bytes = quantize_weights(ty, &w);
+    QMatrix::new(ty, rows, cols, WeightBytes::Owned(bytes)).map(QMatrix::prepared)
+}
+
 /// A decode step's matrix products on their own: one layer's matrices (the engine's shapes
 /// and weight type), prepared as the engine prepares them, times [`ROWS`] activation rows,
 /// quantised where the engine quantises them (once for q, k and v, once for gate and up), for
@@ -171,16 +182,10 @@ impl Products {
         let mats = shapes
             .iter()
             .map(|&(rows, cols)| {
-                let w: Vec<f32> = (0..rows * cols)
-                    .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-                    .collect();
-                let bytes = quantize_weights(WEIGHT_TYPE, &w);
-                QMatrix::new(WEIGHT_TYPE, rows, cols, WeightBytes::Owned(bytes))
-                    .map(QMatrix::prepared)
-                    .map_err(|source| crate::Error::Kernel {
-                        tensor: format!("probe {rows}x{cols}"),
-                        source,
-                    })
+                matrix(WEIGHT_TYPE, rows, cols).map_err(|source| crate::Error::Kernel {
+                    tensor: format!("probe {rows}x{cols}"),
+                    source,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let layer = [

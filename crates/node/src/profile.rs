@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use strata_kernels::{GgmlType, QMatrix, QuantActs, ThreadPool, WeightBytes};
+use strata_kernels::{GgmlType, QuantActs, ThreadPool};
 
 /// A node's self-description, published on the control plane.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,14 +165,9 @@ pub fn matmul_gflops_of(pool: &ThreadPool, ty: GgmlType, rounds: usize, round: D
     const ROWS: usize = 512;
     const COLS: usize = 1024;
     const N: usize = 32;
-    let w: Vec<f32> = (0..ROWS * COLS)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let bytes = strata_kernels::formats::quantize_weights(ty, &w);
-    let Ok(w) = QMatrix::new(ty, ROWS, COLS, WeightBytes::Owned(bytes)) else {
+    let Ok(w) = strata_engine::probe::matrix(ty, ROWS, COLS) else {
         return 0.0;
     };
-    let w = w.prepared();
     let x: Vec<f32> = (0..N * COLS)
         .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
         .collect();
