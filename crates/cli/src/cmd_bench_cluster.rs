@@ -783,6 +783,7 @@ fn load_request(a: &ClusterArgs, model: &str) -> LoadRequest {
         context: Some(a.ctx_size),
         dry_run: false,
         parallel: Some(a.streams.iter().copied().max().unwrap_or(1)),
+        cache_mem: None,
     }
 }
 

@@ -462,6 +462,11 @@ pub(crate) struct LoadArgs {
     /// `--ctx-size` positions; default 4).
     #[arg(long, value_parser = crate::args::at_least_one)]
     parallel: Option<usize>,
+    /// Memory for the prefix cache over all the instance's nodes (as `strata serve
+    /// --cache-mem`: bytes or `512MiB`, `2GiB`; 0 turns it off; default 1GiB). The planner
+    /// reserves it beside the weights and every sequence's KV cache.
+    #[arg(long, value_name = "SIZE", value_parser = crate::cmd_serve::parse_size)]
+    cache_mem: Option<usize>,
     /// Print the plan and its predicted speed; load nothing.
     #[arg(long)]
     dry_run: bool,
@@ -503,6 +508,7 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
         context: a.ctx_size,
         dry_run: a.dry_run,
         parallel: a.parallel,
+        cache_mem: a.cache_mem.map(|b| b as u64),
     };
     let body = serde_json::to_value(&req)?;
     let answer: serde_json::Value = a.node.call("POST", "/v1/cluster/load", Some(&body))?;

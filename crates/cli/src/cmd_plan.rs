@@ -145,6 +145,9 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
         }),
         nodes: described.use_nodes.clone(),
         fewest: false,
+        // The plan must hold one context; how many more fit is what the estimate reports.
+        sequences: 1,
+        prefix_cache: 0,
     };
     let cluster = &described.cluster;
     let p = place(facts, &cluster.nodes, &cluster.links, &req)?;

@@ -338,21 +338,22 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}", args.api_addr))?;
         let addr = listener.local_addr()?;
+        let keys = if shared.has_keys() {
+            "API keys required"
+        } else {
+            "no API keys"
+        };
         for state in &states {
-            eprintln!(
-                "strata: serving {} on http://{addr} ({} slots, context {}, {})",
+            // Scripts and tests read the address from this line: the URL stays a word of its own.
+            tracing::info!(
+                "serving {} on http://{addr} ({} slots, context {}, {keys})",
                 state.model_id,
                 args.parallel,
                 state.n_ctx,
-                if shared.has_keys() {
-                    "API keys required"
-                } else {
-                    "no API keys"
-                }
             );
         }
         strata_api::serve(listener, states, &http, shutdown_signal()).await?;
-        eprintln!("strata: stopped");
+        tracing::info!("stopped");
         Ok(())
     })
 }

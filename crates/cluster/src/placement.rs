@@ -333,8 +333,15 @@ impl Combine {
 /// What is asked.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Request {
-    /// Context positions to reserve KV cache for.
+    /// Context positions of each sequence's KV cache.
     pub context: usize,
+    /// Sequences the instance decodes together, each reserving a KV cache of `context`
+    /// positions up front (as an instance's slots do; older requests and 0: one).
+    #[serde(default)]
+    pub sequences: usize,
+    /// Bytes of prefix cache the instance may keep over all its nodes (older requests: none).
+    #[serde(default)]
+    pub prefix_cache: u64,
     /// How tensor-parallel groups combine their results (older requests: gather).
     #[serde(default)]
     pub combine: Combine,
@@ -380,7 +387,7 @@ pub enum PlacementError {
     UnknownNode(String),
     /// Not enough memory, even on every node together.
     #[error(
-        "{model} needs {} (weights, KV cache for the context, per-node overhead), the nodes offer {}: {} missing",
+        "{model} needs {} (weights, KV and prefix caches, per-node overhead), the nodes offer {}: {} missing",
         gb(*needed), gb(*available), gb(*missing)
     )]
     DoesNotFit {
@@ -434,9 +441,18 @@ impl<'a> Cluster<'a> {
     }
 }
 
-/// Bytes a node needs for `share` of the model with `context` positions of cache.
-fn need(m: &ModelFacts, share: f64, context: usize) -> u64 {
-    let total = m.weight_bytes as f64 + (m.kv_bytes_per_token as f64) * context as f64;
+impl Request {
+    /// Bytes of cache the instance reserves over all its nodes: every sequence's KV cache
+    /// for the whole context, and the prefix cache's budget.
+    pub fn cache_bytes(&self, m: &ModelFacts) -> f64 {
+        m.kv_bytes_per_token as f64 * self.context as f64 * self.sequences.max(1) as f64
+            + self.prefix_cache as f64
+    }
+}
+
+/// Bytes a node needs for `share` of the model with `cache` bytes of cache over all nodes.
+fn need(m: &ModelFacts, share: f64, cache: f64) -> u64 {
+    let total = m.weight_bytes as f64 + cache;
     // A float beyond u64 saturates in the cast; the sum saturates too, so an absurd context
     // reads as "needs more than there is", never wraps to a small number.
     ((share * total).ceil() as u64).saturating_add(NODE_OVERHEAD)
@@ -444,8 +460,8 @@ fn need(m: &ModelFacts, share: f64, context: usize) -> u64 {
 
 /// Shares proportional to bandwidth, each capped by what the node's memory can hold
 /// (water-filling); `None` if the nodes cannot hold the model together.
-fn shares(m: &ModelFacts, nodes: &[&Node], context: usize) -> Option<Vec<f64>> {
-    let total = m.weight_bytes as f64 + (m.kv_bytes_per_token as f64) * context as f64;
+fn shares(m: &ModelFacts, nodes: &[&Node], cache: f64) -> Option<Vec<f64>> {
+    let total = m.weight_bytes as f64 + cache;
     let cap: Vec<f64> = nodes
         .iter()
         .map(|n| (n.memory_available.saturating_sub(NODE_OVERHEAD)) as f64 / total)
@@ -888,8 +904,9 @@ pub fn place(
     let available = pool
         .iter()
         .fold(0u64, |a, n| a.saturating_add(n.memory_available));
-    let needed_all = need(model, 1.0, req.context);
-    if shares(model, &pool, req.context).is_none() {
+    let cache = req.cache_bytes(model);
+    let needed_all = need(model, 1.0, cache);
+    if shares(model, &pool, cache).is_none() {
         let extra = NODE_OVERHEAD.saturating_mul(pool.len().saturating_sub(1) as u64);
         let needed = needed_all.saturating_add(extra);
         return Err(PlacementError::DoesNotFit {
@@ -918,14 +935,14 @@ pub fn place(
     for k in sizes {
         let mut best_k: Option<Placement> = None;
         for set in subsets(&pool, k) {
-            if shares(model, &set, req.context).is_none() {
+            if shares(model, &set, cache).is_none() {
                 continue;
             }
             for (strategy, order) in candidates(&c, model, &set) {
                 if req.strategy.is_some_and(|s| s != strategy && set.len() > 1) {
                     continue;
                 }
-                let Some(weights) = shares(model, &order, req.context) else {
+                let Some(weights) = shares(model, &order, cache) else {
                     continue;
                 };
                 let t = cost.step(&order, strategy, &weights, Load::ONE);
@@ -978,7 +995,7 @@ pub fn place(
     let mut chosen_sorted = chosen.clone();
     chosen_sorted.sort_by(|a, b| a.id.cmp(&b.id));
     for (s, order) in candidates(&c, model, &chosen_sorted) {
-        if let Some(w) = shares(model, &order, req.context) {
+        if let Some(w) = shares(model, &order, cache) {
             p.considered
                 .push((s, 1.0 / cost.step(&order, s, &w, Load::ONE)));
         }
@@ -995,13 +1012,26 @@ fn explain(
     fewest: Option<(usize, f64)>,
 ) -> String {
     let gb = |b: u64| b as f64 / 1e9;
+    let sequences = req.sequences.max(1);
     let mut s = format!(
-        "{} needs {:.2} GB of weights plus {:.2} GB of KV cache for {} positions; ",
+        "{} needs {:.2} GB of weights plus {:.2} GB of KV cache for {} positions",
         m.name,
         gb(m.weight_bytes),
-        gb(m.kv_bytes_per_token.saturating_mul(req.context as u64)),
+        gb(m.kv_bytes_per_token
+            .saturating_mul(req.context as u64)
+            .saturating_mul(sequences as u64)),
         req.context
     );
+    if sequences > 1 {
+        s.push_str(&format!(" in each of {sequences} sequences"));
+    }
+    if req.prefix_cache > 0 {
+        s.push_str(&format!(
+            " and up to {:.2} GB of prefix cache",
+            gb(req.prefix_cache)
+        ));
+    }
+    s.push_str("; ");
     if m.moe && m.n_expert > 0 {
         // A mixture holds every expert but reads only the chosen ones per token.
         s.push_str(&format!(

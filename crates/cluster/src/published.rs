@@ -91,6 +91,9 @@ pub fn check_row(row: &Row) -> Result<Checked, String> {
         strategy: Some(strategy),
         nodes: Some(nodes.iter().map(|n| n.id.clone()).collect()),
         fewest: false,
+        // The published runs served one stream; nothing is reserved beyond its context.
+        sequences: 1,
+        prefix_cache: 0,
     };
     let p = place(&facts, &nodes, &links, &req).map_err(|e| e.to_string())?;
     Ok(Checked {

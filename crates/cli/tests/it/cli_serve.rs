@@ -101,6 +101,11 @@ pub(crate) fn venv_python(name: &str, packages: &[&str]) -> PathBuf {
     let venv = test_cache_dir(name);
     let py = venv.join("bin/python");
     let ready = venv.join(format!(".installed-{}", packages.join("-")));
+    // Tests run in parallel: one makes the venv while any other that wants one waits.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !ready.exists() {
         let ok = Command::new("python3")
             .args(["-m", "venv"])
