@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--bench", help="a saved `strata bench scaling --json` (default: run it)")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--bound", type=float, default=0.15)
+    ap.add_argument("--save", help="write the bench scaling JSON it ran here (for --bench later)")
     a = ap.parse_args()
     if a.bench:
         bench = json.load(open(a.bench))
@@ -39,6 +40,8 @@ def main():
         out = subprocess.run([a.strata, "bench", "scaling", "-m", a.model, "-r", "5", "--json"],
                              check=True, capture_output=True, text=True)
         bench = json.loads(out.stdout)
+        if a.save:
+            open(a.save, "w").write(out.stdout)
     # This machine is measured once, so every prediction rests on the same figures: a node of
     # one thread and one of two, and the loopback links over shared memory and TCP.
     one = plan(a.strata, a.model, "--nodes", "2x", "this-machine", "--threads", "1",
@@ -47,6 +50,11 @@ def main():
                "--link", "loopback-tcp")["cluster"]["links"][0]
     two = plan(a.strata, a.model, "--nodes", "this-machine", "--threads", "2")["cluster"]
     shm = one["links"][0]
+    # The two ranks are processes of this one machine: they share its memory bus, which with
+    # both cores reading delivers what the two-thread node measured.
+    for n in one["nodes"]:
+        n["machine"] = "this-machine"
+        n["machine_bandwidth"] = two["nodes"][0]["mem_bandwidth"]
     tmp = tempfile.mkdtemp()
 
     def cluster_file(nodes, links):

@@ -304,6 +304,17 @@ fn probe_line(d: &Profile) -> Option<String> {
             d.row_cost_ns
         ));
     }
+    if !d.stream_gweights_by_type.is_empty() {
+        let rates: Vec<String> = d
+            .stream_gweights_by_type
+            .iter()
+            .map(|(ty, g)| format!("{ty} {g:.1}"))
+            .collect();
+        parts.push(format!(
+            "one row from memory, G weights/s by type: {}",
+            rates.join(" ")
+        ));
+    }
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 

@@ -432,6 +432,7 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let gflops = strata_node::profile::q8_0_gflops(&by_type);
     let attention = strata_node::profile::attention_speed(pool.n_threads());
     let row_cost = strata_node::profile::row_cost_s(pool.n_threads(), &attention);
+    let stream = strata_node::profile::stream_gweights_by_type(&pool);
     let class = presets()
         .class("measured")
         .context("the presets lack the measured class")?;
@@ -447,6 +448,10 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
         attn_flops: attention.gflops * 1e9 * class.compute_efficiency,
         attn_fixed: attention.fixed_s / class.compute_efficiency,
         row_cost: row_cost / class.compute_efficiency,
+        stream_by_type: stream
+            .into_iter()
+            .map(|(t, g)| (t, g * 1e9 * class.bandwidth_efficiency))
+            .collect(),
         message_overhead: class.message_overhead_us * 1e-6,
         ..Node::default()
     })

@@ -295,6 +295,23 @@ mod tests {
             "{}",
             one.decode_tok_s
         );
+        // Kernels that take weights in at one row slower than memory delivers them bound a
+        // single stream instead: 8 G Q4_0 weights at 40 G/s and the 2 G head at 10 G/s (0.4 s
+        // against memory's 0.1 s); types measured faster leave it to memory.
+        let slow_kernels = Node {
+            stream_by_type: [("Q4_0".to_string(), 40e9), ("Q8_0".to_string(), 10e9)].into(),
+            ..slow.clone()
+        };
+        let one = estimate(&m, std::slice::from_ref(&slow_kernels), &[], &p, &work).unwrap();
+        let want = 1.0 / (0.4 + rows);
+        assert!((one.decode_tok_s / want - 1.0).abs() < 1e-6, "{one:?}");
+        let fast_kernels = Node {
+            stream_by_type: [("Q4_0".to_string(), 1e15), ("Q8_0".to_string(), 1e15)].into(),
+            ..slow
+        };
+        let one = estimate(&m, std::slice::from_ref(&fast_kernels), &[], &p, &work).unwrap();
+        let want = 1.0 / (10e9 / 100e9 + rows);
+        assert!((one.decode_tok_s / want - 1.0).abs() < 1e-6, "{one:?}");
     }
 
     /// A mixture's step reads more experts as streams grow, but never more than all of them.

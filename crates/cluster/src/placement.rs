@@ -215,6 +215,20 @@ pub struct Node {
     /// rows share their cache lines).
     #[serde(default)]
     pub row_cost: f64,
+    /// Weights per second the node's matmul kernels take in per weight type (ggml's names)
+    /// at one activation row, streaming them from memory: where the kernels, not the memory,
+    /// bound a single stream's decode (a type missing here, and every type when empty: the
+    /// bandwidth alone).
+    #[serde(default)]
+    pub stream_by_type: BTreeMap<String, f64>,
+    /// The machine the node runs on (empty: its own). Nodes on one machine share its memory
+    /// bus: working at once, they read at most `machine_bandwidth` together.
+    #[serde(default)]
+    pub machine: String,
+    /// The machine's memory read bandwidth with every core reading, bytes per second (0:
+    /// unknown, the node's own figure stands).
+    #[serde(default)]
+    pub machine_bandwidth: f64,
     /// What every exchange costs this node per peer beyond the link itself, seconds: posting
     /// a message and noticing its arrival (microseconds on a CPU spinning on shared memory,
     /// tens of microseconds where a GPU must finish its queued work first).
@@ -572,7 +586,10 @@ impl Cost<'_, '_> {
         };
         let n = load.streams as f64;
         let kv = m.kv_bytes_per_token as f64 * load.depth as f64 * n;
-        let mem = frac * (self.step_bytes(load.streams) + kv) / node.mem_bandwidth;
+        // Every weight passes through the kernels once a step: at the memory's pace, or at
+        // the kernels' own where they take weights in slower than memory delivers them.
+        let weights = (self.step_bytes(load.streams) / node.mem_bandwidth).max(self.stream(node));
+        let mem = frac * (weights + kv / node.mem_bandwidth);
         // A decode row pays `row_cost` in full (its sequence's cache lines are cold); a
         // prefill chunk's rows share theirs, and pay it once.
         let width = (m.n_embd + m.n_ff + m.q_width) as f64;
@@ -605,6 +622,19 @@ impl Cost<'_, '_> {
         let logits = load.logits.min(load.streams) as f64;
         let comp = frac * (n * (body + attn) + logits * head);
         mem.max(comp) + inside + rows
+    }
+
+    /// Seconds the node's kernels take to stream one token's weights at one row, at each
+    /// type's measured rate (0 where nothing was measured: memory bounds it).
+    fn stream(&self, node: &Node) -> f64 {
+        let m = self.m;
+        let rate = |ty: &str| node.stream_by_type.get(ty).copied().filter(|r| *r > 0.0);
+        let body: f64 = m
+            .token_params_by_type
+            .iter()
+            .filter_map(|(ty, p)| rate(ty).map(|r| p / r))
+            .sum();
+        body + rate(&m.head_type).map_or(0.0, |r| m.head_params as f64 / r)
     }
 
     /// Seconds of one exchange among `group` carrying `bytes` from each rank: the slowest
@@ -682,10 +712,26 @@ impl Cost<'_, '_> {
             StrategyChoice::Tensor => nodes.len(),
             StrategyChoice::Pipeline => 1,
             StrategyChoice::Hybrid { tp } => tp.max(1),
-            StrategyChoice::Expert => return self.expert(nodes, weights, load),
+            StrategyChoice::Expert => {
+                let shared = shared_bus(nodes);
+                let nodes: Vec<&Node> = shared.iter().collect();
+                return self.expert(&nodes, weights, load);
+            }
         };
         let n_stages = (nodes.len() / tp).max(1);
         let in_flight = load.sequences.min(load.streams).clamp(1, n_stages);
+        // Ranks that work at the same time share their machines' memory buses: a tensor group
+        // always, a pipeline's stages while several groups are in flight (one stream's trip
+        // takes the stages in turn, each with the bus to itself).
+        let shared;
+        let concurrent: Vec<&Node>;
+        let nodes = if tp > 1 || in_flight > 1 {
+            shared = shared_bus(nodes);
+            concurrent = shared.iter().collect();
+            &concurrent[..]
+        } else {
+            nodes
+        };
         let micro = Load {
             streams: load.streams.div_ceil(in_flight),
             depth: load.depth,
@@ -722,6 +768,30 @@ impl Cost<'_, '_> {
         let trip: f64 = stages.iter().sum::<f64>() + hand.iter().sum::<f64>();
         trip.max(in_flight as f64 * busiest)
     }
+}
+
+/// `nodes` as they read memory working at once: nodes on one machine split its bandwidth with
+/// every core reading (`machine_bandwidth`) in proportion to their own figures, where their
+/// own figures add up to more.
+fn shared_bus(nodes: &[&Node]) -> Vec<Node> {
+    nodes
+        .iter()
+        .map(|n| {
+            let mut n = (*n).clone();
+            if n.machine.is_empty() || n.machine_bandwidth <= 0.0 {
+                return n;
+            }
+            let together: f64 = nodes
+                .iter()
+                .filter(|o| o.machine == n.machine)
+                .map(|o| o.mem_bandwidth)
+                .sum();
+            if together > n.machine_bandwidth {
+                n.mem_bandwidth *= n.machine_bandwidth / together;
+            }
+            n
+        })
+        .collect()
 }
 
 /// Predicted decode tokens per second of a placement on a cluster.

@@ -215,6 +215,62 @@ fn every_sequence_and_the_prefix_cache_are_reserved() {
 }
 
 #[test]
+fn nodes_on_one_machine_share_its_memory_bus_when_they_work_at_once() {
+    let forced = |nodes: &[Node], strategy| {
+        let r = Request {
+            strategy: Some(strategy),
+            nodes: Some(vec!["a".into(), "b".into()]),
+            ..req()
+        };
+        place(&model(), nodes, &[link("a", "b", 5.0)], &r)
+            .unwrap()
+            .predicted_decode_tok_s
+    };
+    let apart = [node("a", 8.0, 20.0), node("b", 8.0, 20.0)];
+    // The same two nodes as processes of one machine whose every core reads 30 GB/s.
+    let together: Vec<Node> = apart
+        .iter()
+        .map(|n| Node {
+            machine: "m1".into(),
+            machine_bandwidth: 30e9,
+            ..n.clone()
+        })
+        .collect();
+    let (tp_apart, tp_together) = (
+        forced(&apart, StrategyChoice::Tensor),
+        forced(&together, StrategyChoice::Tensor),
+    );
+    // Each reads at 15 GB/s instead of 20: three quarters of the speed, less what exchanges
+    // add (the same in both).
+    assert!(
+        tp_together < 0.8 * tp_apart && tp_together > 0.7 * tp_apart,
+        "{tp_together} vs {tp_apart}"
+    );
+    // One stream through a pipeline takes the stages in turn: each has the bus to itself.
+    let (pp_apart, pp_together) = (
+        forced(&apart, StrategyChoice::Pipeline),
+        forced(&together, StrategyChoice::Pipeline),
+    );
+    assert!(
+        (pp_together / pp_apart - 1.0).abs() < 1e-9,
+        "{pp_together} vs {pp_apart}"
+    );
+    // Machines whose every core reads more than the nodes together change nothing.
+    let roomy: Vec<Node> = together
+        .iter()
+        .map(|n| Node {
+            machine_bandwidth: 50e9,
+            ..n.clone()
+        })
+        .collect();
+    let tp_roomy = forced(&roomy, StrategyChoice::Tensor);
+    assert!(
+        (tp_roomy / tp_apart - 1.0).abs() < 1e-9,
+        "{tp_roomy} vs {tp_apart}"
+    );
+}
+
+#[test]
 fn an_absurd_context_is_refused_as_too_big_not_wrapped_to_fitting() {
     // 2^64 / 16384 bytes per position: the cache alone overflows 64 bits of bytes.
     let nodes = [node("a", 64.0, 30.0), node("b", 64.0, 30.0)];

@@ -49,6 +49,19 @@ pub struct Profile {
     pub row_cost_ns: f64,
     /// Measured memory read bandwidth, bytes per second (all cores).
     pub mem_bandwidth: f64,
+    /// Billions of weights per second the matmul kernels take in per weight type at one
+    /// activation row with the weights streaming from memory, as single-stream decoding reads
+    /// them (see [`stream_gweights_of`]; empty from older nodes: decoding at `mem_bandwidth`).
+    #[serde(default)]
+    pub stream_gweights_by_type: BTreeMap<String, f64>,
+    /// The machine this node runs on ([`machine_id`]; empty from older nodes): nodes on one
+    /// machine share its memory bus.
+    #[serde(default)]
+    pub machine: String,
+    /// The machine's memory read bandwidth with every core reading, bytes per second (0 from
+    /// older nodes).
+    #[serde(default)]
+    pub machine_bandwidth: f64,
     /// Where this node's HTTP API listens (as the node sees it).
     pub api_addr: String,
     /// Unix time the node started.
@@ -96,6 +109,31 @@ pub struct Speed {
     pub row_cost_ns: f64,
     /// Memory read bandwidth, bytes per second.
     pub mem_bandwidth: f64,
+    /// One-row matmul from memory per weight type, billions of weights per second.
+    pub stream_gweights_by_type: BTreeMap<String, f64>,
+    /// Memory read bandwidth with every core of the machine reading, bytes per second.
+    pub machine_bandwidth: f64,
+}
+
+/// What identifies this machine among the nodes: `/etc/machine-id` (the same in every network
+/// namespace and container sharing the host's), else the host name.
+pub fn machine_id() -> String {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(crate::identity::hostname)
+}
+
+/// The machine's read bandwidth with every core reading: `threads_bandwidth` when `threads`
+/// is already every core, else measured.
+pub fn machine_bandwidth(threads: usize, threads_bandwidth: f64) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads >= cores {
+        return threads_bandwidth;
+    }
+    let pool = ThreadPool::new(cores);
+    strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2).max(threads_bandwidth)
 }
 
 /// Measures matmul throughput (per weight type), attention throughput and memory bandwidth on
@@ -106,7 +144,11 @@ pub fn measure_speed(threads: usize) -> Speed {
     let by_type = matmul_gflops_by_type(&pool);
     let attention = attention_speed(pool.n_threads());
     let row_cost = row_cost_s(pool.n_threads(), &attention);
+    let stream_gweights_by_type = stream_gweights_by_type(&pool);
+    let machine_bandwidth = machine_bandwidth(pool.n_threads(), mem_bandwidth);
     Speed {
+        machine_bandwidth,
+        stream_gweights_by_type,
         matmul_gflops: q8_0_gflops(&by_type),
         matmul_gflops_by_type: by_type,
         attention_gflops: attention.gflops,
@@ -156,6 +198,58 @@ pub fn matmul_gflops_by_type(pool: &ThreadPool) -> BTreeMap<String, f64> {
         })
         .filter(|(_, g)| *g > 0.0)
         .collect()
+}
+
+/// [`stream_gweights_of`] for every weight type strata writes, by ggml name.
+pub fn stream_gweights_by_type(pool: &ThreadPool) -> BTreeMap<String, f64> {
+    strata_engine::synth::WRITABLE
+        .iter()
+        .map(|&ty| (ty.name().to_string(), stream_gweights_of(pool, ty)))
+        .filter(|(_, g)| *g > 0.0)
+        .collect()
+}
+
+/// Billions of weights of `ty` per second the matmul kernels take in at one activation row
+/// from a matrix of 64 MiB (twice a large server core complex's L3, so it streams from
+/// memory): the best of two passes. A single stream's decode reads every weight once per
+/// token at this rate or at the memory's bandwidth, whichever is slower. On an AVX2 EPYC the
+/// kernels at one row stay below the bandwidth a plain read reaches on one thread, and the
+/// planner priced single-stream decode a quarter too fast on bandwidth alone. One quantised
+/// tile repeated down the rows: the kernels' speed does not depend on the values.
+pub fn stream_gweights_of(pool: &ThreadPool, ty: GgmlType) -> f64 {
+    const COLS: usize = 2048;
+    const TILE_ROWS: usize = 64;
+    const BYTES: usize = 64 << 20;
+    let w: Vec<f32> = (0..TILE_ROWS * COLS)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let tile = strata_kernels::formats::quantize_weights(ty, &w);
+    if tile.is_empty() {
+        return 0.0;
+    }
+    let reps = (BYTES / tile.len()).max(1);
+    let rows = TILE_ROWS * reps;
+    let bytes = tile.repeat(reps);
+    let Ok(m) =
+        strata_kernels::QMatrix::new(ty, rows, COLS, strata_kernels::WeightBytes::Owned(bytes))
+            .map(strata_kernels::QMatrix::prepared)
+    else {
+        return 0.0;
+    };
+    let x: Vec<f32> = (0..COLS).map(|i| ((i % 17) as f32 - 8.0) * 0.1).collect();
+    let mut acts = QuantActs::new();
+    let mut out = vec![0f32; rows];
+    acts.quantize(ty, &x, 1, COLS);
+    // A first pass touches every page; then the best of two.
+    strata_kernels::matmul(pool, &m, &acts, &mut out);
+    let mut best = f64::MAX;
+    for _ in 0..2 {
+        let t = Instant::now();
+        strata_kernels::matmul(pool, &m, &acts, &mut out);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&out);
+    (rows * COLS) as f64 / best / 1e9
 }
 
 /// Weights of `ty` (512 x 1024, in cache: the kernel's own speed) times 32 activation rows,
@@ -327,6 +421,14 @@ mod tests {
             let g = s.matmul_gflops_by_type.get(ty.name());
             assert!(
                 g.is_some_and(|g| g.is_finite() && *g > 0.1),
+                "{ty:?}: {s:?}"
+            );
+        }
+        // And streamed at one row, at some billions of weights a second.
+        for ty in strata_engine::synth::WRITABLE {
+            let g = s.stream_gweights_by_type.get(ty.name());
+            assert!(
+                g.is_some_and(|g| g.is_finite() && *g > 0.05),
                 "{ty:?}: {s:?}"
             );
         }

@@ -309,12 +309,14 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
     assert_eq!(devices.as_array().map(Vec::len), Some(3));
     assert!(!devices.to_string().contains("host4"));
     // The table shows what the planner prices with: each weight type's rate, attention's, a
-    // decoded row's cost beside them.
+    // decoded row's cost beside them, the kernels' pace at one row from memory.
     let table = net.cli(1, &["devices"]).expect("devices");
     assert!(
         table.contains("matmul GFLOP/s by type: ")
             && table.contains(" per head and row")
-            && table.contains(" ns per row, layer and element of width besides"),
+            && table.contains(" ns per row, layer and element of width besides")
+            && table.contains("one row from memory, G weights/s by type: ")
+            && table.contains(" Q4_1 "),
         "{table}"
     );
     // ... but it is named, as an event, once it has tried long enough.

@@ -228,6 +228,14 @@ pub fn topology(s: &Snapshot) -> Topology {
             attn_flops: st.profile.attention_gflops * 1e9,
             attn_fixed: st.profile.attention_fixed_us * 1e-6,
             row_cost: st.profile.row_cost_ns * 1e-9,
+            stream_by_type: st
+                .profile
+                .stream_gweights_by_type
+                .iter()
+                .map(|(t, g)| (t.clone(), g * 1e9))
+                .collect(),
+            machine: st.profile.machine.clone(),
+            machine_bandwidth: st.profile.machine_bandwidth,
             ..placement::Node::default()
         })
         .collect();
@@ -324,6 +332,9 @@ pub async fn run(
         attention_fixed_us: speed.attention_fixed_us,
         row_cost_ns: speed.row_cost_ns,
         mem_bandwidth: speed.mem_bandwidth,
+        stream_gweights_by_type: speed.stream_gweights_by_type,
+        machine: profile::machine_id(),
+        machine_bandwidth: speed.machine_bandwidth,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
         memory_limit: opts.memory_limit,
