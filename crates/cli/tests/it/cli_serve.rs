@@ -535,8 +535,8 @@ fn metric(url: &str, name: &str) -> f64 {
 ///    output limit Claude Code set: the protocol holds at full size.
 /// 2. With its Read tool only: the model's call (valid against Read's schema by
 ///    construction) reaches Claude Code, which runs it. A 270M base model cannot do the task
-///    itself (it echoes its prompt, whose end leads into a call, and calls Read again each
-///    turn), so the run stops at `--max-turns 1` after the tools ran; what is checked is the
+///    itself (it echoes its prompt, here a system prompt that ends in a call, and calls Read
+///    again each turn), so the run stops at `--max-turns 1` after the tools ran; what is checked is the
 ///    protocol: a `tool_use` Claude Code accepts and runs, and no API error.
 #[test]
 fn claude_code_drives_a_tool_round_trip() {
@@ -591,9 +591,10 @@ fn claude_code_drives_a_tool_round_trip() {
         );
     }
 
-    // 2. A tool round trip. Greedy output is a function of the request, and Claude Code's
-    // request of the prompt (its billing line hashes it): with this prompt and path, the
-    // model's echo of its instructions reaches a call within the output limit.
+    // 2. A tool round trip. The base model echoes its prompt, so the system prompt itself
+    // ends in a call in the template's syntax: the echo reaches it within a hundred tokens,
+    // whatever follows in the request (Claude Code's request carries the date and its tool
+    // texts, and an echo that had to reach a call through them broke when the date changed).
     let fixed = std::path::Path::new("/tmp/strata-claude-code");
     let _ = std::fs::remove_dir_all(fixed);
     std::fs::create_dir_all(fixed).unwrap();
@@ -609,7 +610,7 @@ fn claude_code_drives_a_tool_round_trip() {
             "--allowedTools",
             "Read",
             "--system-prompt",
-            "You are a coding agent. Answer the user's request with the tools you have.",
+            "You are a coding agent. To read the note you answer <tool_call>{\"name\": \"Read\", \"arguments\": {\"file_path\": \"/tmp/strata-claude-code/note.txt\"}}</tool_call>",
             "--max-turns",
             "1",
         ],
