@@ -39,8 +39,12 @@ use publish::*;
 
 /// How often a node republishes its state.
 const STATE_EVERY: Duration = Duration::from_secs(1);
-/// How old a link measurement may get before it is taken again.
+/// How old a link measurement may get before it is taken again, while both ends are idle.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How old it may get while either end is busy (see [`publish::probe_due`]).
+const PROBE_BUSY_EVERY: Duration = Duration::from_secs(600);
+/// The CPU busy fraction above which a machine counts as busy for link probes.
+const PROBE_BUSY: f64 = 0.25;
 
 /// Everything `strata node` is told.
 #[derive(Debug)]
@@ -115,6 +119,8 @@ struct Live {
     served: BTreeMap<String, Router>,
     /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
     cpu_ticks: Option<(u64, u64)>,
+    /// The busy fraction between the last two publications.
+    cpu_busy: Option<f64>,
 }
 
 /// Shared by the HTTP handlers and the background tasks: what never changes, and the
@@ -387,6 +393,7 @@ pub async fn run(
             hosted: BTreeMap::new(),
             served: BTreeMap::new(),
             cpu_ticks: None,
+            cpu_busy: None,
         }),
         flags: Flags::default(),
         keys: opts.keys,

@@ -23,6 +23,7 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
             .cloned()
             .collect();
         let busy = ticks.and_then(|now| busy_since(&mut st.cpu_ticks, now));
+        st.cpu_busy = busy;
         NodeState {
             profile: st.profile.clone(),
             links,
@@ -75,25 +76,59 @@ pub(super) async fn publish_loop(shared: Arc<Shared>) {
     }
 }
 
-/// Measures each member's link when it is new or its measurement is older than
-/// [`PROBE_EVERY`].
+/// Whether a link measured `age` ago is measured again now, given the CPU busy fractions of
+/// this machine and the peer's (as it last published them).
+///
+/// A probe is about a hundred sealed round trips and two megabytes each way, and the answering
+/// and probing threads take cores a serving instance computes on: on a 2-core machine serving
+/// a tensor-parallel instance, one probe every [`PROBE_EVERY`] took about 3 % of both cores,
+/// and every rank it delayed stalled its peers at the next exchange. A busy probe also measures
+/// the scheduler more than the link (see [`steadied`]). So once a link has its
+/// [`PROBES_KEPT`] data-plane probes (`probes`), it is re-measured often only while both ends
+/// are idle, and while either is busy only once its figures are [`PROBE_BUSY_EVERY`] old. A
+/// link never measured is measured at once.
+pub(super) fn probe_due(
+    age: Option<Duration>,
+    probes: usize,
+    mine: Option<f64>,
+    peers: Option<f64>,
+) -> bool {
+    let Some(age) = age else {
+        return true;
+    };
+    // Until [`steadied`] has its probes, a first one that met busy cores (nodes start by
+    // measuring themselves) is not left standing for ten minutes.
+    let busy = probes >= PROBES_KEPT && [mine, peers].iter().flatten().any(|b| *b > PROBE_BUSY);
+    age > if busy { PROBE_BUSY_EVERY } else { PROBE_EVERY }
+}
+
+/// The CPU busy fraction `peer` last published.
+fn published_busy(snapshot: &Snapshot, peer: &str) -> Option<f64> {
+    let m = snapshot.members.iter().find(|m| m.id == peer)?;
+    m.state.as_ref()?.extra.get("cpu_busy")?.as_f64()
+}
+
+/// Measures each member's link when it is new or its measurement is due ([`probe_due`]).
 pub(super) async fn probe_loop(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut history = BTreeMap::new();
     loop {
         tick.tick().await;
+        let snapshot = shared.control.snapshot();
         let due: Vec<String> = {
             let st = shared.state();
-            let links = &st.links;
             let now = now_ms();
             shared
                 .control
                 .peers()
                 .into_iter()
                 .filter(|p| {
-                    links.get(p).is_none_or(|l| {
-                        now.saturating_sub(l.measured_at_ms) > PROBE_EVERY.as_millis() as u64
-                    })
+                    let age = st
+                        .links
+                        .get(p)
+                        .map(|l| Duration::from_millis(now.saturating_sub(l.measured_at_ms)));
+                    let probes = history.get(p).map_or(0, Vec::len);
+                    probe_due(age, probes, st.cpu_busy, published_busy(&snapshot, p))
                 })
                 .collect()
         };
@@ -208,6 +243,26 @@ pub(super) async fn log_membership(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn links_are_measured_often_only_while_both_ends_are_idle() {
+        let s = Duration::from_secs;
+        let k = PROBES_KEPT;
+        // Never measured: now, however busy.
+        assert!(probe_due(None, 0, Some(1.0), Some(1.0)));
+        // Idle on both ends (or not yet known): every PROBE_EVERY.
+        assert!(probe_due(Some(s(6)), k, Some(0.1), Some(0.2)));
+        assert!(probe_due(Some(s(6)), k, None, None));
+        assert!(!probe_due(Some(s(4)), k, Some(0.1), None));
+        // Either end busy: only once the figures are PROBE_BUSY_EVERY old.
+        assert!(!probe_due(Some(s(6)), k, Some(0.9), Some(0.1)));
+        assert!(!probe_due(Some(s(6)), k, Some(0.1), Some(0.6)));
+        assert!(!probe_due(Some(s(599)), k, None, Some(0.6)));
+        assert!(probe_due(Some(s(601)), k, Some(0.9), Some(0.9)));
+        // Busy, but the figures do not rest on enough probes yet: every PROBE_EVERY.
+        assert!(probe_due(Some(s(6)), k - 1, Some(0.9), Some(0.9)));
+        assert!(!probe_due(Some(s(4)), k - 1, Some(0.9), Some(0.9)));
+    }
 
     #[test]
     fn a_probe_that_met_busy_cores_does_not_slow_the_link() {
