@@ -150,7 +150,14 @@ impl Sampler {
         }
         let mut c = std::mem::take(&mut self.candidates);
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let k = self.params.top_k;
+        if k > 1 && k <= HEAP_TOP_K && k < logits.len() {
+            // The top k in one pass (a fifth of the time of selecting among all of them):
+            // `pick` keeps exactly this set.
+            best_k(logits, 0, k, &[], &mut c);
+        } else {
+            c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        }
         let tok = self.pick(&mut c);
         self.candidates = c;
         tok
@@ -282,6 +289,10 @@ pub fn shard_candidates(
         usize::MAX
     };
     let fixed = out.len();
+    if k > 1 && k <= HEAP_TOP_K && k < logits.len() {
+        best_k(logits, offset, k, recent, out);
+        return;
+    }
     if k == 1 {
         let mut best: Option<(u32, f32)> = None;
         for (i, &l) in logits.iter().enumerate() {
@@ -315,6 +326,88 @@ pub fn shard_candidates(
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         rest.select_nth_unstable_by(k - 1, by_logit);
         out.truncate(fixed + k);
+    }
+}
+
+/// Largest top-k [`best_k`] selects with its heap (beyond it, selecting in place is as fast).
+const HEAP_TOP_K: usize = 256;
+
+/// `f32::total_cmp`'s order as an integer: `key(a) < key(b)` exactly when `a.total_cmp(&b)` is
+/// `Less`.
+fn key(l: f32) -> i32 {
+    let b = l.to_bits() as i32;
+    b ^ (((b >> 31) as u32) >> 1) as i32
+}
+
+/// Appends to `out` the best `k` logits of the shard by (logit, lower id), leaving out ids in
+/// `recent` (the caller already kept them): the set [`shard_candidates`]' selection over the
+/// whole shard gives, in one pass over the logits and without copying them. A min-heap of the
+/// kept `k` (its root the worst) sits in `out` after what is already there; a logit enters only
+/// when it beats the root, which after the first few hundred is rare, so the pass is mostly
+/// one integer compare per logit. On rank 0 of a tensor-parallel SmolLM2 this selection (over
+/// 24,576 logits, top-k 40) ran while the other rank waited, 2.7 % of the rank's time.
+fn best_k(logits: &[f32], offset: u32, k: usize, recent: &[u32], out: &mut Vec<(u32, f32)>) {
+    let base = out.len();
+    // Heap entries order as (key, reversed id): the root is the smallest logit, and among equal
+    // logits the highest id (the one the order ranks last).
+    let worse = |a: &(u32, f32), b: &(u32, f32)| -> bool {
+        let (ka, kb) = (key(a.1), key(b.1));
+        ka < kb || (ka == kb && a.0 > b.0)
+    };
+    let sift_down = |heap: &mut [(u32, f32)], mut i: usize| {
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < heap.len() && worse(&heap[l], &heap[m]) {
+                m = l;
+            }
+            if r < heap.len() && worse(&heap[r], &heap[m]) {
+                m = r;
+            }
+            if m == i {
+                return;
+            }
+            heap.swap(i, m);
+            i = m;
+        }
+    };
+    let mut i = 0;
+    // Fill the heap with the first k eligible logits.
+    while i < logits.len() && out.len() - base < k {
+        let id = offset + i as u32;
+        if !recent.contains(&id) {
+            out.push((id, logits[i]));
+        }
+        i += 1;
+    }
+    let heap = &mut out[base..];
+    for j in (0..heap.len() / 2).rev() {
+        sift_down(heap, j);
+    }
+    if heap.len() < k {
+        return;
+    }
+    let mut worst = key(heap[0].1);
+    // Sixteen logits at a time: their greatest key (a vector max) usually says none enters.
+    const CHUNK: usize = 16;
+    for (c, chunk) in logits[i..].chunks(CHUNK).enumerate() {
+        if chunk.iter().fold(i32::MIN, |m, &l| m.max(key(l))) <= worst {
+            continue;
+        }
+        for (j, &l) in chunk.iter().enumerate() {
+            // Ids rise through the pass, so an equal logit ranks below the root: only a
+            // greater one enters.
+            if key(l) <= worst {
+                continue;
+            }
+            let id = offset + (i + c * CHUNK + j) as u32;
+            if recent.contains(&id) {
+                continue;
+            }
+            heap[0] = (id, l);
+            sift_down(heap, 0);
+            worst = key(heap[0].1);
+        }
     }
 }
 
@@ -476,6 +569,52 @@ mod tests {
                 let got = Sampler::new(p.clone()).sample_candidates(&mut all, &history);
                 assert_eq!(got, want, "{p:?}");
             }
+        }
+    }
+
+    /// The heap selection keeps exactly the set the in-place selection keeps, ties, recent
+    /// ids and NaN included.
+    #[test]
+    fn best_k_selects_what_selecting_in_place_selects() {
+        use rand::Rng;
+        let mut rng = StdRng::seed_from_u64(7);
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        for round in 0..300 {
+            let n = rng.random_range(1..600);
+            let coarse = round % 2 == 0;
+            let mut logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    if coarse {
+                        rng.random_range(-8..8) as f32 / 2.0
+                    } else {
+                        rng.random_range(-20.0..20.0)
+                    }
+                })
+                .collect();
+            if round % 7 == 0 {
+                logits[0] = f32::NAN;
+                logits[n / 2] = -0.0;
+                logits[n - 1] = f32::INFINITY;
+            }
+            let offset = rng.random_range(0..1000u32);
+            let recent: Vec<u32> = (0..rng.random_range(0..20))
+                .map(|_| offset + rng.random_range(0..n as u32 + 5))
+                .collect();
+            let k = rng.random_range(2..HEAP_TOP_K.min(n + 3) + 1);
+            let mut want: Vec<(u32, f32)> = (0..n)
+                .map(|i| (offset + i as u32, logits[i]))
+                .filter(|c| !recent.contains(&c.0))
+                .collect();
+            want.sort_unstable_by(by_logit);
+            want.truncate(k);
+            let mut got = vec![(u32::MAX, 0.0)];
+            best_k(&logits, offset, k, &recent, &mut got);
+            assert_eq!(got[0].0, u32::MAX, "what was in `out` stays");
+            let mut got = got.split_off(1);
+            got.sort_unstable_by(by_logit);
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n {n} k {k} offset {offset}");
         }
     }
 
