@@ -17,7 +17,8 @@ use crate::key::{ClusterKey, encode_hex};
 use crate::{Error, Result};
 
 /// What one probe sends: enough round trips for a steady median, and enough bytes to see the
-/// bandwidth, without loading the link of a serving instance much (it runs every few seconds).
+/// bandwidth, without loading the link much (it runs every few seconds while the nodes are idle,
+/// every ten minutes while either is busy).
 const SIZE: ProbeSize = ProbeSize {
     rounds: 100,
     big: 1 << 20,
