@@ -41,9 +41,6 @@ use publish::*;
 const STATE_EVERY: Duration = Duration::from_secs(1);
 /// How old a link measurement may get before it is taken again, while both ends are idle.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
-/// How old it may get while both ends are idle and it rests on fewer probes than
-/// [`publish::steadied`] keeps.
-const PROBE_FIRST_EVERY: Duration = Duration::from_secs(1);
 /// How old it may get while either end is busy (see [`publish::probe_due`]).
 const PROBE_BUSY_EVERY: Duration = Duration::from_secs(600);
 /// The CPU busy fraction above which a machine counts as busy for link probes.

@@ -77,8 +77,7 @@ pub(super) async fn publish_loop(shared: Arc<Shared>) {
 }
 
 /// Whether a link measured `age` ago is measured again now, given the CPU busy fractions of
-/// this machine and the peer's (as it last published them), and how many data-plane probes
-/// its figures rest on.
+/// this machine and the peer's (as it last published them).
 ///
 /// A probe is about a hundred sealed round trips and two megabytes each way, and the answering
 /// and probing threads take cores a serving instance computes on: on a 2-core machine serving
@@ -97,18 +96,10 @@ pub(super) fn probe_due(
     let Some(age) = age else {
         return true;
     };
-    let busy = [mine, peers].iter().flatten().any(|b| *b > PROBE_BUSY);
-    let every = match (probes >= PROBES_KEPT, busy) {
-        (true, true) => PROBE_BUSY_EVERY,
-        (true, false) => PROBE_EVERY,
-        // Until [`steadied`] has its probes, a first one that met busy cores (nodes start by
-        // measuring themselves) is not left standing for ten minutes; while the ends are idle
-        // the rest come a second apart, so a cluster that loads a model right after it forms
-        // has its probes done before it serves.
-        (false, true) => PROBE_EVERY,
-        (false, false) => PROBE_FIRST_EVERY,
-    };
-    age > every
+    // Until [`steadied`] has its probes, a first one that met busy cores (nodes start by
+    // measuring themselves) is not left standing for ten minutes.
+    let busy = probes >= PROBES_KEPT && [mine, peers].iter().flatten().any(|b| *b > PROBE_BUSY);
+    age > if busy { PROBE_BUSY_EVERY } else { PROBE_EVERY }
 }
 
 /// The CPU busy fraction `peer` last published.
@@ -271,10 +262,6 @@ mod tests {
         // Busy, but the figures do not rest on enough probes yet: every PROBE_EVERY.
         assert!(probe_due(Some(s(6)), k - 1, Some(0.9), Some(0.9)));
         assert!(!probe_due(Some(s(4)), k - 1, Some(0.9), Some(0.9)));
-        // Idle and not enough probes yet: a second apart.
-        let ms = Duration::from_millis;
-        assert!(probe_due(Some(ms(1100)), k - 1, Some(0.1), Some(0.1)));
-        assert!(!probe_due(Some(ms(900)), k - 1, Some(0.1), None));
     }
 
     #[test]
