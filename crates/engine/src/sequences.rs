@@ -110,6 +110,16 @@ pub trait Sequences: Send + 'static {
             "this engine runs one step at a time".into(),
         ))
     }
+    /// Starts a pass of `tokens` appended to one slot (as [`Sequences::extend`]: a prefill
+    /// chunk, or tokens a grammar forced) as a step in flight, so a pipeline's stages run it
+    /// beside other sequences' decode steps instead of in turn; [`Sequences::collect`] gives
+    /// back its one row, the logits that follow the last token, when its turn comes. The same
+    /// rules as [`Sequences::submit`] hold.
+    fn submit_extend(&mut self, _slot: SlotId, _tokens: &[u32]) -> Result<(), EngineError> {
+        Err(EngineError::Slots(
+            "this engine runs one pass at a time".into(),
+        ))
+    }
     /// The logits of the oldest step submitted, one row per listed slot in its order.
     fn collect(&mut self) -> Result<&mut [f32], EngineError> {
         Err(EngineError::Slots("no step was submitted".into()))

@@ -30,6 +30,15 @@ pub struct CommFigures {
     pub wait_us_per_token: f64,
 }
 
+/// A step in flight through the ranks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flight {
+    /// A batched decode step of this many rows.
+    Rows(usize),
+    /// A pass of several tokens through one slot (one row comes back).
+    Pass,
+}
+
 /// Rank 0 of a sharded model as a sequence engine. The last pipeline stage returns every logit
 /// of its vocabulary shard (sampling settings that keep all candidates), so the scheduler sees
 /// the same full rows as with one process and samples, constrains and scores them the same way.
@@ -45,8 +54,8 @@ pub struct ShardedBatch {
     /// the one being collected.
     batch: Vec<(usize, usize, u32)>,
     rows: Vec<Vec<(u32, f32)>>,
-    /// Rows of each step in flight (submitted, not collected), oldest first.
-    pending: VecDeque<usize>,
+    /// The steps in flight (submitted, not collected), oldest first.
+    pending: VecDeque<Flight>,
     /// Rank 0's communication counters at the last prefill pass, and steps since.
     mark: strata_net::CommStats,
     steps: u64,
@@ -148,8 +157,8 @@ impl ShardedBatch {
         Ok(())
     }
 
-    /// Runs `tokens` through `slot` from position `at` in prefill chunks, and takes the logits
-    /// that follow the last as row 0.
+    /// Starts `tokens` through `slot` from position `at` in prefill chunks; the logits that
+    /// follow the last come back to [`ShardedBatch::collect_row`].
     fn submit_chunks(
         &mut self,
         slot: usize,
@@ -164,7 +173,34 @@ impl ShardedBatch {
             self.keep_blocks(slot, at + i * BLOCK, chunk)?;
         }
         self.logits.resize(self.vocab.max(self.logits.len()), 0.0);
-        self.collect_row(0)
+        Ok(())
+    }
+
+    /// Fails unless `slot` holds a sequence with room for `tokens` more.
+    fn check_room(&self, slot: usize, tokens: &[u32]) -> std::result::Result<(), EngineError> {
+        if !self.busy.get(slot).copied().unwrap_or(false) {
+            return Err(EngineError::Slots(format!("slot {slot} holds no sequence")));
+        }
+        if tokens.is_empty() || self.lens[slot] + tokens.len() >= self.n_ctx() {
+            return Err(EngineError::Slots(format!(
+                "cannot append {} tokens to a sequence of {} in a context of {}",
+                tokens.len(),
+                self.lens[slot],
+                self.n_ctx()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fails when as many steps are in flight as the pipeline has stages.
+    fn check_depth(&self) -> std::result::Result<(), EngineError> {
+        if self.pending.len() >= self.rank.stages() {
+            return Err(EngineError::Slots(format!(
+                "{} steps are in flight already, as many as the pipeline has stages",
+                self.pending.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Sampling settings under which the ranks give back what a step of `kind` needs.
@@ -228,17 +264,23 @@ impl ShardedBatch {
         for &(slot, _) in steps {
             self.lens[slot.index()] += 1;
         }
-        self.pending.push_back(steps.len());
+        self.pending.push_back(Flight::Rows(steps.len()));
         Ok(())
     }
 
     /// Takes the rows of the oldest step in flight into the logits from row `at` on; returns
     /// how many.
     fn collect_rows(&mut self, at: usize) -> std::result::Result<usize, EngineError> {
-        let n = self
-            .pending
-            .pop_front()
-            .ok_or_else(|| EngineError::Slots("no step was submitted".into()))?;
+        let n = match self.pending.pop_front() {
+            Some(Flight::Rows(n)) => n,
+            Some(Flight::Pass) => {
+                self.pending.clear();
+                return Err(EngineError::Slots(
+                    "a pass was in flight where a step was expected".into(),
+                ));
+            }
+            None => return Err(EngineError::Slots("no step was submitted".into())),
+        };
         self.logits
             .resize(((at + n) * self.vocab).max(self.logits.len()), 0.0);
         if let Err(e) = self.rank.collect_batch(n, &mut self.rows) {
@@ -384,8 +426,9 @@ impl Sequences for ShardedBatch {
         self.busy.iter().filter(|b| !**b).count()
     }
 
+    // Steps may be in flight: a free slot is not among them, and every rank takes a restore
+    // of its cached blocks in order after them.
     fn admit(&mut self, prompt: &[u32]) -> std::result::Result<(SlotId, usize), EngineError> {
-        self.check_idle()?;
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.into());
         }
@@ -449,12 +492,7 @@ impl Sequences for ShardedBatch {
         steps: &[(SlotId, u32)],
         kind: StepKind<'_>,
     ) -> std::result::Result<(), EngineError> {
-        if self.pending.len() >= self.rank.stages() {
-            return Err(EngineError::Slots(format!(
-                "{} steps are in flight already, as many as the pipeline has stages",
-                self.pending.len()
-            )));
-        }
+        self.check_depth()?;
         self.check_busy(steps)?;
         let masks = match kind {
             StepKind::Masked(m) => m,
@@ -465,7 +503,32 @@ impl Sequences for ShardedBatch {
         Ok(())
     }
 
+    fn submit_extend(
+        &mut self,
+        slot: SlotId,
+        tokens: &[u32],
+    ) -> std::result::Result<(), EngineError> {
+        self.check_depth()?;
+        let at = slot.index();
+        self.check_room(at, tokens)?;
+        if let Err(e) = self.submit_chunks(at, self.lens[at], tokens) {
+            self.pending.clear();
+            return Err(e);
+        }
+        self.lens[at] += tokens.len();
+        self.pending.push_back(Flight::Pass);
+        Ok(())
+    }
+
     fn collect(&mut self) -> std::result::Result<&mut [f32], EngineError> {
+        if self.pending.front() == Some(&Flight::Pass) {
+            self.pending.pop_front();
+            if let Err(e) = self.collect_row(0) {
+                self.pending.clear();
+                return Err(e);
+            }
+            return Ok(&mut self.logits[..self.vocab]);
+        }
         let n = self.collect_rows(0)?;
         Ok(&mut self.logits[..n * self.vocab])
     }
@@ -477,18 +540,9 @@ impl Sequences for ShardedBatch {
     ) -> std::result::Result<&mut [f32], EngineError> {
         self.check_idle()?;
         let at = slot.index();
-        if !self.busy.get(at).copied().unwrap_or(false) {
-            return Err(EngineError::Slots(format!("slot {at} holds no sequence")));
-        }
-        if tokens.is_empty() || self.lens[at] + tokens.len() >= self.n_ctx() {
-            return Err(EngineError::Slots(format!(
-                "cannot append {} tokens to a sequence of {} in a context of {}",
-                tokens.len(),
-                self.lens[at],
-                self.n_ctx()
-            )));
-        }
+        self.check_room(at, tokens)?;
         self.submit_chunks(at, self.lens[at], tokens)?;
+        self.collect_row(0)?;
         self.lens[at] += tokens.len();
         self.mark = self.rank.comm().stats();
         self.steps = 0;
@@ -526,6 +580,32 @@ mod tests {
         let file = GgufFile::open(&path).unwrap();
         let cfg = ModelConfig::from_gguf(&file).unwrap();
         (path, file, cfg)
+    }
+
+    /// SmolLM2 split into two pipeline stages (rank 1 on a thread of its own, shared memory)
+    /// and whole in one process, each with `slots` slots of 96 positions.
+    fn pipeline_and_one_process(
+        slots: usize,
+    ) -> (
+        ShardedBatch,
+        std::thread::JoinHandle<crate::Result<()>>,
+        Batch,
+    ) {
+        let (path, file, cfg) = smollm2();
+        let plan = make_plan(
+            &file,
+            &cfg,
+            Strategy::Pipeline,
+            2,
+            None,
+            CombineStyle::Gather,
+        )
+        .unwrap();
+        let (rank, worker) = local_pair(&file, &path, plan, 96, slots).unwrap();
+        let sharded = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
+        let mut model = Model::load_full(&file).unwrap();
+        model.set_flavour(Flavour::native());
+        (sharded, worker, Batch::new(model, 1, slots, 96).unwrap())
     }
 
     /// The `k` greatest logits with their ids, ties to the lower id.
@@ -636,27 +716,13 @@ mod tests {
 
     /// A pipeline's steps overlap across steps: two groups of sequences step in turn through
     /// `submit` and `collect`, each submitted again while the other is in flight, and every
-    /// row is bit for bit one process's. Nothing else may go through the ranks while a step is
-    /// in flight, and no more steps than stages may be.
+    /// row is bit for bit one process's. No step or pass that waits for its answer may start
+    /// while a step is in flight, and no more steps than stages may be in flight.
     #[test]
     fn pipelined_groups_overlap_across_steps_and_match_one_process() {
-        let (path, file, cfg) = smollm2();
-        let plan = make_plan(
-            &file,
-            &cfg,
-            Strategy::Pipeline,
-            2,
-            None,
-            CombineStyle::Gather,
-        )
-        .unwrap();
-        let (rank, worker) = local_pair(&file, &path, plan, 96, 4).unwrap();
-        let mut sharded = ShardedBatch::new(rank, cfg.n_vocab).unwrap();
+        let (mut sharded, worker, mut local) = pipeline_and_one_process(4);
         assert_eq!(Sequences::depth(&sharded), 2);
-        let mut model = Model::load_full(&file).unwrap();
-        model.set_flavour(Flavour::native());
-        let mut local = Batch::new(model, 1, 4, 96).unwrap();
-        let v = cfg.n_vocab;
+        let v = sharded.vocab;
         // Per sequence: its slot in either engine and its next token.
         let mut seqs: Vec<(SlotId, SlotId, u32)> = Vec::new();
         for prompt in [
@@ -712,6 +778,53 @@ mod tests {
         );
         // Steps were submitted while the other group's was in flight.
         assert_eq!(sharded.rank.max_in_flight(), 2);
+        sharded.shutdown().unwrap();
+        worker.join().unwrap().unwrap();
+    }
+
+    /// A prompt admitted while another sequence's step is in flight runs its chunks as passes
+    /// in flight beside that sequence's steps (`submit_extend`), and every row, the passes'
+    /// and the steps', is bit for bit one process's.
+    #[test]
+    fn prompt_passes_run_beside_steps_in_flight_and_match_one_process() {
+        let (mut sharded, worker, mut local) = pipeline_and_one_process(2);
+        let first = [1u32, 504, 3000];
+        let (sa, _) = Sequences::admit(&mut sharded, &first).unwrap();
+        let (la, _) = Sequences::admit(&mut local, &first).unwrap();
+        let a = Sequences::extend(&mut sharded, sa, &first)
+            .unwrap()
+            .to_vec();
+        let b = Sequences::extend(&mut local, la, &first).unwrap().to_vec();
+        assert!(a == b);
+        let mut next = argmax(&b);
+        Sequences::submit(&mut sharded, &[(sa, next)], StepKind::Full).unwrap();
+        // Admitted and prefilled while the first sequence's step is in flight.
+        let prompt: Vec<u32> = (0..40).map(|i| 300 + i * 11).collect();
+        let (sb, _) = Sequences::admit(&mut sharded, &prompt).unwrap();
+        let (lb, _) = Sequences::admit(&mut local, &prompt).unwrap();
+        for chunk in [&prompt[..16], &prompt[16..]] {
+            Sequences::submit_extend(&mut sharded, sb, chunk).unwrap();
+            assert!(
+                Sequences::submit_extend(&mut sharded, sb, chunk).is_err(),
+                "a third step in flight on two stages"
+            );
+            let got = Sequences::collect(&mut sharded).unwrap().to_vec();
+            let want = Sequences::step(&mut local, &[(la, next)]).unwrap().to_vec();
+            assert!(got == want, "the step beside a pass");
+            next = argmax(&want);
+            Sequences::submit(&mut sharded, &[(sa, next)], StepKind::Full).unwrap();
+            let got = Sequences::collect(&mut sharded).unwrap().to_vec();
+            let want = Sequences::extend(&mut local, lb, chunk).unwrap().to_vec();
+            assert!(got == want, "the pass beside a step");
+        }
+        let got = Sequences::collect(&mut sharded).unwrap().to_vec();
+        let want = Sequences::step(&mut local, &[(la, next)]).unwrap().to_vec();
+        assert!(got == want);
+        assert_eq!(
+            sharded.rank.max_in_flight(),
+            1,
+            "batched steps never overlapped"
+        );
         sharded.shutdown().unwrap();
         worker.join().unwrap().unwrap();
     }

@@ -530,7 +530,15 @@ fn run(
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
     // A row to compute grammar masks on (see `Seq::compute_allowed`).
     let mut mask_row: Vec<f32> = Vec::new();
+    // A pipeline runs decode steps, prompt chunks and forced tokens of different sequences in
+    // overlapped turns whenever there are two or more to run.
+    let piped = batch.depth() > 1;
     loop {
+        if piped && overlap::worth(active) {
+            overlap::run(batch, active, rx, tok, m, &mut mask_row);
+            m.active_sequences.set(active.len() as i64);
+            continue;
+        }
         // Prompt tokens this round may run: long prompts go in chunks between the decode steps
         // of the sequences already generating, so their streams keep flowing.
         let mut spent = 0;
@@ -548,35 +556,15 @@ fn run(
                     Err(_) => break,
                 }
             };
-            m.queue_depth.dec();
-            if job.events.is_closed() {
-                continue;
-            }
-            m.prompt_tokens.inc_by(job.prompt.len() as u64);
-            match batch.admit(&job.prompt) {
-                Ok((slot, cached)) => {
-                    m.cached_tokens.inc_by(cached as u64);
-                    let _ = job.events.send(Event::Admitted { cached });
-                    active.push(Seq {
-                        sampler: Sampler::new(job.sampling.clone()),
-                        history: job.prompt.clone(),
-                        prefilled: cached,
-                        job,
-                        slot,
-                        generated: 0,
-                        last: 0,
-                        last_at: Instant::now(),
-                        forced: Vec::new(),
-                        allowed: Vec::new(),
-                        premasked: false,
-                    });
-                }
-                Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
-                }
+            admit(batch, job, active, m);
+            if piped && overlap::worth(active) {
+                break;
             }
             // The new sequence's first chunk, if this round has room for it.
             continue_prefills(batch, active, &mut spent, tok, n_ctx, m);
+        }
+        if piped && overlap::worth(active) {
+            continue;
         }
         // Blocks are kept only by prefill passes: nothing to show after a round without one.
         if spent > 0
@@ -596,10 +584,7 @@ fn run(
         if let Some(stats) = batch.kv_stats() {
             m.show_kv(&stats);
         }
-        if batch.depth() > 1 && active.iter().filter(|s| s.decoding()).count() > 1 {
-            // A pipeline: its stages overlap the steps of groups of sequences.
-            overlap::decode(batch, active, rx, tok, m, &mut mask_row);
-            m.active_sequences.set(active.len() as i64);
+        if piped && overlap::worth(active) {
             continue;
         }
         steps.clear();
@@ -639,6 +624,38 @@ fn run(
             Err(e) => fail_all(batch, active, &e),
         }
         m.active_sequences.set(active.len() as i64);
+    }
+}
+
+/// Gives `job` a slot (with what the prefix cache holds of its prompt) and makes it a live
+/// sequence, or fails it.
+fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics) {
+    m.queue_depth.dec();
+    if job.events.is_closed() {
+        return;
+    }
+    m.prompt_tokens.inc_by(job.prompt.len() as u64);
+    match batch.admit(&job.prompt) {
+        Ok((slot, cached)) => {
+            m.cached_tokens.inc_by(cached as u64);
+            let _ = job.events.send(Event::Admitted { cached });
+            active.push(Seq {
+                sampler: Sampler::new(job.sampling.clone()),
+                history: job.prompt.clone(),
+                prefilled: cached,
+                job,
+                slot,
+                generated: 0,
+                last: 0,
+                last_at: Instant::now(),
+                forced: Vec::new(),
+                allowed: Vec::new(),
+                premasked: false,
+            });
+        }
+        Err(e) => {
+            let _ = job.events.send(Event::Failed(e.to_string()));
+        }
     }
 }
 

@@ -734,3 +734,140 @@ fn expert_parallel_ranks_hold_only_their_experts_and_decode_reads_only_chosen_on
     let held = plan["model"]["weight_bytes"].as_f64().unwrap();
     assert!(read < 0.4 * held, "read {read} of {held}");
 }
+
+/// The answers (text, and why each ended) of `requests` — (route, body) — sent together
+/// through the real HTTP API to a scheduler over `engine`.
+fn answers_through_the_api(
+    engine: Box<dyn strata_engine::Sequences>,
+    file: &strata_gguf::GgufFile,
+    requests: &[(&str, String)],
+) -> Vec<(String, String)> {
+    let tokenizer = std::sync::Arc::new(
+        strata_tokenizer::Tokenizer::from_gguf(file.metadata()).expect("tokenizer"),
+    );
+    let template = strata_tokenizer::ChatTemplate::from_gguf(file.metadata()).expect("template");
+    let state = strata_api::start_engine(
+        engine,
+        tokenizer,
+        template,
+        strata_api::EngineOptions {
+            model_id: "m".into(),
+            queue: 16,
+            shared: strata_api::Shared::new(None, 1),
+            max_body: 1 << 20,
+            info: strata_api::ModelInfo::from_gguf(file),
+            aliases: Vec::new(),
+            defaults: strata_api::types::SamplingDefaults::default(),
+        },
+    )
+    .expect("engine");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(async move {
+        let http = strata_api::listen::HttpOptions::default();
+        strata_api::serve(listener, vec![state], &http, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let out = std::thread::scope(|s| {
+        let calls: Vec<_> = requests
+            .iter()
+            .map(|(route, body)| {
+                s.spawn(move || {
+                    let v: serde_json::Value = ureq::post(format!("http://{addr}{route}"))
+                        .header("content-type", "application/json")
+                        .send(body.as_str())
+                        .expect("request")
+                        .body_mut()
+                        .read_json()
+                        .expect("json");
+                    let c = &v["choices"][0];
+                    let text = c["text"]
+                        .as_str()
+                        .or(c["message"]["content"].as_str())
+                        .unwrap_or_else(|| panic!("{v}"));
+                    (text.to_string(), c["finish_reason"].to_string())
+                })
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| c.join().expect("client"))
+            .collect()
+    });
+    let _ = stop.send(());
+    rt.block_on(server).expect("server").expect("serve");
+    out
+}
+
+/// Requests sent together through the API to a two-stage pipeline, more than it has slots,
+/// get one process's greedy answers: its prompt chunks run as turns beside the other streams'
+/// steps (a 300-token prompt's blocks kept by the prefix cache on both ranks), requests wait
+/// for slots and join as others leave, and a grammar's forced tokens run as passes of their
+/// own.
+#[test]
+fn a_pipeline_serves_requests_sent_together_as_one_process_does() {
+    use strata_engine::{Batch, Model, ModelConfig};
+    use strata_parallel::{CombineStyle, ShardedBatch, Strategy, local_pair, make_plan};
+    let path = strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("model");
+    let file = strata_gguf::GgufFile::open(&path).expect("gguf");
+    let cfg = ModelConfig::from_gguf(&file).expect("config");
+    let long = "The harbour at dawn was quiet, and the boats rocked gently. ".repeat(25);
+    let prompts = [
+        "Once upon a time".to_string(),
+        format!("{long}What happened next?"),
+        "List three colours of the rainbow:".to_string(),
+        "The capital of France is".to_string(),
+        "Write a haiku about the sea. ".repeat(4),
+    ];
+    let mut requests: Vec<(&str, String)> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let body = serde_json::json!({
+                "model": "m", "prompt": p, "max_tokens": 12 + 9 * i, "temperature": 0
+            });
+            ("/v1/completions", body.to_string())
+        })
+        .collect();
+    let schema = serde_json::json!({
+        "model": "m", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": "Give me a person as JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"], "additionalProperties": false}}}
+    });
+    requests.insert(2, ("/v1/chat/completions", schema.to_string()));
+    let (slots, n_ctx) = (3, 1024);
+    let mut model = Model::load_full(&file).expect("model");
+    model.set_flavour(strata_kernels::attn::Flavour::native());
+    let local = Batch::new(model, 1, slots, n_ctx).expect("batch");
+    let want = answers_through_the_api(Box::new(local), &file, &requests);
+    let plan = make_plan(
+        &file,
+        &cfg,
+        Strategy::Pipeline,
+        2,
+        None,
+        CombineStyle::Gather,
+    )
+    .expect("plan");
+    let (rank, _worker) = local_pair(&file, &path, plan, n_ctx, slots).expect("ranks");
+    let sharded = ShardedBatch::new(rank, cfg.n_vocab)
+        .expect("rank 0")
+        .with_prefix_cache(64 << 20);
+    let got = answers_through_the_api(Box::new(sharded), &file, &requests);
+    assert_eq!(got, want);
+    // The grammar's answer is whole JSON of its schema.
+    let person: serde_json::Value = serde_json::from_str(&got[2].0).expect("JSON");
+    assert!(person["age"].is_i64(), "{person}");
+}
