@@ -124,7 +124,7 @@ pub struct ModelConfig {
     /// Linear RoPE scaling: positions are multiplied by this (`1 / rope.scaling.factor`).
     pub rope_freq_scale: f32,
     /// Multiplies RoPE's cosines and sines: `rope.scaling.attn_factor` (Phi-3's LongRoPE), and
-    /// with YaRN the magnitude correction llama.cpp derives from the scale (see [`Yarn`]).
+    /// with YaRN the magnitude correction llama.cpp derives from the scale (see `Yarn`).
     pub rope_attn_factor: f32,
     /// YaRN scaling (`rope.scaling.type = yarn`), if the model uses it.
     pub yarn: Option<Yarn>,

@@ -102,9 +102,11 @@ pub trait Sequences: Send + 'static {
     }
     /// Starts a step of the listed slots (as [`Sequences::step`], [`Sequences::step_top`] or
     /// [`Sequences::step_masked`], by `kind`) whose logits [`Sequences::collect`] returns,
-    /// steps being collected in the order submitted. No other call may come between a submit
-    /// and the collect that ends it, besides more submits and collects (at most
-    /// [`Sequences::depth`] in flight). Engines of depth 1 need not implement it.
+    /// steps being collected in the order submitted. Between a submit and the collect that
+    /// ends it only more submits ([`Sequences::submit`], [`Sequences::submit_extend`]; at most
+    /// [`Sequences::depth`] in flight), collects, and [`Sequences::admit`] and
+    /// [`Sequences::release`] of slots with nothing in flight may come: no call that waits for
+    /// an answer of its own. Engines of depth 1 need not implement it.
     fn submit(&mut self, _steps: &[(SlotId, u32)], _kind: StepKind<'_>) -> Result<(), EngineError> {
         Err(EngineError::Slots(
             "this engine runs one step at a time".into(),

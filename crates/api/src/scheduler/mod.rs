@@ -727,8 +727,8 @@ fn masks<'a>(active: &'a [Seq], idx: &[usize], need: &Need) -> Vec<Option<&'a [u
 /// block and a restored prefix gives the logits of a cold prefill).
 use strata_engine::PREFILL_CHUNK;
 
-/// Prompt tokens per round while other sequences are generating: their next tokens wait for
-/// each round's chunk, so it is short (a 2,000-token prompt among eight streams would
+/// Prompt tokens per round (on a pipeline, per pass turn) while other sequences are generating:
+/// their next tokens wait for each round's chunk, so it is short (a 2,000-token prompt among eight streams would
 /// otherwise stall them for a 256-token pass at a time). A prompt's logits are the same in
 /// chunks of 16 as of 256 (`prefill_logits_do_not_depend_on_the_chunk_size` in the engine's
 /// tests), given [`next_chunk`]'s rule for the last one. Measured (`scripts/bench-itl.py`,
