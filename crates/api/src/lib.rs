@@ -3,13 +3,13 @@
 //! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   Anthropic's `/v1/messages` (translated in `messages`),
 //!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
-//! - [`scheduler`]: continuous batching over a [`strata_engine::Sequences`] engine (the
+//! - `scheduler`: continuous batching over a [`strata_engine::Sequences`] engine (the
 //!   one-process [`strata_engine::Batch`], or rank 0 of a sharded model, built by the node).
-//! - [`grammar`], [`tools`] and [`call_format`]: tool calls in each model family's syntax and
+//! - `grammar`, `tools` and `call_format`: tool calls in each model family's syntax and
 //!   JSON output, constrained by llguidance.
 //! - [`auth`]: API keys (constant-time check) and per-key token buckets.
 //! - [`dashboard`]: the web UI (plain JavaScript modules embedded in the binary).
-//! - [`metrics`]: Prometheus counters, gauges and histograms.
+//! - `metrics`: Prometheus counters, gauges and histograms.
 //! - [`listen`] and [`browser`]: the connection server (deadlines, a connection cap, graceful
 //!   shutdown) and the browser checks (Host, Origin, JSON bodies, CORS) of every HTTP surface.
 #![warn(missing_docs)]

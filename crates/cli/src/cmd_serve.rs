@@ -203,7 +203,7 @@ pub(crate) struct HttpArgs {
     /// `*` allows any.
     #[arg(long = "allow-host", value_name = "NAME")]
     allow_hosts: Vec<String>,
-    /// An origin (scheme://host[:port]) whose web pages may call this API (CORS); repeatable.
+    /// An origin (`scheme://host[:port]`) whose web pages may call this API (CORS); repeatable.
     /// Without it, cross-origin requests that change anything are refused.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,

@@ -115,7 +115,7 @@ impl std::fmt::Debug for Generator {
 
 impl Generator {
     /// Loads the model at `path` with `threads` compute threads and a context of `n_ctx`
-    /// positions (default: [`ModelConfig::default_context`]).
+    /// positions (default: [`crate::ModelConfig::default_context`]).
     pub fn load(path: &Path, threads: usize, n_ctx: Option<usize>) -> Result<Generator> {
         let file = GgufFile::open(path)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
@@ -175,7 +175,7 @@ impl Generator {
     }
 
     /// Appends one token to the sequence started by [`Generator::prompt_logits`] and returns the
-    /// logits that follow it (the same computation as a decode step of [`Generator::generate`]).
+    /// logits that follow it (the same computation as a decode step).
     pub fn decode_logits(&mut self, token: u32) -> Result<&[f32]> {
         if self.cache.len() >= self.cache.capacity() {
             return Err(Error::ContextOverflow {

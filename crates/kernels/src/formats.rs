@@ -298,7 +298,7 @@ pub fn quantize_act_row(act: GgmlType, x: &[f32], out: &mut [u8]) {
 /// used on the inference path). Every format follows llama.cpp's reference quantiser (what
 /// `llama-quantize` runs without an importance matrix) operation for operation, so it writes
 /// the bytes llama.cpp writes: the legacy formats here, the K-quants, Q5_1, IQ4_NL, IQ4_XS and
-/// BF16 in [`crate::quantize`]. A trailing partial block is dropped.
+/// BF16 in `quantize`. A trailing partial block is dropped.
 pub fn quantize_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let n_blocks = x.len() / ty.block_size();
     let mut out = vec![0u8; n_blocks * ty.block_bytes()];

@@ -2,8 +2,8 @@
 //! quantised activations, element-wise layer operations, and the thread pool they run on.
 //!
 //! Main types: [`QMatrix`] (a weight matrix in a GGUF format, borrowed from the mmap, owned, or
-//! repacked for the SIMD kernels, see [`packed`]), [`QuantActs`] (activations converted for a
-//! product), [`matmul`], [`ThreadPool`]. Every SIMD kernel has a scalar twin ([`dot`], [`ops`],
+//! repacked for the SIMD kernels, see `packed`), [`QuantActs`] (activations converted for a
+//! product), [`matmul`], [`ThreadPool`]. Every SIMD kernel has a scalar twin (`dot`, [`ops`],
 //! [`attn`]) that it must match bit for bit; SIMD is chosen at run time from the CPU's features,
 //! so one binary runs everywhere.
 //!

@@ -6,7 +6,7 @@
 //! - [`control`]: the zenoh control plane: discovery, membership, leader election, state and
 //!   link probes.
 //! - [`instances`]: the leader's table of model instances and how a node runs its ranks.
-//! - [`transfer`]: models copied between nodes, verified against the catalog.
+//! - `transfer`: models copied between nodes, verified against the catalog.
 //! - [`daemon`]: `strata node`: the control plane, state publishing, link measurement and the
 //!   node's HTTP API.
 #![warn(missing_docs)]
