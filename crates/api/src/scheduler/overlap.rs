@@ -81,6 +81,10 @@ struct Turns {
     gone: Vec<bool>,
     /// The members of the group being collected.
     members: Vec<usize>,
+    /// The step and the pass being submitted (kept between turns: nothing is allocated per
+    /// turn).
+    steps: Vec<(SlotId, u32)>,
+    tokens: Vec<u32>,
 }
 
 impl Turns {
@@ -97,6 +101,8 @@ impl Turns {
             in_pass: Vec::new(),
             gone: Vec::new(),
             members: Vec::new(),
+            steps: Vec::new(),
+            tokens: Vec::new(),
         };
         t.grow(active.len());
         let decoding: Vec<usize> = (0..active.len())
@@ -207,8 +213,6 @@ pub(super) fn run(
     let n_ctx = batch.n_ctx();
     let depth = batch.depth().max(1);
     let mut t = Turns::new(depth, active);
-    let mut steps: Vec<(SlotId, u32)> = Vec::new();
-    let mut tokens: Vec<u32> = Vec::new();
     let failed = loop {
         while batch.free_slots() > 0
             && let Ok(job) = rx.try_recv()
@@ -217,16 +221,7 @@ pub(super) fn run(
             t.grow(active.len());
         }
         t.add_passes(active);
-        if let Err(e) = fill(
-            batch,
-            active,
-            &mut t,
-            tok,
-            m,
-            mask_row,
-            &mut steps,
-            &mut tokens,
-        ) {
+        if let Err(e) = fill(batch, active, &mut t, tok, m, mask_row) {
             break Some(e);
         }
         let Some(f) = t.flight.pop_front() else {
@@ -295,7 +290,6 @@ pub(super) fn run(
 }
 
 /// Submits turns from the queue until `depth` are in flight or none waits.
-#[allow(clippy::too_many_arguments)]
 fn fill(
     batch: &mut dyn Sequences,
     active: &mut [Seq],
@@ -303,8 +297,6 @@ fn fill(
     tok: &Tokenizer,
     m: &Metrics,
     mask_row: &mut Vec<f32>,
-    steps: &mut Vec<(SlotId, u32)>,
-    tokens: &mut Vec<u32>,
 ) -> Result<(), EngineError> {
     let n_ctx = batch.n_ctx();
     while t.flight.len() < t.depth
@@ -316,14 +308,14 @@ fn fill(
                     t.place[g] = Place::Idle;
                     continue;
                 }
-                steps.clear();
-                steps.extend(
+                t.steps.clear();
+                t.steps.extend(
                     t.groups[g]
                         .iter()
                         .map(|&i| (active[i].slot, active[i].last)),
                 );
                 let need = need(&*batch, active, &t.groups[g], mask_row);
-                batch.submit(steps, need.kind(&masks(active, &t.groups[g], &need)))?;
+                batch.submit(&t.steps, need.kind(&masks(active, &t.groups[g], &need)))?;
                 t.place[g] = Place::Flying;
                 t.flight.push_back(Flying::Group(g));
             }
@@ -333,7 +325,7 @@ fn fill(
                     continue;
                 };
                 let s = &mut active[i];
-                tokens.clear();
+                t.tokens.clear();
                 let sample = if s.forced.is_empty() {
                     let step = if t.decoding() {
                         LIVE_CHUNK
@@ -341,14 +333,15 @@ fn fill(
                         PREFILL_CHUNK
                     };
                     let n = next_chunk(s.job.prompt.len(), s.prefilled, step);
-                    tokens.extend_from_slice(&s.job.prompt[s.prefilled..s.prefilled + n]);
+                    t.tokens
+                        .extend_from_slice(&s.job.prompt[s.prefilled..s.prefilled + n]);
                     s.prefilled += n;
                     s.prefilled == s.job.prompt.len()
                 } else {
-                    tokens.append(&mut s.forced);
+                    t.tokens.append(&mut s.forced);
                     true
                 };
-                match batch.submit_extend(s.slot, tokens) {
+                match batch.submit_extend(s.slot, &t.tokens) {
                     Ok(()) => {
                         t.in_pass[i] = true;
                         t.flight.push_back(Flying::Pass { seq: i, sample });
