@@ -19,14 +19,8 @@ use crate::{Error, LinkShape, Result};
 
 /// Busy-polling rounds before a waiting rank starts yielding its core.
 const SPIN_ROUNDS: u32 = 4096;
-/// How long a waiting rank yields its core before it starts sleeping between polls: longer
-/// than a pipeline stage's turn on a small model's token (a stage waits through the other
-/// stages' work on every token), since a sleeping rank wakes 50-180 us late on a VM's halted
-/// vCPU. Yielding still lets any other runnable thread on the core go first. With 2 ms (the
-/// stage waits slept), SmolLM2 in two single-threaded stages on a 2-core EPYC decoded 82-106
-/// tok/s; with 20 ms, 92-111 (three alternations over shared memory and TCP, every pair
-/// faster).
-const YIELD_FOR: Duration = Duration::from_millis(20);
+/// How long a waiting rank yields its core before it starts sleeping between polls.
+const YIELD_FOR: Duration = Duration::from_millis(2);
 /// How often a waiting rank checks that its peers are still alive.
 const ALIVE_CHECK: Duration = Duration::from_millis(10);
 
