@@ -3,7 +3,8 @@
 //! It starts `strata node` processes on this machine (loopback ports, `--threads` each, so one
 //! node is one core when `--threads 1`), emulates the link between them in the data plane at
 //! each regime asked for (the planner's link presets: RDMA over Thunderbolt 5, TCP over
-//! Thunderbolt, gigabit Ethernet...), loads the model with each strategy, and drives
+//! Thunderbolt, gigabit Ethernet...; RDMA-class links over shared memory, which like RDMA
+//! spares each message the kernel's TCP stack, TCP-class links over TCP), loads the model with each strategy, and drives
 //! `/v1/chat/completions` with 1, 4 and 16 concurrent streaming clients. Every configuration is
 //! measured in the same run as one node on the same path (the baseline) and, where llama.cpp's
 //! tools are installed, llama.cpp's RPC backend with two single-threaded servers on loopback.
@@ -43,6 +44,10 @@ pub(crate) struct ClusterArgs {
     /// loopback as it is).
     #[arg(long, value_delimiter = ',', default_values_t = ["tb5-rdma".to_string(), "tb-tcp".into(), "1gbe".into()])]
     links: Vec<String>,
+    /// The nodes' data plane: `preset` emulates RDMA-class links over shared memory and the
+    /// rest over TCP (as the link would carry them); `tcp` or `shm` every link alike.
+    #[arg(long, default_value = "preset", value_parser = ["preset", "tcp", "shm"])]
+    transport: String,
     /// Strategies to load the model with on every link: tensor, pipeline, expert, hybrid.
     #[arg(long, value_delimiter = ',', default_values_t = ["tensor".to_string(), "pipeline".into()])]
     strategies: Vec<String>,
@@ -108,6 +113,8 @@ struct Level {
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     link: String,
+    /// The nodes' data plane under the emulated link (`shm` or `tcp`).
+    transport: String,
     latency_us: f64,
     bandwidth_gbit: Option<f64>,
     nodes: usize,
@@ -162,14 +169,22 @@ fn cpu_name() -> String {
 /// What a link preset asks the nodes to emulate.
 struct LinkSetting {
     id: String,
+    /// The nodes' `--transport`.
+    transport: &'static str,
     latency: Duration,
     bandwidth: Option<f64>,
 }
 
-fn link_setting(id: &str) -> Result<LinkSetting> {
+fn link_setting(id: &str, transport: &str) -> Result<LinkSetting> {
+    let forced = match transport {
+        "tcp" => Some("tcp"),
+        "shm" => Some("shm"),
+        _ => None,
+    };
     if id == "none" {
         return Ok(LinkSetting {
             id: id.into(),
+            transport: forced.unwrap_or("tcp"),
             latency: Duration::ZERO,
             bandwidth: None,
         });
@@ -180,6 +195,7 @@ fn link_setting(id: &str) -> Result<LinkSetting> {
     }
     Ok(LinkSetting {
         id: id.into(),
+        transport: forced.unwrap_or(if p.rdma { "shm" } else { "tcp" }),
         latency: Duration::from_secs_f64(p.latency_us * 1e-6),
         bandwidth: (p.bandwidth_gbit > 0.0).then_some(p.bandwidth_gbit * 1e9 / 8.0),
     })
@@ -207,6 +223,7 @@ fn start_nodes(
         cmd.arg("node")
             .args(["--name", &format!("bench{i}"), "--no-multicast"])
             .args(["--threads", &threads.to_string()])
+            .args(["--transport", link.transport])
             .args(["--api-addr", &format!("127.0.0.1:{api}")])
             .args(["--control-addr", &format!("127.0.0.1:{control}")])
             .args(["--advertise-addr", "127.0.0.1"])
@@ -816,7 +833,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
     let links = a
         .links
         .iter()
-        .map(|l| link_setting(l))
+        .map(|l| link_setting(l, &a.transport))
         .collect::<Result<Vec<_>>>()?;
     let strategies = a
         .strategies
@@ -850,7 +867,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
     let base_dir = dir.join("one-node");
     std::fs::create_dir_all(&base_dir)?;
     let one = {
-        let none = link_setting("none")?;
+        let none = link_setting("none", &a.transport)?;
         let nodes = start_nodes(&base_dir, 1, a.threads, &none, model_dir.as_deref())?;
         let Measured {
             spec,
@@ -861,6 +878,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
         } = run_config(&nodes, &a, &model, &facts, None, "1 node")?;
         Row {
             link: "-".into(),
+            transport: none.transport.into(),
             latency_us: 0.0,
             bandwidth_gbit: None,
             nodes: 1,
@@ -908,6 +926,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
             }
             rows.push(Row {
                 link: link.id.clone(),
+                transport: link.transport.into(),
                 latency_us: link.latency.as_secs_f64() * 1e6,
                 bandwidth_gbit: link.bandwidth.map(|b| b * 8.0 / 1e9),
                 nodes: a.nodes,
@@ -987,10 +1006,10 @@ fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_js
         } else {
             match (r.measured_latency_us, r.measured_gbit) {
                 (Some(l), Some(g)) => format!(
-                    "{} ({:.0} us; measured {l:.1} us, {g:.1} Gbit/s)",
-                    r.link, r.latency_us
+                    "{} ({:.0} us over {}; measured {l:.1} us, {g:.1} Gbit/s)",
+                    r.link, r.latency_us, r.transport
                 ),
-                _ => format!("{} ({:.0} us)", r.link, r.latency_us),
+                _ => format!("{} ({:.0} us over {})", r.link, r.latency_us, r.transport),
             }
         };
         for (i, l) in r.levels.iter().enumerate() {
@@ -1066,6 +1085,19 @@ mod tests {
             ttft: arrivals[0],
             arrivals: arrivals.to_vec(),
         }
+    }
+
+    #[test]
+    fn rdma_class_links_are_emulated_over_shared_memory_and_tcp_ones_over_tcp() {
+        let via = |id: &str, t: &str| link_setting(id, t).unwrap().transport;
+        assert_eq!(via("tb5-rdma", "preset"), "shm");
+        assert_eq!(via("100gbe", "preset"), "shm");
+        assert_eq!(via("tb-tcp", "preset"), "tcp");
+        assert_eq!(via("1gbe", "preset"), "tcp");
+        assert_eq!(via("none", "preset"), "tcp");
+        assert_eq!(via("tb5-rdma", "tcp"), "tcp");
+        assert_eq!(via("tb-tcp", "shm"), "shm");
+        assert!(link_setting("loopback-shm", "preset").is_err());
     }
 
     #[test]

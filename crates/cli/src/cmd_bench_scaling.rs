@@ -186,6 +186,7 @@ impl Ctx<'_> {
             let transport = match transport {
                 TransportArg::Shm => "shm",
                 TransportArg::Tcp => "tcp",
+                TransportArg::Auto => "auto",
             };
             let latency_us = latency.as_secs_f64() * 1e6;
             Ok((

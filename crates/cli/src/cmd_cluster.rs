@@ -99,6 +99,11 @@ pub(crate) struct NodeArgs {
     /// For benchmarks on one machine: a bandwidth cap on the same messages (e.g. 10gbit).
     #[arg(long, value_parser = strata_net::parse_bandwidth, value_name = "RATE")]
     emulate_link_bandwidth: Option<f64>,
+    /// How the ranks of the instances this node leads exchange data: `auto` uses shared
+    /// memory between ranks on one host (sharing /dev/shm as one user) and TCP between hosts;
+    /// `tcp` always uses TCP; `shm` refuses ranks on other hosts.
+    #[arg(long, value_enum, default_value_t = crate::cmd_shard::TransportArg::Auto)]
+    transport: crate::cmd_shard::TransportArg,
     #[command(flatten)]
     http: crate::cmd_serve::HttpArgs,
 }
@@ -130,6 +135,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             latency: a.emulate_link_latency.unwrap_or_default(),
             bandwidth: a.emulate_link_bandwidth,
         },
+        transport: a.transport.into(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

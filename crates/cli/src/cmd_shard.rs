@@ -104,6 +104,18 @@ pub(crate) enum TransportArg {
     Shm,
     /// TCP.
     Tcp,
+    /// Shared memory when every rank shares this host's, else TCP.
+    Auto,
+}
+
+impl From<TransportArg> for Transport {
+    fn from(t: TransportArg) -> Transport {
+        match t {
+            TransportArg::Shm => Transport::Shm,
+            TransportArg::Tcp => Transport::Tcp,
+            TransportArg::Auto => Transport::Auto,
+        }
+    }
 }
 
 impl ShardOpts {
@@ -117,10 +129,7 @@ impl ShardOpts {
     }
 
     fn transport(&self) -> Transport {
-        match self.transport {
-            TransportArg::Shm => Transport::Shm,
-            TransportArg::Tcp => Transport::Tcp,
-        }
+        self.transport.into()
     }
 
     fn style(&self) -> CombineStyle {

@@ -85,6 +85,11 @@ pub struct LinkPreset {
     /// The transport to measure instead ("shm" or "tcp"), for links on this machine.
     #[serde(default)]
     pub measured: Option<String>,
+    /// Kernel-bypass (RDMA): a message costs the sending and receiving CPU about what a write
+    /// to shared memory does, not a pass through the kernel's TCP stack each way. Emulated on
+    /// one machine over shared memory, where TCP links are emulated over TCP.
+    #[serde(default)]
+    pub rdma: bool,
     /// Where the figures come from.
     pub source: String,
 }

@@ -51,6 +51,22 @@ pub enum Transport {
     Tcp,
     /// Shared-memory rings (ranks on one host), with TCP alongside to notice dead peers.
     Shm,
+    /// Rank 0 only: shared memory when every rank turns out to share this host's `/dev/shm`
+    /// as the same user, TCP otherwise. Ranks on one host then skip the kernel's TCP stack,
+    /// which on a loaded machine costs each message more than the link itself (see
+    /// BENCHMARKS.md, "Session 27").
+    Auto,
+}
+
+impl Transport {
+    /// The transport a mesh uses: `Auto` settled by whether every rank shares rank 0's host.
+    fn settle(self, one_host: bool) -> Transport {
+        match self {
+            Transport::Auto if one_host => Transport::Shm,
+            Transport::Auto => Transport::Tcp,
+            t => t,
+        }
+    }
 }
 
 impl std::str::FromStr for Transport {
@@ -59,6 +75,7 @@ impl std::str::FromStr for Transport {
         match s {
             "tcp" => Ok(Transport::Tcp),
             "shm" => Ok(Transport::Shm),
+            "auto" => Ok(Transport::Auto),
             _ => Err(Error::BadLinkSetting(s.to_string())),
         }
     }
@@ -192,11 +209,31 @@ impl Conn {
     }
 }
 
-/// The kernel's boot id: equal for all processes (and network namespaces) of one host.
+/// Where shared-memory regions are created.
+fn shm_dir() -> PathBuf {
+    if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Which shared memory this process reaches, as whom: the kernel's boot id (equal for all
+/// processes and network namespaces of one host), the device and inode of the directory
+/// regions go in (containers of one host that each mount their own `/dev/shm` differ here),
+/// and the effective user (a region is owner-only). Two ranks with equal ids can share a
+/// region; empty when the boot id cannot be read, which never matches for `Auto`.
 fn host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    use std::os::unix::fs::MetadataExt;
+    let Ok(boot) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+        return String::new();
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    match std::fs::metadata(shm_dir()) {
+        Ok(m) => format!("{}/{}:{}/{uid}", boot.trim(), m.dev(), m.ino()),
+        Err(_) => String::new(),
+    }
 }
 
 /// A connection whose dialer proved the token; the acceptor's verdict is still to be sent.
@@ -438,6 +475,8 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     let mut addrs: Vec<Option<SocketAddr>> = vec![None; n];
     addrs[0] = Some(cfg.coordinator);
     let me = host_id();
+    // Whether every rank so far reaches this host's shared memory (for `Transport::Auto`).
+    let mut one_host = !me.is_empty();
     let mut joined = 1;
     while joined < n {
         let a = incoming.next(deadline)?;
@@ -451,7 +490,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
             } else if streams[hello.rank].is_some() {
                 Err(format!("rank {} has already joined", hello.rank))
             } else if cfg.transport == Transport::Shm && hello.host != me {
-                Err("the shm transport needs every rank on one host".into())
+                Err("the shm transport needs every rank on one host, sharing /dev/shm as the same user".into())
             } else if hello.addr.is_none() {
                 Err("no listening address".into())
             } else {
@@ -461,18 +500,20 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
         if let Some(conn) = answer(a, &cfg.token, verdict)? {
             addrs[hello.rank] = hello.addr;
             streams[hello.rank] = Some(conn);
+            one_host &= hello.host == me;
             joined += 1;
         }
     }
     let addrs: Vec<SocketAddr> = addrs.into_iter().flatten().collect();
 
-    let shm = match cfg.transport {
+    let transport = cfg.transport.settle(one_host);
+    let shm = match transport {
         Transport::Shm => Some(create_region(n)?),
-        Transport::Tcp => None,
+        Transport::Tcp | Transport::Auto => None,
     };
     let table = Table {
         addrs,
-        transport: cfg.transport,
+        transport,
         shm_path: shm.as_ref().map(|(p, _)| p.clone()),
         latency_ns: cfg.shape.latency.as_nanos() as u64,
         bandwidth: cfg.shape.bandwidth,
@@ -486,7 +527,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
                 s.send(r, &table)?;
             }
         }
-        if cfg.transport == Transport::Tcp {
+        if transport == Transport::Tcp {
             while controls.iter().skip(1).any(Option::is_none) {
                 let a = incoming.next(deadline)?;
                 let h = a.hello.clone();
@@ -543,11 +584,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
 /// Creates the shared-memory region's file. Its name is the process id and a random id only:
 /// `/dev/shm` is listed by every local user, so nothing of the session token goes into it.
 fn create_region(world: usize) -> Result<(PathBuf, std::fs::File)> {
-    let dir = if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
+    let dir = shm_dir();
     let nonce: u64 = rand::random();
     let path = dir.join(format!("strata-{}-{nonce:016x}", std::process::id()));
     // Owner-only: the rings carry activations (and so, indirectly, prompts).
@@ -671,6 +708,11 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
                 return Err(Error::Handshake("shm transport without a region".into()));
             }
             (Transport::Tcp, _) => None,
+            (Transport::Auto, _) => {
+                return Err(Error::Handshake(
+                    "rank 0 sent a transport it had not settled".into(),
+                ));
+            }
         };
         Ok(region)
     })();
@@ -791,6 +833,21 @@ pub fn loopback_pair(transport: Transport) -> Result<(Communicator, Communicator
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_settles_on_shared_memory_only_when_every_rank_shares_the_host() {
+        assert_eq!(Transport::Auto.settle(true), Transport::Shm);
+        assert_eq!(Transport::Auto.settle(false), Transport::Tcp);
+        assert_eq!(Transport::Tcp.settle(true), Transport::Tcp);
+        assert_eq!(Transport::Shm.settle(false), Transport::Shm);
+        // One process: one host, one /dev/shm, one user.
+        let id = host_id();
+        assert!(id.split('/').count() == 3 && !id.starts_with('/'), "{id}");
+        let (mut a, mut b) = loopback_pair(Transport::Auto).expect("pair");
+        assert_eq!((a.transport(), b.transport()), ("shm", "shm"));
+        a.send(1, b"over the rings").expect("send");
+        assert_eq!(b.recv(0).expect("recv"), b"over the rings");
+    }
 
     #[test]
     fn the_region_file_is_owner_only_and_named_without_secrets() {

@@ -63,6 +63,10 @@ pub struct LinkReport {
     pub bandwidth_bps: f64,
     /// Unix time of the measurement, ms.
     pub measured_at_ms: u64,
+    /// The data-plane transport the probe took (`tcp` or `shm`, as the answering node's
+    /// instances would), or none when it was measured over the control plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// What a node publishes about itself every second.
@@ -573,6 +577,7 @@ impl Control {
             latency_s: best / 2.0,
             bandwidth_bps: PROBE_BYTES as f64 / transfer,
             measured_at_ms: now_ms(),
+            via: None,
         })
     }
 

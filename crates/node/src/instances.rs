@@ -217,6 +217,9 @@ pub struct Rank0Start<'a> {
     pub threads: usize,
     /// The emulated link of the instance's data plane (ideal unless benchmarking).
     pub emulate: strata_net::LinkShape,
+    /// The data plane's transport (`Auto` settles on shared memory when every rank shares
+    /// this host's).
+    pub transport: strata_net::Transport,
     /// API keys for the instance's routes.
     pub keys: Option<strata_api::auth::Keys>,
     /// Every model the cluster serves (the instance's "not found" lists them).
@@ -284,7 +287,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
         coordinator,
         listen: None,
         token: s.token,
-        transport: strata_net::Transport::Tcp,
+        transport: s.transport,
         shape: s.emulate,
         join_timeout: Duration::from_secs(60),
         stall_timeout: Duration::from_millis(1500),

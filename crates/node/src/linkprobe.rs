@@ -45,8 +45,14 @@ pub struct ProbeServer {
 
 impl ProbeServer {
     /// Listens on `host` (any port) and answers probes from holders of `key`'s cluster, over a
-    /// link shaped as `shape` (the probing side learns it at the handshake, as workers do).
-    pub fn start(host: IpAddr, key: &ClusterKey, shape: LinkShape) -> Result<ProbeServer> {
+    /// link shaped as `shape` and carried by `transport` (the probing side learns both at the
+    /// handshake, as workers do), so a probe goes the way this node's instances' data does.
+    pub fn start(
+        host: IpAddr,
+        key: &ClusterKey,
+        shape: LinkShape,
+        transport: Transport,
+    ) -> Result<ProbeServer> {
         let listener = TcpListener::bind(SocketAddr::new(host, 0))
             .map_err(|e| Error::Control(format!("binding the link-probe listener: {e}")))?;
         let addr = listener
@@ -59,7 +65,7 @@ impl ProbeServer {
             coordinator: addr,
             listen: None,
             token: token(key),
-            transport: Transport::Tcp,
+            transport,
             shape,
             // Short, so the loop notices `stop`; a prober that misses a window tries again.
             join_timeout: Duration::from_secs(2),
@@ -117,8 +123,9 @@ fn readable(listener: &TcpListener, timeout: Duration) -> bool {
     n != 0
 }
 
-/// Times the data-plane link to the node answering at `addr` (blocking).
-pub fn measure(addr: SocketAddr, key: &ClusterKey) -> Result<LinkFigures> {
+/// Times the data-plane link to the node answering at `addr` (blocking): its figures, and the
+/// transport the answering node's data plane took to this one (`tcp` or `shm`).
+pub fn measure(addr: SocketAddr, key: &ClusterKey) -> Result<(LinkFigures, &'static str)> {
     let cfg = MeshConfig {
         rank: 1,
         world: 2,
@@ -126,7 +133,7 @@ pub fn measure(addr: SocketAddr, key: &ClusterKey) -> Result<LinkFigures> {
         listen: None,
         token: token(key),
         // Learned from the answering node.
-        transport: Transport::Tcp,
+        transport: Transport::Auto,
         shape: LinkShape::default(),
         join_timeout: JOIN_TIMEOUT,
         stall_timeout: Duration::from_secs(2),
@@ -135,6 +142,7 @@ pub fn measure(addr: SocketAddr, key: &ClusterKey) -> Result<LinkFigures> {
     let mut comm = strata_net::join(&cfg)
         .map_err(|e| Error::Control(format!("probing the link to {addr}: {e}")))?;
     strata_net::probe_link(&mut comm, 0, SIZE)
+        .map(|f| (f, comm.transport()))
         .map_err(|e| Error::Control(format!("probing the link to {addr}: {e}")))
 }
 
@@ -153,9 +161,11 @@ mod tests {
                 latency: Duration::from_micros(300),
                 bandwidth: None,
             },
+            Transport::Tcp,
         )
         .unwrap();
-        let f = measure(server.addr(), &key).unwrap();
+        let (f, via) = measure(server.addr(), &key).unwrap();
+        assert_eq!(via, "tcp");
         assert!(
             (300e-6..5e-3).contains(&f.latency),
             "{} us",
@@ -166,5 +176,21 @@ mod tests {
         // A node of another cluster is refused at the handshake.
         assert!(measure(server.addr(), &ClusterKey::generate()).is_err());
         assert!(measure(server.addr(), &key).is_ok());
+    }
+
+    /// A node whose data plane settles its transport probes over the one its instances would
+    /// take: shared memory to a prober on the same host.
+    #[test]
+    fn a_probe_goes_the_way_the_instances_data_would() {
+        let key = ClusterKey::generate();
+        let shape = LinkShape {
+            latency: Duration::from_micros(200),
+            bandwidth: None,
+        };
+        let server =
+            ProbeServer::start(IpAddr::from([127, 0, 0, 1]), &key, shape, Transport::Auto).unwrap();
+        let (f, via) = measure(server.addr(), &key).unwrap();
+        assert_eq!(via, "shm");
+        assert!(f.latency >= 200e-6, "{} us", f.latency * 1e6);
     }
 }

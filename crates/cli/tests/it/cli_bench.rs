@@ -107,7 +107,11 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("tb-tcp (300 us; measured "), "{table}");
+    // A TCP-class link is emulated over TCP.
+    assert!(
+        table.contains("tb-tcp (300 us over tcp; measured "),
+        "{table}"
+    );
     // Every row of the table has the header's columns.
     let lines: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
     let columns = lines[0].matches('|').count();
@@ -143,6 +147,7 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
     }
     // The planner priced the link the nodes emulated, measured over the data plane.
     for r in &rows[1..] {
+        assert_eq!(r["transport"], "tcp", "{r}");
         let lat = r["measured_latency_us"].as_f64().unwrap();
         assert!((300.0..2000.0).contains(&lat), "{r}");
     }

@@ -5,6 +5,10 @@
 //! frozen one is noticed within 3 s and a new leader takes over; a restarted node rejoins as
 //! itself.
 //!
+//! The namespaces stand for separate machines, so their nodes' data planes run over TCP
+//! (`--transport tcp`); one test leaves the default (`auto`), under which nodes that share a
+//! host's memory settle on shared memory, and checks that they do.
+//!
 //! Needs root and iproute2 (as CI has), so the tests are ignored unless asked for
 //! (`--include-ignored`, as `.ci/run` does); asked for without them, they fail saying so.
 
@@ -129,12 +133,18 @@ impl Net {
 
     /// Starts `strata node` on `host` with extra environment variables.
     fn start_env(&mut self, host: usize, key: &Path, env: &[(&str, &Path)]) {
-        self.spawn(host, key, env, &[]);
+        self.spawn(host, key, env, &["--transport", "tcp"]);
     }
 
-    /// Starts `strata node` on `host` with extra options.
+    /// Starts `strata node` on `host` with extra options (over TCP unless they say
+    /// `--transport`).
     pub(crate) fn start_args(&mut self, host: usize, key: &Path, args: &[&str]) {
-        self.spawn(host, key, &[], args);
+        let tcp: &[&str] = if args.contains(&"--transport") {
+            &[]
+        } else {
+            &["--transport", "tcp"]
+        };
+        self.spawn(host, key, &[], &[tcp, args].concat());
     }
 
     fn spawn(&mut self, host: usize, key: &Path, env: &[(&str, &Path)], args: &[&str]) {
@@ -293,6 +303,15 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
         let bw = l["bandwidth"].as_f64().expect("bandwidth");
         assert!(lat > 0.0 && lat < 0.05 && bw > 1e6, "{l}");
     }
+    // Measured over the data plane, which these nodes run over TCP.
+    net.wait_for(
+        "every link is probed over TCP",
+        Duration::from_secs(20),
+        || {
+            net.status(1)
+                .is_some_and(|s| all_via(&published_transports(&s), 3, "tcp"))
+        },
+    );
     let leaders: Vec<Value> = (1..=3)
         .map(|h| net.status(h).expect("status")["leader"].clone())
         .collect();
@@ -455,6 +474,22 @@ impl Net {
     }
 }
 
+/// The transports of every link measurement the nodes publish (`control` for one measured
+/// over the control plane), in order.
+fn published_transports(status: &Value) -> Vec<String> {
+    let members = status["members"].as_array().cloned().unwrap_or_default();
+    members
+        .iter()
+        .flat_map(|m| m["state"]["links"].as_array().cloned().unwrap_or_default())
+        .map(|l| l["via"].as_str().unwrap_or("control").to_string())
+        .collect()
+}
+
+/// Whether at least `least` link measurements are published, all over `transport`.
+fn all_via(published: &[String], least: usize, transport: &str) -> bool {
+    published.len() >= least && published.iter().all(|t| t == transport)
+}
+
 fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
     complete_model(net, host, "smollm2-135m-instruct", max_tokens)
 }
@@ -549,11 +584,14 @@ fn a_mixture_of_experts_splits_by_expert_across_two_nodes() {
         .expect("import");
     assert!(out.status.success(), "{out:?}");
     let no_pip = dir.join("no-python-here");
-    net.start_env(1, &key, &[("STRATA_HOME", &store1)]);
-    net.start_env(
+    // The default transport: the two namespaces share this machine's memory, so the nodes'
+    // data planes (the link probes, then the instance's ranks) settle on shared memory.
+    net.spawn(1, &key, &[("STRATA_HOME", &store1)], &[]);
+    net.spawn(
         2,
         &key,
         &[("STRATA_HOME", &store2), ("STRATA_PYTHON", &no_pip)],
+        &[],
     );
     net.wait_for(
         "both nodes see two nodes and their link",
@@ -579,6 +617,14 @@ fn a_mixture_of_experts_splits_by_expert_across_two_nodes() {
         ],
     );
     assert_eq!(plan["placement"]["strategy"], "expert", "{plan}");
+    net.wait_for(
+        "the link is probed over shared memory",
+        Duration::from_secs(20),
+        || {
+            net.status(1)
+                .is_some_and(|s| all_via(&published_transports(&s), 1, "shm"))
+        },
+    );
     let considered = plan["placement"]["considered"].to_string();
     assert!(
         considered.contains("expert") && considered.contains("pipeline"),

@@ -197,6 +197,7 @@ pub(super) fn start_rank0(
             token,
             threads: shared.threads,
             emulate: shared.emulate,
+            transport: shared.transport,
             keys: None,
             served: shared.served_names.clone(),
             peers: transfer::Peers {

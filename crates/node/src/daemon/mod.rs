@@ -83,6 +83,11 @@ pub struct NodeOptions {
     /// handshake) and to the links this node measures and publishes, so the planner sees the
     /// link it is asked to plan for. For benchmarks of link regimes on one machine.
     pub emulate: strata_net::LinkShape,
+    /// How the ranks of the instances this node leads exchange data (`--transport`): `Auto`
+    /// puts ranks that share this host's memory on shared-memory rings and the rest on TCP.
+    /// Its link probes answer over the same transport, so measured links price what decoding
+    /// pays.
+    pub transport: strata_net::Transport,
 }
 
 /// What the node's lifecycle commands changed.
@@ -140,6 +145,8 @@ struct Shared {
     threads: usize,
     /// The emulated link ([`NodeOptions::emulate`]).
     emulate: strata_net::LinkShape,
+    /// The data plane's transport ([`NodeOptions::transport`]).
+    transport: strata_net::Transport,
     /// Where this node answers data-plane link probes (published, so peers can time the link).
     link_probe: std::net::SocketAddr,
     /// The models the cluster serves, as last routed (the instances' "not found" lists them).
@@ -381,7 +388,8 @@ pub async fn run(
             "multicast discovery off"
         }
     );
-    let probe_server = crate::linkprobe::ProbeServer::start(data_host, &key, opts.emulate)?;
+    let probe_server =
+        crate::linkprobe::ProbeServer::start(data_host, &key, opts.emulate, opts.transport)?;
     let shared = Arc::new(Shared {
         control,
         state: Mutex::new(Live {
@@ -404,6 +412,7 @@ pub async fn run(
         data_host,
         threads,
         emulate: opts.emulate,
+        transport: opts.transport,
         link_probe: probe_server.addr(),
         served_names: strata_api::ServedNames::default(),
     });
