@@ -223,17 +223,25 @@ fn shm_dir() -> PathBuf {
 /// regions go in (containers of one host that each mount their own `/dev/shm` differ here),
 /// and the effective user (a region is owner-only). Two ranks with equal ids can share a
 /// region; empty when the boot id cannot be read, which never matches for `Auto`.
-fn host_id() -> String {
+///
+/// The hello carrying it is authenticated but not encrypted, so it goes as an HMAC under the
+/// session token: equal for ranks of one session on one host, and telling an onlooker nothing
+/// about the host, its user or other sessions.
+fn host_id(token: &str) -> String {
     use std::os::unix::fs::MetadataExt;
     let Ok(boot) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
         return String::new();
     };
+    let Ok(dir) = std::fs::metadata(shm_dir()) else {
+        return String::new();
+    };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    match std::fs::metadata(shm_dir()) {
-        Ok(m) => format!("{}/{}:{}/{uid}", boot.trim(), m.dev(), m.ino()),
-        Err(_) => String::new(),
-    }
+    let raw = format!("{}/{}:{}/{uid}", boot.trim(), dir.dev(), dir.ino());
+    handshake::mac(token, &[b"strata host", raw.as_bytes()])
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A connection whose dialer proved the token; the acceptor's verdict is still to be sent.
@@ -474,7 +482,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
     let mut streams: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
     let mut addrs: Vec<Option<SocketAddr>> = vec![None; n];
     addrs[0] = Some(cfg.coordinator);
-    let me = host_id();
+    let me = host_id(&cfg.token);
     // Whether every rank so far reaches this host's shared memory (for `Transport::Auto`).
     let mut one_host = !me.is_empty();
     let mut joined = 1;
@@ -624,7 +632,7 @@ pub fn join(cfg: &MeshConfig) -> Result<Communicator> {
         rank: me,
         world: n,
         addr,
-        host: host_id(),
+        host: host_id(&cfg.token),
         control,
     };
     let mut to_root = dial(
@@ -840,9 +848,11 @@ mod tests {
         assert_eq!(Transport::Auto.settle(false), Transport::Tcp);
         assert_eq!(Transport::Tcp.settle(true), Transport::Tcp);
         assert_eq!(Transport::Shm.settle(false), Transport::Shm);
-        // One process: one host, one /dev/shm, one user.
-        let id = host_id();
-        assert!(id.split('/').count() == 3 && !id.starts_with('/'), "{id}");
+        // One process: one host, one /dev/shm, one user; another session's id differs.
+        let id = host_id("session a");
+        assert_eq!(id.len(), 64, "{id}");
+        assert_eq!(host_id("session a"), id);
+        assert_ne!(host_id("session b"), id);
         let (mut a, mut b) = loopback_pair(Transport::Auto).expect("pair");
         assert_eq!((a.transport(), b.transport()), ("shm", "shm"));
         a.send(1, b"over the rings").expect("send");

@@ -43,7 +43,8 @@ pub(crate) struct Hello {
     pub(crate) world: usize,
     /// Where the sender listens (workers registering with rank 0).
     pub(crate) addr: Option<std::net::SocketAddr>,
-    /// Which host the sender runs on (kernel boot id), to check shared-memory reachability.
+    /// Which shared memory the sender reaches, as whom (host, `/dev/shm`, user), as a digest
+    /// keyed by the session token: equal ids can share a region.
     pub(crate) host: String,
     /// Whether this connection is the pair's heartbeat connection (TCP transport).
     #[serde(default)]
