@@ -4,8 +4,9 @@
 //! node is one core when `--threads 1`), emulates the link between them in the data plane at
 //! each regime asked for (the planner's link presets: RDMA over Thunderbolt 5, TCP over
 //! Thunderbolt, gigabit Ethernet...; RDMA-class links over shared memory, which like RDMA
-//! spares each message the kernel's TCP stack, TCP-class links over TCP), loads the model with each strategy, and drives
-//! `/v1/chat/completions` with 1, 4 and 16 concurrent streaming clients. Every configuration is
+//! spares each message the kernel's TCP stack, TCP-class links over TCP), loads the model with
+//! each strategy, and drives `/v1/chat/completions` with 1, 4 and 16 concurrent streaming
+//! clients. Every configuration is
 //! measured in the same run as one node on the same path (the baseline) and, where llama.cpp's
 //! tools are installed, llama.cpp's RPC backend with two single-threaded servers on loopback.
 //! Each figure is printed beside the planner's prediction for it, so the planner's error is

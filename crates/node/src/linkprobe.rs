@@ -178,8 +178,8 @@ mod tests {
         assert!(measure(server.addr(), &key).is_ok());
     }
 
-    /// A node whose data plane settles its transport probes over the one its instances would
-    /// take: shared memory to a prober on the same host.
+    /// A node on `auto` answers probes the way its instances' data would go: over shared
+    /// memory to a prober on the same host.
     #[test]
     fn a_probe_goes_the_way_the_instances_data_would() {
         let key = ClusterKey::generate();
