@@ -304,14 +304,7 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
         assert!(lat > 0.0 && lat < 0.05 && bw > 1e6, "{l}");
     }
     // Measured over the data plane, which these nodes run over TCP.
-    net.wait_for(
-        "every link is probed over TCP",
-        Duration::from_secs(20),
-        || {
-            net.status(1)
-                .is_some_and(|s| all_via(&published_transports(&s), 3, "tcp"))
-        },
-    );
+    wait_for_links_via(&net, 3, "tcp");
     let leaders: Vec<Value> = (1..=3)
         .map(|h| net.status(h).expect("status")["leader"].clone())
         .collect();
@@ -474,20 +467,24 @@ impl Net {
     }
 }
 
-/// The transports of every link measurement the nodes publish (`control` for one measured
-/// over the control plane), in order.
-fn published_transports(status: &Value) -> Vec<String> {
-    let members = status["members"].as_array().cloned().unwrap_or_default();
-    members
-        .iter()
-        .flat_map(|m| m["state"]["links"].as_array().cloned().unwrap_or_default())
-        .map(|l| l["via"].as_str().unwrap_or("control").to_string())
-        .collect()
-}
-
-/// Whether at least `least` link measurements are published, all over `transport`.
-fn all_via(published: &[String], least: usize, transport: &str) -> bool {
-    published.len() >= least && published.iter().all(|t| t == transport)
+/// Waits until host 1 sees at least `least` link measurements published, every one taken
+/// over the data plane's `transport` (one measured over the control plane has no `via`).
+fn wait_for_links_via(net: &Net, least: usize, transport: &str) {
+    net.wait_for(
+        &format!("every link is probed over {transport}"),
+        Duration::from_secs(20),
+        || {
+            net.status(1).is_some_and(|s| {
+                let members = s["members"].as_array().cloned().unwrap_or_default();
+                let via: Vec<Option<String>> = members
+                    .iter()
+                    .flat_map(|m| m["state"]["links"].as_array().cloned().unwrap_or_default())
+                    .map(|l| l["via"].as_str().map(str::to_string))
+                    .collect();
+                via.len() >= least && via.iter().all(|v| v.as_deref() == Some(transport))
+            })
+        },
+    );
 }
 
 fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
@@ -617,14 +614,7 @@ fn a_mixture_of_experts_splits_by_expert_across_two_nodes() {
         ],
     );
     assert_eq!(plan["placement"]["strategy"], "expert", "{plan}");
-    net.wait_for(
-        "the link is probed over shared memory",
-        Duration::from_secs(20),
-        || {
-            net.status(1)
-                .is_some_and(|s| all_via(&published_transports(&s), 1, "shm"))
-        },
-    );
+    wait_for_links_via(&net, 1, "shm");
     let considered = plan["placement"]["considered"].to_string();
     assert!(
         considered.contains("expert") && considered.contains("pipeline"),
