@@ -417,8 +417,9 @@ fn measure_loopback(transport: &str) -> Result<(f64, f64)> {
 
 /// This machine as a node: available memory from /proc/meminfo, bandwidth and matmul
 /// throughput measured now on `threads` threads, through the `measured` class's constants.
-/// Bandwidth is read over `working_set` bytes (the node's share of the weights), at least
-/// 256 MB so the probe reads memory rather than cache, at most 1 GB.
+/// Bandwidth is read over `working_set` bytes (the node's share of the weights) read in a
+/// cycle, as decoding reads them: a share that fits the last-level cache partly streams from
+/// it there too, one that does not streams from memory (at least 16 MB, at most 1 GB).
 fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let available = strata_node::profile::memory().1;
     let threads =
@@ -426,7 +427,7 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
     let pool = strata_kernels::ThreadPool::new(threads.max(1));
     // The best of several passes: one or two vary with whatever else ran just before, and
     // the prediction with them.
-    let bytes = working_set.clamp(256 << 20, 1 << 30) as usize;
+    let bytes = working_set.clamp(16 << 20, 1 << 30) as usize;
     let bandwidth = strata_kernels::membw::read_bandwidth(&pool, bytes, 8);
     let by_type = strata_node::profile::matmul_gflops_by_type(&pool);
     let gflops = strata_node::profile::q8_0_gflops(&by_type);
