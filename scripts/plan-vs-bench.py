@@ -90,9 +90,15 @@ def main():
               f"{pp or 0:.1f} | {pe*100:+.0f} % |")
         if abs(de) > a.bound:
             misses.append(f"{name}: decode {de*100:+.0f} %")
+        if pp and abs(pe) > a.bound:
+            misses.append(f"{name}: prefill {pe*100:+.0f} %")
     errs = [abs(dp / dm - 1) for _, dm, dp, _, _ in rows]
     print(f"\ndecode: median error {statistics.median(errs)*100:.0f} %, "
           f"{sum(e <= a.bound for e in errs)} of {len(errs)} within {a.bound*100:.0f} %")
+    errs = [abs(pp / pm - 1) for _, _, _, pm, pp in rows if pp]
+    if errs:
+        print(f"prefill: median error {statistics.median(errs)*100:.0f} %, "
+              f"{sum(e <= a.bound for e in errs)} of {len(errs)} within {a.bound*100:.0f} %")
     for m in misses:
         print("outside the bound:", m)
 
