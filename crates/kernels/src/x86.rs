@@ -604,6 +604,31 @@ pub(crate) unsafe fn matmul_groups(
             }
             t += 4;
         }
+        // Two or three tokens left (a batch of 2, 3, 6, 7, ...): together, so the weights are
+        // unpacked once for them rather than once per token (two tokens one at a time cost
+        // 2.7x one token here, not the 1.3x of four at a time). Each token's sums are the same
+        // operations in the same order whatever the tile, so the result does not depend on it.
+        if tokens.end - t == 3 && lut.is_none() && ty != strata_gguf::GgmlType::Q8_0 {
+            let mut o = [[0.0f32; 4]; 3];
+            group::<3>(ty, gp, nb, &[acts(t), acts(t + 1), acts(t + 2)], &mut o);
+            for (i, v) in o.iter().enumerate() {
+                store(t + i, g, v);
+            }
+            t += 3;
+        }
+        if tokens.end - t >= 2 {
+            let a = [acts(t), acts(t + 1)];
+            let mut o = [[0.0f32; 4]; 2];
+            match lut {
+                Some(lut) if mx => b32_repacked_tile::<2, true>(lut, gp, nb, &a, &mut o),
+                Some(lut) => b32_repacked_tile::<2, false>(lut, gp, nb, &a, &mut o),
+                None => group::<2>(ty, gp, nb, &a, &mut o),
+            }
+            for (i, v) in o.iter().enumerate() {
+                store(t + i, g, v);
+            }
+            t += 2;
+        }
         while t < tokens.end {
             let mut o = [[0.0f32; 4]; 1];
             match lut {
