@@ -80,6 +80,17 @@ function track(status) {
   }
 }
 
+// The data-plane transport a link's probe took ("tcp" or "shm"), from whichever end reported
+// it; undefined when it was measured over the control plane.
+function linkVia(status, a, b) {
+  for (const m of status.members || []) {
+    if (m.id !== a && m.id !== b) continue;
+    const l = (m.state?.links || []).find((x) => (x.peer === a || x.peer === b) && x.via);
+    if (l) return l.via;
+  }
+  return undefined;
+}
+
 function graph(status, nameOf, width) {
   const nodes = [...known.entries()].sort((a, b) => a[1].profile.name.localeCompare(b[1].profile.name));
   // Drawn at the panel's own width, so names stay legible on a phone.
@@ -100,7 +111,8 @@ function graph(status, nameOf, width) {
       s("line", { x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge" }),
       s("text", { x: mx, y: my - 8, class: "link-label", "text-anchor": "middle", dataset: { a: nameOf.get(l.a), b: nameOf.get(l.b) } },
         seconds(l.latency)),
-      s("text", { x: mx, y: my + 12, class: "link-sub", "text-anchor": "middle" }, bandwidth(l.bandwidth)));
+      s("text", { x: mx, y: my + 12, class: "link-sub", "text-anchor": "middle" },
+        bandwidth(l.bandwidth) + (linkVia(status, l.a, l.b) ? ` over ${linkVia(status, l.a, l.b)}` : "")));
   }
   for (const [id, k] of nodes) {
     const [x, y] = at.get(id);

@@ -356,6 +356,19 @@ pub(crate) fn status(a: StatusArgs) -> Result<()> {
     }
 }
 
+/// The data-plane transport a link's probe took (`tcp` or `shm`), from whichever end
+/// reported it; `None` when it was measured over the control plane.
+fn link_via<'s>(s: &'s Status, a: &str, b: &str) -> Option<&'s str> {
+    s.snapshot
+        .members
+        .iter()
+        .filter(|m| m.id == a || m.id == b)
+        .filter_map(|m| m.state.as_ref())
+        .flat_map(|st| st.links.iter())
+        .find(|l| l.peer == a || l.peer == b)
+        .and_then(|l| l.via.as_deref())
+}
+
 fn print_status(s: &Status) {
     let snap = &s.snapshot;
     println!(
@@ -390,11 +403,12 @@ fn print_status(s: &Status) {
         println!("links:");
         for l in &s.topology.links {
             println!(
-                "  {} <-> {}: {:.0} us, {:.2} GB/s",
+                "  {} <-> {}: {:.0} us, {:.2} GB/s{}",
                 l.a,
                 l.b,
                 l.latency * 1e6,
-                l.bandwidth / 1e9
+                l.bandwidth / 1e9,
+                link_via(s, &l.a, &l.b).map_or(String::new(), |v| format!(", over {v}"))
             );
         }
     }

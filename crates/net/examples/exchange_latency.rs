@@ -3,7 +3,9 @@
 //! 20 000 exchanges, both transports sealed (the default) and in the clear, in one run; then the
 //! cost of sealing and opening one hidden-state-sized message (576 f32, SmolLM2's width) alone.
 //!
-//! `cargo run --release -p strata-net --example exchange_latency`
+//! `cargo run --release -p strata-net --example exchange_latency [FLOATS]`: `FLOATS` each rank
+//! sends per exchange instead of 288 (a 16-row decode step of SmolLM2 sends about 8,448 in its
+//! average all-gather), to compare an exchange's cost with the link probe's one-way figures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
@@ -26,11 +28,12 @@ fn config(rank: usize, at: std::net::SocketAddr, t: Transport, plain: bool) -> M
     }
 }
 
-fn probe(c: &mut strata_net::Communicator) -> Duration {
-    let src = vec![1.0f32; 288];
-    let mut dst = vec![0.0f32; 576];
-    let parts = [0..288, 288..576];
-    let n = 20_000u32;
+fn probe(c: &mut strata_net::Communicator, floats: usize) -> Duration {
+    let src = vec![1.0f32; floats];
+    let mut dst = vec![0.0f32; 2 * floats];
+    let parts = [0..floats, floats..2 * floats];
+    // About as many bytes in every batch whatever the size.
+    let n = (20_000 * 288 / floats.max(1)).clamp(200, 20_000) as u32;
     let mut batches = Vec::new();
     for _ in 0..6 {
         let start = Instant::now();
@@ -47,18 +50,24 @@ fn probe(c: &mut strata_net::Communicator) -> Duration {
 }
 
 fn main() {
+    let floats: usize = std::env::args()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(288);
     for t in [Transport::Shm, Transport::Tcp] {
         for plain in [false, true] {
             let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
             let at = listener.local_addr().expect("addr");
             let peer = std::thread::spawn(move || {
-                probe(&mut join(&config(1, at, t, plain)).expect("join"))
+                probe(&mut join(&config(1, at, t, plain)).expect("join"), floats)
             });
-            let mine =
-                probe(&mut coordinate(&config(0, at, t, plain), listener).expect("coordinate"));
+            let mine = probe(
+                &mut coordinate(&config(0, at, t, plain), listener).expect("coordinate"),
+                floats,
+            );
             peer.join().expect("peer");
             let how = if plain { "plaintext" } else { "sealed" };
-            println!("{t:?} {how}: {mine:?} per exchange");
+            println!("{t:?} {how}: {mine:?} per exchange of {floats} floats each way");
         }
     }
     for bytes in [576 * 4, 1 << 20] {

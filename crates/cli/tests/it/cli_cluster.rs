@@ -485,6 +485,9 @@ fn wait_for_links_via(net: &Net, least: usize, transport: &str) {
             })
         },
     );
+    // `strata status` says so beside each link.
+    let text = net.cli(1, &["status"]).expect("status");
+    assert!(text.contains(&format!(", over {transport}")), "{text}");
 }
 
 fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {

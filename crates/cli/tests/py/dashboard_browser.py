@@ -201,7 +201,12 @@ with sync_playwright() as pw:
     label = page.wait_for_selector("#graph .link-label", timeout=20000)
     latency = label.text_content()
     assert re.fullmatch(r"[\d.]+ (µs|ms)", latency), latency
-    step(f"graph: nodes {nodes}, link latency {latency}")
+    # Once a data-plane probe measured it, the link says which transport it took.
+    page.wait_for_function(
+        "() => /over (tcp|shm)$/.test(document.querySelector('#graph .link-sub')?.textContent || '')",
+        timeout=30000)
+    sub = page.query_selector("#graph .link-sub").text_content()
+    step(f"graph: nodes {nodes}, link latency {latency}, {sub}")
     shot("cluster")
 
     # 3. Unload whatever runs, preview, load with tensor parallelism.
