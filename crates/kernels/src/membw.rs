@@ -10,13 +10,33 @@ use crate::ThreadPool;
 
 /// Best-of-`rounds` read bandwidth in bytes per second over a buffer of `bytes` bytes.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, rounds: usize) -> f64 {
-    let words = (bytes / 8).max(1024);
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let n = pool.n_threads();
-    let per = words / n;
-    let buf = &buf;
-    let mut best = 0.0f64;
-    for _ in 0..rounds.max(1) {
+    let probe = ReadProbe::new(bytes);
+    (0..rounds.max(1))
+        .map(|_| probe.pass(pool))
+        .fold(0.0, f64::max)
+}
+
+/// A buffer to read again and again, with pools of different sizes in turn (so figures to be
+/// compared come from the same moments).
+pub struct ReadProbe {
+    buf: Vec<u64>,
+}
+
+impl ReadProbe {
+    /// A buffer of `bytes` bytes (at least 8 KiB), every page touched.
+    pub fn new(bytes: usize) -> ReadProbe {
+        let words = (bytes / 8).max(1024);
+        ReadProbe {
+            buf: (0..words as u64).collect(),
+        }
+    }
+
+    /// Bytes per second of one read of the buffer by every thread of `pool`, each its own
+    /// contiguous part.
+    pub fn pass(&self, pool: &ThreadPool) -> f64 {
+        let n = pool.n_threads();
+        let per = self.buf.len() / n;
+        let buf = &self.buf;
         let start = Instant::now();
         pool.run(&|tid| {
             let part = &buf[tid * per..(tid + 1) * per];
@@ -29,7 +49,6 @@ pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, rounds: usize) -> f64 {
             std::hint::black_box(acc);
         });
         let secs = start.elapsed().as_secs_f64();
-        best = best.max((per * n * 8) as f64 / secs.max(1e-9));
+        (per * n * 8) as f64 / secs.max(1e-9)
     }
-    best
 }

@@ -125,27 +125,39 @@ pub fn machine_id() -> String {
         .unwrap_or_else(crate::identity::hostname)
 }
 
-/// The machine's read bandwidth with every core reading: `threads_bandwidth` when `threads`
-/// is already every core, else measured.
-pub fn machine_bandwidth(threads: usize, threads_bandwidth: f64) -> f64 {
+/// Passes of each read-bandwidth figure of [`bandwidths`].
+const BANDWIDTH_PASSES: usize = 6;
+
+/// Read bandwidth with `pool`'s threads reading, and with every core of the machine reading
+/// (the same figure when the pool is every core): the best of six passes each
+/// over one 128 MB buffer, the two kinds in turn, so both come from the same moments. The
+/// planner splits the machine's figure among the nodes of one machine that work at once, so
+/// their ratio matters as much as either: taken apart, on a VM whose speed flips every second
+/// or so, they could come from different states (the EPYC's two co-located tensor ranks were
+/// once priced at 1.09x one node and ran at 1.33x).
+pub fn bandwidths(pool: &ThreadPool) -> (f64, f64) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads >= cores {
-        return threads_bandwidth;
+    let probe = strata_kernels::membw::ReadProbe::new(128 << 20);
+    let every = (pool.n_threads() < cores).then(|| ThreadPool::new(cores));
+    let (mut mine, mut machine) = (0f64, 0f64);
+    for _ in 0..BANDWIDTH_PASSES {
+        mine = mine.max(probe.pass(pool));
+        if let Some(every) = &every {
+            machine = machine.max(probe.pass(every));
+        }
     }
-    let pool = ThreadPool::new(cores);
-    strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2).max(threads_bandwidth)
+    (mine, machine.max(mine))
 }
 
 /// Measures matmul throughput (per weight type), attention throughput and memory bandwidth on
 /// `threads` threads.
 pub fn measure_speed(threads: usize) -> Speed {
     let pool = ThreadPool::new(threads.max(1));
-    let mem_bandwidth = strata_kernels::membw::read_bandwidth(&pool, 128 << 20, 2);
+    let (mem_bandwidth, machine_bandwidth) = bandwidths(&pool);
     let by_type = matmul_gflops_by_type(&pool);
     let attention = attention_speed(pool.n_threads());
     let row_cost = row_cost_s(pool.n_threads(), &attention);
     let stream_gweights_by_type = stream_gweights_by_type(&pool);
-    let machine_bandwidth = machine_bandwidth(pool.n_threads(), mem_bandwidth);
     Speed {
         machine_bandwidth,
         stream_gweights_by_type,
@@ -185,17 +197,33 @@ pub fn q8_0_gflops(by_type: &BTreeMap<String, f64>) -> f64 {
     by_type.get(GgmlType::Q8_0.name()).copied().unwrap_or(0.0)
 }
 
-/// [`matmul_gflops_of`] for every weight type strata writes (the types GGUF models store
-/// their matrices in), by ggml name. The planner prices any other type at the Q8_0 rate.
+/// Rounds of [`matmul_gflops_by_type`]: each round gives every type one slice, the types in
+/// turn.
+const MATMUL_ROUNDS: usize = 6;
+/// One type's slice of a round.
+const MATMUL_SLICE: Duration = Duration::from_millis(10);
+
+/// The matmul probe (see [`matmul_gflops_of`]) for every weight type strata writes (the types
+/// GGUF models store their matrices in), by ggml name: GFLOP/s over all of a type's slices,
+/// the types taking turns through six rounds of 10 ms slices. Each figure is thus spread over the whole probe (about a
+/// second) rather than taken in one burst: on the EPYC VM the speed flips between two states a
+/// second or so apart (Q4_1 55-59 against 65-74 GFLOP/s), and the best of three 15 ms rounds of
+/// one burst read one state or the other, moving the planner's figures by a fifth from one
+/// probe to the next while benchmarks of minutes average both. The planner prices any other
+/// type at the Q8_0 rate.
 pub fn matmul_gflops_by_type(pool: &ThreadPool) -> BTreeMap<String, f64> {
-    strata_engine::synth::WRITABLE
+    let mut probes: Vec<(GgmlType, MatmulProbe)> = strata_engine::synth::WRITABLE
         .iter()
-        .map(|&ty| {
-            (
-                ty.name().to_string(),
-                matmul_gflops_of(pool, ty, 3, Duration::from_millis(15)),
-            )
-        })
+        .filter_map(|&ty| MatmulProbe::new(pool, ty).map(|p| (ty, p)))
+        .collect();
+    for _ in 0..MATMUL_ROUNDS {
+        for (_, p) in &mut probes {
+            p.slice(pool, MATMUL_SLICE);
+        }
+    }
+    probes
+        .iter()
+        .map(|(ty, p)| (ty.name().to_string(), p.gflops()))
         .filter(|(_, g)| *g > 0.0)
         .collect()
 }
@@ -256,34 +284,81 @@ pub fn stream_gweights_of(pool: &ThreadPool, ty: GgmlType) -> f64 {
 /// quantising the activations each time as a prefill does: the best of `rounds` rounds of
 /// `round` each, GFLOP/s (0 if the kernels do not take the type).
 pub fn matmul_gflops_of(pool: &ThreadPool, ty: GgmlType, rounds: usize, round: Duration) -> f64 {
+    let Some(mut p) = MatmulProbe::new(pool, ty) else {
+        return 0.0;
+    };
+    (0..rounds)
+        .map(|_| p.slice(pool, round))
+        .fold(0.0, f64::max)
+}
+
+/// The matmul probe of one weight type, timed in slices: weights of the type (512 x 1024, in
+/// cache: the kernel's own speed) times 32 activation rows, quantising the activations each
+/// time as a prefill does.
+struct MatmulProbe {
+    ty: GgmlType,
+    w: strata_kernels::QMatrix,
+    x: Vec<f32>,
+    acts: QuantActs,
+    out: Vec<f32>,
+    /// FLOPs and seconds of every slice so far.
+    flops: f64,
+    secs: f64,
+}
+
+impl MatmulProbe {
     const ROWS: usize = 512;
     const COLS: usize = 1024;
     const N: usize = 32;
-    let Ok(w) = strata_engine::probe::matrix(ty, ROWS, COLS) else {
-        return 0.0;
-    };
-    let x: Vec<f32> = (0..N * COLS)
-        .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
-        .collect();
-    let mut acts = QuantActs::new();
-    let mut out = vec![0f32; N * ROWS];
-    let flops = 2.0 * (ROWS * COLS * N) as f64;
-    // Warm up, then the best of the rounds.
-    acts.quantize(ty, &x, N, COLS);
-    strata_kernels::matmul(pool, &w, &acts, &mut out);
-    let mut best = 0f64;
-    for _ in 0..rounds {
+
+    /// The probe of `ty`, warmed up by one product; `None` if the kernels do not take the type.
+    fn new(pool: &ThreadPool, ty: GgmlType) -> Option<MatmulProbe> {
+        let w = strata_engine::probe::matrix(ty, Self::ROWS, Self::COLS).ok()?;
+        let x = (0..Self::N * Self::COLS)
+            .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+            .collect();
+        let mut p = MatmulProbe {
+            ty,
+            w,
+            x,
+            acts: QuantActs::new(),
+            out: vec![0f32; Self::N * Self::ROWS],
+            flops: 0.0,
+            secs: 0.0,
+        };
+        p.product(pool);
+        Some(p)
+    }
+
+    fn product(&mut self, pool: &ThreadPool) {
+        self.acts.quantize(self.ty, &self.x, Self::N, Self::COLS);
+        strata_kernels::matmul(pool, &self.w, &self.acts, &mut self.out);
+        std::hint::black_box(&self.out);
+    }
+
+    /// Runs products for at least `round`; this slice's GFLOP/s.
+    fn slice(&mut self, pool: &ThreadPool, round: Duration) -> f64 {
         let t = Instant::now();
         let mut reps = 0u32;
         while t.elapsed() < round {
-            acts.quantize(ty, &x, N, COLS);
-            strata_kernels::matmul(pool, &w, &acts, &mut out);
+            self.product(pool);
             reps += 1;
         }
-        best = best.max(flops * f64::from(reps) / t.elapsed().as_secs_f64());
+        let secs = t.elapsed().as_secs_f64();
+        let flops = 2.0 * (Self::ROWS * Self::COLS * Self::N) as f64 * f64::from(reps);
+        self.flops += flops;
+        self.secs += secs;
+        flops / secs / 1e9
     }
-    std::hint::black_box(&out);
-    best / 1e9
+
+    /// GFLOP/s over every slice so far.
+    fn gflops(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.flops / self.secs / 1e9
+        } else {
+            0.0
+        }
+    }
 }
 
 /// What decode attention costs here: a part that grows with the cached positions a token
@@ -408,6 +483,11 @@ mod tests {
         // A pass has a cost of its own (well under a millisecond per head here).
         assert!(
             s.attention_fixed_us.is_finite() && (0.0..1000.0).contains(&s.attention_fixed_us),
+            "{s:?}"
+        );
+        // Every core reading together reads at least what the node's threads do.
+        assert!(
+            s.machine_bandwidth.is_finite() && s.machine_bandwidth >= s.mem_bandwidth,
             "{s:?}"
         );
         // The engine's own step costs something beyond its products (a row stores its keys
