@@ -107,12 +107,13 @@ function graph(status, nameOf, width) {
     const a = at.get(l.a), b = at.get(l.b);
     if (!a || !b) continue;
     const [mx, my] = [(a[0] + b[0]) / 2, (a[1] + b[1]) / 2];
+    const via = linkVia(status, l.a, l.b);
     svg.append(
       s("line", { x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge" }),
       s("text", { x: mx, y: my - 8, class: "link-label", "text-anchor": "middle", dataset: { a: nameOf.get(l.a), b: nameOf.get(l.b) } },
         seconds(l.latency)),
       s("text", { x: mx, y: my + 12, class: "link-sub", "text-anchor": "middle" },
-        bandwidth(l.bandwidth) + (linkVia(status, l.a, l.b) ? ` over ${linkVia(status, l.a, l.b)}` : "")));
+        bandwidth(l.bandwidth) + (via ? ` over ${via}` : "")));
   }
   for (const [id, k] of nodes) {
     const [x, y] = at.get(id);

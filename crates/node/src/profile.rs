@@ -129,12 +129,12 @@ pub fn machine_id() -> String {
 const BANDWIDTH_PASSES: usize = 6;
 
 /// Read bandwidth with `pool`'s threads reading, and with every core of the machine reading
-/// (the same figure when the pool is every core): the best of six passes each
-/// over one 128 MB buffer, the two kinds in turn, so both come from the same moments. The
-/// planner splits the machine's figure among the nodes of one machine that work at once, so
-/// their ratio matters as much as either: taken apart, on a VM whose speed flips every second
-/// or so, they could come from different states (the EPYC's two co-located tensor ranks were
-/// once priced at 1.09x one node and ran at 1.33x).
+/// (the same figure when the pool is every core): the best of six passes each over one 128 MB
+/// buffer, the two kinds in turn, so both come from the same moments. The planner splits the
+/// machine's figure among the nodes of one machine that work at once, so their ratio matters
+/// as much as either: taken apart, on a VM whose speed flips every second or so, they could
+/// come from different states (the EPYC's two co-located tensor ranks were once priced at
+/// 1.09x one node and ran at 1.33x).
 pub fn bandwidths(pool: &ThreadPool) -> (f64, f64) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let probe = strata_kernels::membw::ReadProbe::new(128 << 20);
@@ -205,12 +205,12 @@ const MATMUL_SLICE: Duration = Duration::from_millis(10);
 
 /// The matmul probe (see [`matmul_gflops_of`]) for every weight type strata writes (the types
 /// GGUF models store their matrices in), by ggml name: GFLOP/s over all of a type's slices,
-/// the types taking turns through six rounds of 10 ms slices. Each figure is thus spread over the whole probe (about a
-/// second) rather than taken in one burst: on the EPYC VM the speed flips between two states a
-/// second or so apart (Q4_1 55-59 against 65-74 GFLOP/s), and the best of three 15 ms rounds of
-/// one burst read one state or the other, moving the planner's figures by a fifth from one
-/// probe to the next while benchmarks of minutes average both. The planner prices any other
-/// type at the Q8_0 rate.
+/// the types taking turns through six rounds of 10 ms slices. Each figure is thus spread over
+/// the whole probe (about a second) rather than taken in one burst: on the EPYC VM the speed
+/// flips between two states a second or so apart (Q4_1 55-59 against 65-74 GFLOP/s), and the
+/// best of three 15 ms rounds of one burst read one state or the other, moving the planner's
+/// figures by a fifth from one probe to the next while benchmarks of minutes average both.
+/// The planner prices any other type at the Q8_0 rate.
 pub fn matmul_gflops_by_type(pool: &ThreadPool) -> BTreeMap<String, f64> {
     let mut probes: Vec<(GgmlType, MatmulProbe)> = strata_engine::synth::WRITABLE
         .iter()
