@@ -447,7 +447,7 @@ impl Communicator {
         let mut idle_rounds = 0u32;
         let mut last_progress = start;
         let mut last_check = start;
-        let mut suspect: Option<()> = None;
+        let mut suspect = false;
         loop {
             let mut pending = None;
             let mut moved = false;
@@ -501,7 +501,7 @@ impl Communicator {
             };
             if moved {
                 idle_rounds = 0;
-                suspect = None;
+                suspect = false;
                 last_progress = Instant::now();
                 continue;
             }
@@ -521,19 +521,117 @@ impl Communicator {
             }
             if now.duration_since(last_check) >= ALIVE_CHECK {
                 last_check = now;
-                for p in self.peers.iter_mut().flatten() {
-                    if let Err(e) = p.link.check_alive(self.stall) {
-                        // The peer may have written its last message and exited between our
-                        // read and this check: read once more before believing it is gone.
-                        if suspect.is_some() {
-                            return Err(e);
-                        }
-                        suspect = Some(());
-                        idle_rounds = 0;
-                    }
+                if self.check_peers(&mut suspect)? {
+                    idle_rounds = 0;
                 }
                 let _ = waiting_on;
             }
         }
+    }
+
+    /// Checks that every peer is alive; returns whether one looks gone. A failure is believed
+    /// only when the check before also failed and nothing was read in between (`suspect`
+    /// carries that): a peer may write its last message and exit while this rank sleeps
+    /// between polls, and at a shutdown several go at once (rank 0 and a later stage's
+    /// ranks), so a first failure, however many peers show it, only makes the caller read
+    /// once more.
+    fn check_peers(&mut self, suspect: &mut bool) -> Result<bool> {
+        let mut failed = None;
+        for p in self.peers.iter_mut().flatten() {
+            if let Err(e) = p.link.check_alive(self.stall) {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            Some(e) if *suspect => Err(e),
+            Some(_) => {
+                *suspect = true;
+                Ok(true)
+            }
+            None => {
+                *suspect = false;
+                Ok(false)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::Control;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// A link whose peer has exited: it reports the peer closed from the start, and (when
+    /// `last` holds a message) delivers that last message only once a liveness check has
+    /// run, as when the peer wrote it and exited while this rank slept between polls.
+    struct Gone {
+        control: Control,
+        last: Vec<u8>,
+        checked: Arc<AtomicBool>,
+    }
+
+    impl Link for Gone {
+        fn write_some(&mut self, buf: &[u8]) -> Result<usize> {
+            Ok(buf.len())
+        }
+        fn read_some(&mut self, buf: &mut [u8]) -> Result<usize> {
+            if !self.checked.load(Ordering::Relaxed) {
+                return Ok(0);
+            }
+            let n = buf.len().min(self.last.len());
+            buf[..n].copy_from_slice(&self.last[..n]);
+            self.last.drain(..n);
+            Ok(n)
+        }
+        fn check_alive(&mut self, _: Duration) -> Result<()> {
+            self.checked.store(true, Ordering::Relaxed);
+            Err(Error::PeerClosed { peer: 9 })
+        }
+        fn control(&self) -> &Control {
+            &self.control
+        }
+        fn kind(&self) -> &'static str {
+            "test"
+        }
+    }
+
+    fn control() -> Control {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let s = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let _accepted = l.accept().expect("accept");
+        Control::new(9, s).expect("control")
+    }
+
+    fn gone(last: &[u8], checked: &Arc<AtomicBool>) -> Option<KeyedLink> {
+        let link = Gone {
+            control: control(),
+            last: last.to_vec(),
+            checked: Arc::clone(checked),
+        };
+        Some((Box::new(link), None))
+    }
+
+    #[test]
+    fn a_last_message_is_read_though_its_sender_and_another_peer_are_gone() {
+        // Rank 1 of 3 waits on rank 0, which sent its last message and exited while rank 1
+        // slept, as rank 2 did: the first check sees both gone, and the message is still read.
+        let payload = b"shutdown";
+        let mut frame = FrameHeader {
+            len: payload.len(),
+            deliver_at: 0,
+        }
+        .encode()
+        .to_vec();
+        frame.extend_from_slice(payload);
+        let checked = Arc::new(AtomicBool::new(false));
+        let links = vec![gone(&frame, &checked), None, gone(&[], &checked)];
+        let mut comm =
+            Communicator::new(1, 3, links, LinkShape::default(), Duration::from_secs(60));
+        assert_eq!(comm.recv(0).expect("the last message"), payload);
+        // With nothing left to read, the next wait believes the peers gone.
+        assert!(matches!(comm.recv(0), Err(Error::PeerClosed { .. })));
     }
 }
