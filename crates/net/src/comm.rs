@@ -19,8 +19,14 @@ use crate::{Error, LinkShape, Result};
 
 /// Busy-polling rounds before a waiting rank starts yielding its core.
 const SPIN_ROUNDS: u32 = 4096;
-/// How long a waiting rank yields its core before it starts sleeping between polls.
-const YIELD_FOR: Duration = Duration::from_millis(2);
+/// How long a waiting rank yields its core before it starts sleeping between polls. A rank
+/// that sleeps pays for waking up (on the EPYC VM, a 2-stage pipeline's single stream ran at
+/// 0.82-0.94x one process when its stages slept through each other's turn of about 4 ms, and
+/// 0.96-1.07x when they yielded for up to 50 ms, `strata run`, three runs each alternated);
+/// yielding gives the core to any thread that wants it, so ranks that outnumber the cores ran
+/// no slower (4 ranks on 2 cores). Waits longer than this (a big model's stage) cost a
+/// wake-up that is small beside them.
+const YIELD_FOR: Duration = Duration::from_millis(50);
 /// How often a waiting rank checks that its peers are still alive.
 const ALIVE_CHECK: Duration = Duration::from_millis(10);
 
@@ -512,8 +518,9 @@ impl Communicator {
             }
             let now = Instant::now();
             let idle = now.duration_since(last_progress);
-            // Spin first (a peer on its own core answers within microseconds), then give the
-            // core away: more ranks than cores must not starve the rank being waited for.
+            // Spin first (a peer on its own core answers within microseconds), then yield the
+            // core (more ranks than cores must not starve the rank being waited for), then
+            // sleep between polls (an idle instance must not hold a core).
             if idle < YIELD_FOR {
                 std::thread::yield_now();
             } else {

@@ -7,13 +7,16 @@
 //! `cargo run --release -p strata-parallel --example pipeline_step [SEQUENCES]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use strata_engine::{Batch, Model, Sequences, SlotId, StepKind};
 use strata_gguf::GgufFile;
 use strata_parallel::{CombineStyle, ShardedBatch, Strategy, local_pair, make_plan};
 
-const STEPS: usize = 48;
+/// Steps of one timed round.
+const STEPS: usize = 16;
+/// Rounds, alternating one process and two stages.
+const ROUNDS: usize = 12;
 
 fn main() {
     let n: usize = std::env::args()
@@ -37,13 +40,7 @@ fn main() {
             s
         })
         .collect();
-    let steps: Vec<(SlotId, u32)> = slots.iter().map(|&s| (s, 100)).collect();
-    let t = Instant::now();
-    for _ in 0..STEPS {
-        Sequences::step_top(&mut one, &steps, 1).unwrap();
-    }
-    let base = (n * STEPS) as f64 / t.elapsed().as_secs_f64();
-    println!("one process, 1 thread: {base:.0} tok/s");
+    let one_steps: Vec<(SlotId, u32)> = slots.iter().map(|&s| (s, 100)).collect();
 
     let plan = make_plan(
         &file,
@@ -66,28 +63,48 @@ fn main() {
         })
         .collect();
     let steps: Vec<(SlotId, u32)> = slots.iter().map(|&s| (s, 100)).collect();
-    let t = Instant::now();
-    for _ in 0..STEPS {
-        Sequences::step_top(&mut sharded, &steps, 1).unwrap();
+    // One process and the drained pipeline in turn, a short round each: this VM's speed
+    // changes about every second, and alternating puts both through the same phases.
+    let (mut t_one, mut t_two) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for _ in 0..STEPS {
+            Sequences::step_top(&mut one, &one_steps, 1).unwrap();
+        }
+        t_one += t.elapsed();
+        let t = Instant::now();
+        for _ in 0..STEPS {
+            Sequences::step_top(&mut sharded, &steps, 1).unwrap();
+        }
+        t_two += t.elapsed();
     }
-    let drained = (n * STEPS) as f64 / t.elapsed().as_secs_f64();
+    let tokens = (n * STEPS * ROUNDS) as f64;
+    let base = tokens / t_one.as_secs_f64();
+    let drained = tokens / t_two.as_secs_f64();
+    println!("one process, 1 thread: {base:.0} tok/s");
     println!(
         "2 stages, one step at a time: {drained:.0} tok/s ({:.2}x)",
         drained / base
     );
+    if n < 2 {
+        // One sequence cannot be split into two groups.
+        sharded.shutdown().unwrap();
+        worker.join().unwrap().unwrap();
+        return;
+    }
 
     let half = n.div_ceil(2);
     let groups = [&steps[..half], &steps[half..]];
     let t = Instant::now();
     Sequences::submit(&mut sharded, groups[0], StepKind::Top(1)).unwrap();
     Sequences::submit(&mut sharded, groups[1], StepKind::Top(1)).unwrap();
-    for i in 0..2 * STEPS {
+    for i in 0..2 * STEPS * ROUNDS {
         Sequences::collect(&mut sharded).unwrap();
-        if i + 2 < 2 * STEPS {
+        if i + 2 < 2 * STEPS * ROUNDS {
             Sequences::submit(&mut sharded, groups[i % 2], StepKind::Top(1)).unwrap();
         }
     }
-    let overlapped = (n * STEPS) as f64 / t.elapsed().as_secs_f64();
+    let overlapped = (n * STEPS * ROUNDS) as f64 / t.elapsed().as_secs_f64();
     println!(
         "2 stages, two groups overlapped: {overlapped:.0} tok/s ({:.2}x)",
         overlapped / base
