@@ -104,8 +104,9 @@ unsafe fn cvt4_e8m0_half(p: *const u8) -> __m128 {
     _mm_castsi128_ps(_mm_blendv_epi8(normal, sub, small))
 }
 
-/// Q4_0 / Q4_1 / Q5_0 / Q5_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP` pairs) times `C`
-/// activation rows. `out[c][r]` receives row `r` of the group (only the computed rows are set).
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 weights: rows `2 * p0 .. 2 * (p0 + NP)` of the group at `g` (`NP`
+/// pairs) times `C` activation rows. `out[c][r]` receives row `r` of the group (only the
+/// computed rows are set).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `g` must address `nb` packed group blocks of the format
@@ -300,8 +301,9 @@ pub(crate) unsafe fn q8_tile<const C: usize>(
 /// `d_w * d_a` fused into one accumulator per row ([`crate::dot::dot_repacked`]).
 ///
 /// The codes come from a 16-entry table (`lut`: `i - 8` for Q4_0, the IQ4_NL or MXFP4 values),
-/// so one kernel serves all three (`MX`: the scales are MXFP4's exponents). Per block, the lane sums of rows 0/1 and 2/3 are reduced with two
-/// horizontal adds into one register of four row sums.
+/// so one kernel serves all three (`MX`: the scales are MXFP4's exponents). Per block, the
+/// lane sums of rows 0/1 and 2/3 are reduced with two horizontal adds into one register of
+/// four row sums.
 ///
 /// # Safety
 /// As for [`q4_tile`], for the Q4_0 packed layout (which IQ4_NL shares).
