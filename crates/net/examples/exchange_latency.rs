@@ -6,6 +6,8 @@
 //! `cargo run --release -p strata-net --example exchange_latency [FLOATS]`: `FLOATS` each rank
 //! sends per exchange instead of 288 (a 16-row decode step of SmolLM2 sends about 8,448 in its
 //! average all-gather), to compare an exchange's cost with the link probe's one-way figures.
+//! `[FLOATS] [KIB]`: each rank reads KIB KiB of other data before each exchange, and only the
+//! exchanges are timed (a decode step's exchanges come between reads of the weights).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
@@ -28,20 +30,26 @@ fn config(rank: usize, at: std::net::SocketAddr, t: Transport, plain: bool) -> M
     }
 }
 
-fn probe(c: &mut strata_net::Communicator, floats: usize) -> Duration {
+fn probe(c: &mut strata_net::Communicator, floats: usize, between: usize) -> Duration {
     let src = vec![1.0f32; floats];
     let mut dst = vec![0.0f32; 2 * floats];
     let parts = [0..floats, floats..2 * floats];
+    // What a decode step does between two exchanges, roughly: reads through weights.
+    let work = vec![1u64; between / 8];
     // About as many bytes in every batch whatever the size.
     let n = (20_000 * 288 / floats.max(1)).clamp(200, 20_000) as u32;
+    let n = if between > 0 { n.min(400) } else { n };
     let mut batches = Vec::new();
     for _ in 0..6 {
-        let start = Instant::now();
+        let mut spent = Duration::ZERO;
         for _ in 0..n {
+            std::hint::black_box(work.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+            let start = Instant::now();
             c.all_gather_cols(&[0, 1], &src, &mut dst, 1, &parts)
                 .expect("all-gather");
+            spent += start.elapsed();
         }
-        batches.push(start.elapsed() / n);
+        batches.push(spent / n);
     }
     // The first batch warms up; median of the rest.
     let mut rest = batches.split_off(1);
@@ -54,16 +62,29 @@ fn main() {
         .nth(1)
         .and_then(|f| f.parse().ok())
         .unwrap_or(288);
+    // Bytes each rank reads between two exchanges (the second argument, KiB): an exchange
+    // after the caches were filled with other data, as in a decode step, costs more than one
+    // of a tight loop.
+    let between: usize = std::env::args()
+        .nth(2)
+        .and_then(|f| f.parse::<usize>().ok())
+        .unwrap_or(0)
+        * 1024;
     for t in [Transport::Shm, Transport::Tcp] {
         for plain in [false, true] {
             let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
             let at = listener.local_addr().expect("addr");
             let peer = std::thread::spawn(move || {
-                probe(&mut join(&config(1, at, t, plain)).expect("join"), floats)
+                probe(
+                    &mut join(&config(1, at, t, plain)).expect("join"),
+                    floats,
+                    between,
+                )
             });
             let mine = probe(
                 &mut coordinate(&config(0, at, t, plain), listener).expect("coordinate"),
                 floats,
+                between,
             );
             peer.join().expect("peer");
             let how = if plain { "plaintext" } else { "sealed" };

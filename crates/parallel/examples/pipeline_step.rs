@@ -2,9 +2,13 @@
 //! process, one thread each, over shared memory) for 16 sequences, stepped three ways: one
 //! batched step at a time (one micro-batch per stage, the pipe drained every step), two groups
 //! overlapped across steps (what the API scheduler does), and one process on one thread for
-//! reference. The engine alone: no HTTP, no client, no sampling beyond greedy candidates.
+//! reference, each alternated with one process in short rounds. The engine alone: no HTTP, no
+//! client, no sampling beyond greedy candidates; stage 0's share of time spent waiting says
+//! which stage bounds the overlapped rate.
 //!
-//! `cargo run --release -p strata-parallel --example pipeline_step [SEQUENCES]`
+//! `cargo run --release -p strata-parallel --example pipeline_step [SEQUENCES]`; `GROUPS=K`
+//! overlaps K groups instead of two, `SHARE0=F` splits the layers giving stage 0 the share F
+//! of the work (default: even), to tell a stage imbalance from the hand-offs' cost.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -42,12 +46,15 @@ fn main() {
         .collect();
     let one_steps: Vec<(SlotId, u32)> = slots.iter().map(|&s| (s, 100)).collect();
 
+    // SHARE0: stage 0's share of the work to split by (default: even).
+    let share: Option<f64> = std::env::var("SHARE0").ok().and_then(|s| s.parse().ok());
+    let shares = share.map(|s| [s, 1.0 - s]);
     let plan = make_plan(
         &file,
         &cfg,
         Strategy::Pipeline,
         2,
-        None,
+        shares.as_ref().map(|s| &s[..]),
         CombineStyle::Gather,
     )
     .unwrap();
@@ -66,6 +73,7 @@ fn main() {
     // One process and the drained pipeline in turn, a short round each: this VM's speed
     // changes about every second, and alternating puts both through the same phases.
     let (mut t_one, mut t_two) = (Duration::ZERO, Duration::ZERO);
+    let wait0 = sharded.rank().comm().stats().wait;
     for _ in 0..ROUNDS {
         let t = Instant::now();
         for _ in 0..STEPS {
@@ -82,9 +90,12 @@ fn main() {
     let base = tokens / t_one.as_secs_f64();
     let drained = tokens / t_two.as_secs_f64();
     println!("one process, 1 thread: {base:.0} tok/s");
+    // Drained, stage 0 waits while stage 1 works: its wait share is stage 1's share of a step.
+    let wait = sharded.rank().comm().stats().wait - wait0;
     println!(
-        "2 stages, one step at a time: {drained:.0} tok/s ({:.2}x)",
-        drained / base
+        "2 stages, one step at a time: {drained:.0} tok/s ({:.2}x); stage 0 waited {:.0} % of the time",
+        drained / base,
+        wait.as_secs_f64() / t_two.as_secs_f64() * 100.0
     );
     if n < 2 {
         // One sequence cannot be split into two groups.
@@ -93,21 +104,44 @@ fn main() {
         return;
     }
 
-    let half = n.div_ceil(2);
-    let groups = [&steps[..half], &steps[half..]];
-    let t = Instant::now();
-    Sequences::submit(&mut sharded, groups[0], StepKind::Top(1)).unwrap();
-    Sequences::submit(&mut sharded, groups[1], StepKind::Top(1)).unwrap();
-    for i in 0..2 * STEPS * ROUNDS {
-        Sequences::collect(&mut sharded).unwrap();
-        if i + 2 < 2 * STEPS * ROUNDS {
-            Sequences::submit(&mut sharded, groups[i % 2], StepKind::Top(1)).unwrap();
+    // The groups overlapped (two, one per stage, as the API scheduler keeps them), alternated
+    // with one process the same way. Each round primes the pipe and drains it at the end (a
+    // stage idles for about one of its 32 group-steps, some 3 %).
+    let k: usize = std::env::var("GROUPS")
+        .ok()
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(2)
+        .max(1);
+    let groups: Vec<&[(SlotId, u32)]> = steps.chunks(n.div_ceil(k)).collect();
+    let k = groups.len();
+    let (mut t_one, mut t_lap) = (Duration::ZERO, Duration::ZERO);
+    let wait0 = sharded.rank().comm().stats().wait;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for _ in 0..STEPS {
+            Sequences::step_top(&mut one, &one_steps, 1).unwrap();
         }
+        t_one += t.elapsed();
+        let t = Instant::now();
+        for g in &groups {
+            Sequences::submit(&mut sharded, g, StepKind::Top(1)).unwrap();
+        }
+        for i in 0..k * STEPS {
+            Sequences::collect(&mut sharded).unwrap();
+            if i + k < k * STEPS {
+                Sequences::submit(&mut sharded, groups[i % k], StepKind::Top(1)).unwrap();
+            }
+        }
+        t_lap += t.elapsed();
     }
-    let overlapped = (n * STEPS * ROUNDS) as f64 / t.elapsed().as_secs_f64();
+    let wait = sharded.rank().comm().stats().wait - wait0;
+    let base = tokens / t_one.as_secs_f64();
+    let overlapped = tokens / t_lap.as_secs_f64();
     println!(
-        "2 stages, two groups overlapped: {overlapped:.0} tok/s ({:.2}x)",
-        overlapped / base
+        "2 stages, {k} groups overlapped: {overlapped:.0} tok/s ({:.2}x one process at \
+         {base:.0} tok/s alternated with it); stage 0 waited {:.0} % of the time",
+        overlapped / base,
+        wait.as_secs_f64() / t_lap.as_secs_f64() * 100.0
     );
     sharded.shutdown().unwrap();
     worker.join().unwrap().unwrap();
