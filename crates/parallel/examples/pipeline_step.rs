@@ -22,6 +22,15 @@ const STEPS: usize = 16;
 /// Rounds, alternating one process and two stages.
 const ROUNDS: usize = 12;
 
+/// Time of one round of [`STEPS`] batched steps of `steps` on `engine`.
+fn rounds_of(engine: &mut impl Sequences, steps: &[(SlotId, u32)]) -> Duration {
+    let t = Instant::now();
+    for _ in 0..STEPS {
+        engine.step_top(steps, 1).unwrap();
+    }
+    t.elapsed()
+}
+
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
@@ -75,16 +84,8 @@ fn main() {
     let (mut t_one, mut t_two) = (Duration::ZERO, Duration::ZERO);
     let wait0 = sharded.rank().comm().stats().wait;
     for _ in 0..ROUNDS {
-        let t = Instant::now();
-        for _ in 0..STEPS {
-            Sequences::step_top(&mut one, &one_steps, 1).unwrap();
-        }
-        t_one += t.elapsed();
-        let t = Instant::now();
-        for _ in 0..STEPS {
-            Sequences::step_top(&mut sharded, &steps, 1).unwrap();
-        }
-        t_two += t.elapsed();
+        t_one += rounds_of(&mut one, &one_steps);
+        t_two += rounds_of(&mut sharded, &steps);
     }
     let tokens = (n * STEPS * ROUNDS) as f64;
     let base = tokens / t_one.as_secs_f64();
@@ -117,11 +118,7 @@ fn main() {
     let (mut t_one, mut t_lap) = (Duration::ZERO, Duration::ZERO);
     let wait0 = sharded.rank().comm().stats().wait;
     for _ in 0..ROUNDS {
-        let t = Instant::now();
-        for _ in 0..STEPS {
-            Sequences::step_top(&mut one, &one_steps, 1).unwrap();
-        }
-        t_one += t.elapsed();
+        t_one += rounds_of(&mut one, &one_steps);
         let t = Instant::now();
         for g in &groups {
             Sequences::submit(&mut sharded, g, StepKind::Top(1)).unwrap();
