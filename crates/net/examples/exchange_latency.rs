@@ -43,7 +43,11 @@ fn probe(c: &mut strata_net::Communicator, floats: usize, between: usize) -> Dur
     for _ in 0..6 {
         let mut spent = Duration::ZERO;
         for _ in 0..n {
-            std::hint::black_box(work.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+            std::hint::black_box(
+                std::hint::black_box(&work)
+                    .iter()
+                    .fold(0u64, |a, &b| a.wrapping_add(b)),
+            );
             let start = Instant::now();
             c.all_gather_cols(&[0, 1], &src, &mut dst, 1, &parts)
                 .expect("all-gather");
@@ -90,6 +94,13 @@ fn main() {
             let how = if plain { "plaintext" } else { "sealed" };
             println!("{t:?} {how}: {mine:?} per exchange of {floats} floats each way");
         }
+    }
+    for _ in 0..3 {
+        println!(
+            "the nodes' overhead probe (an exchange after reading {} KiB, less one back to back): {:.2} us",
+            strata_net::OVERHEAD_READ >> 10,
+            strata_net::exchange_overhead().expect("overhead") * 1e6
+        );
     }
     for bytes in [576 * 4, 1 << 20] {
         let per = strata_net::sealing_cost(bytes, (200 << 20) / bytes as u32).expect("sealing");

@@ -32,6 +32,8 @@ pub use collectives::RING_MIN_BYTES;
 pub use comm::{CommStats, Communicator};
 pub use error::{Error, Result};
 pub use handshake::PROTOCOL_VERSION;
-pub use probe::{LinkFigures, ProbeSize, answer_probe, probe_link};
+pub use probe::{
+    LinkFigures, OVERHEAD_READ, ProbeSize, answer_probe, exchange_overhead, probe_link,
+};
 pub use seal::{MAX_MESSAGE, sealing_cost};
 pub use shape::{LinkShape, parse_bandwidth, parse_latency};

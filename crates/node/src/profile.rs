@@ -62,6 +62,10 @@ pub struct Profile {
     /// older nodes).
     #[serde(default)]
     pub machine_bandwidth: f64,
+    /// What each exchange of a decode step costs this node beyond the link's own figures,
+    /// microseconds ([`strata_net::exchange_overhead`]; 0 from older nodes).
+    #[serde(default)]
+    pub exchange_overhead_us: f64,
     /// Where this node's HTTP API listens (as the node sees it).
     pub api_addr: String,
     /// Unix time the node started.
@@ -113,6 +117,8 @@ pub struct Speed {
     pub stream_gweights_by_type: BTreeMap<String, f64>,
     /// Memory read bandwidth with every core of the machine reading, bytes per second.
     pub machine_bandwidth: f64,
+    /// An exchange's cost after reading other data beyond a back-to-back one, microseconds.
+    pub exchange_overhead_us: f64,
 }
 
 /// What identifies this machine among the nodes: `/etc/machine-id` (the same in every network
@@ -159,6 +165,7 @@ pub fn measure_speed(threads: usize) -> Speed {
     let row_cost = row_cost_s(pool.n_threads(), &attention);
     let stream_gweights_by_type = stream_gweights_by_type(&pool);
     Speed {
+        exchange_overhead_us: exchange_overhead_us(),
         machine_bandwidth,
         stream_gweights_by_type,
         matmul_gflops: q8_0_gflops(&by_type),
@@ -168,6 +175,12 @@ pub fn measure_speed(threads: usize) -> Speed {
         row_cost_ns: row_cost * 1e9,
         mem_bandwidth,
     }
+}
+
+/// [`strata_net::exchange_overhead`] in microseconds; 0 when it cannot run (a machine without
+/// shared memory or loopback): the planner then prices exchanges by the links alone.
+pub fn exchange_overhead_us() -> f64 {
+    strata_net::exchange_overhead().map_or(0.0, |s| s * 1e6)
 }
 
 /// What a decoded row costs the engine besides its matrix products and the part of attention
@@ -488,6 +501,11 @@ mod tests {
         // Every core reading together reads at least what the node's threads do.
         assert!(
             s.machine_bandwidth.is_finite() && s.machine_bandwidth >= s.mem_bandwidth,
+            "{s:?}"
+        );
+        // An exchange after reading other data costs at most a fraction of a millisecond more.
+        assert!(
+            s.exchange_overhead_us.is_finite() && (0.0..1000.0).contains(&s.exchange_overhead_us),
             "{s:?}"
         );
         // The engine's own step costs something beyond its products (a row stores its keys

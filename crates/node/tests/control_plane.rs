@@ -42,6 +42,7 @@ fn state(id: &str) -> NodeState {
             stream_gweights_by_type: Default::default(),
             machine: String::new(),
             machine_bandwidth: 0.0,
+            exchange_overhead_us: 0.0,
             attention_gflops: 0.0,
             attention_fixed_us: 0.0,
             row_cost_ns: 0.0,

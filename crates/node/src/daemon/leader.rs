@@ -325,6 +325,7 @@ mod tests {
                 stream_gweights_by_type: BTreeMap::new(),
                 machine: String::new(),
                 machine_bandwidth: 0.0,
+                exchange_overhead_us: 0.0,
                 attention_gflops: 1.0,
                 attention_fixed_us: 0.0,
                 row_cost_ns: 0.0,

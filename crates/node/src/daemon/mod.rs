@@ -249,6 +249,7 @@ pub fn topology(s: &Snapshot) -> Topology {
                 .collect(),
             machine: st.profile.machine.clone(),
             machine_bandwidth: st.profile.machine_bandwidth,
+            message_overhead: st.profile.exchange_overhead_us * 1e-6,
             ..placement::Node::default()
         })
         .collect();
@@ -348,6 +349,7 @@ pub async fn run(
         stream_gweights_by_type: speed.stream_gweights_by_type,
         machine: profile::machine_id(),
         machine_bandwidth: speed.machine_bandwidth,
+        exchange_overhead_us: speed.exchange_overhead_us,
         api_addr: opts.api_addr.to_string(),
         started_at: now_ms() / 1000,
         memory_limit: opts.memory_limit,
