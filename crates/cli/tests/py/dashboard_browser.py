@@ -43,27 +43,30 @@ os.makedirs(args.shots, exist_ok=True)
 nodes = args.nodes.split(",")
 
 
-def slow_events(page):
-    """Too-slow-link events in the node's feed, read from its API with the page's key."""
+def cluster_status(page):
+    """The node's `/v1/cluster/status`, fetched from the page with the page's key."""
     return page.evaluate("""async () => {
         const k = localStorage.getItem("strata.apiKey");
         const r = await fetch("/v1/cluster/status", {headers: k ? {Authorization: `Bearer ${k}`} : {}});
-        const s = await r.json();
-        return (s.events || []).filter((e) => /too slow for tensor parallelism/.test(e.what)).length;
+        return await r.json();
     }""")
+
+
+def slow_events(page):
+    """Too-slow-link events in the node's feed."""
+    events = cluster_status(page).get("events") or []
+    return sum(1 for e in events if re.search("too slow for tensor parallelism", e.get("what", "")))
 
 
 def considered(page, instance):
     """The strategies the leader weighed when it placed `instance`, with their predictions
     (tok/s), read from the cluster status: the load's own figures, which a preview taken
     earlier may not match (a node's published probes can change in between)."""
-    return page.evaluate("""async (id) => {
-        const k = localStorage.getItem("strata.apiKey");
-        const r = await fetch("/v1/cluster/status", {headers: k ? {Authorization: `Bearer ${k}`} : {}});
-        const s = await r.json();
-        const i = (s.instances || []).find((x) => x.id === id);
-        return Object.fromEntries((i?.placement?.considered || []).filter(([k]) => typeof k === "string"));
-    }""", instance)
+    for i in cluster_status(page).get("instances") or []:
+        if i.get("id") == instance:
+            pairs = (i.get("placement") or {}).get("considered") or []
+            return {k: v for k, v in pairs if isinstance(k, str)}
+    return {}
 
 
 def step(msg):
