@@ -454,10 +454,9 @@ fn this_machine(threads: Option<usize>, working_set: u64) -> Result<Node> {
             .map(|(t, g)| (t, g * 1e9 * class.bandwidth_efficiency))
             .collect(),
         // Measured here as live nodes measure it; the class's figure stands where it cannot be.
-        message_overhead: match strata_node::profile::exchange_overhead_us() {
-            us if us > 0.0 => us * 1e-6,
-            _ => class.message_overhead_us * 1e-6,
-        },
+        message_overhead: strata_node::profile::exchange_overhead_us()
+            .unwrap_or(class.message_overhead_us)
+            * 1e-6,
         ..Node::default()
     })
 }

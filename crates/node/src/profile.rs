@@ -165,7 +165,7 @@ pub fn measure_speed(threads: usize) -> Speed {
     let row_cost = row_cost_s(pool.n_threads(), &attention);
     let stream_gweights_by_type = stream_gweights_by_type(&pool);
     Speed {
-        exchange_overhead_us: exchange_overhead_us(),
+        exchange_overhead_us: exchange_overhead_us().unwrap_or(0.0),
         machine_bandwidth,
         stream_gweights_by_type,
         matmul_gflops: q8_0_gflops(&by_type),
@@ -177,10 +177,11 @@ pub fn measure_speed(threads: usize) -> Speed {
     }
 }
 
-/// [`strata_net::exchange_overhead`] in microseconds; 0 when it cannot run (a machine without
-/// shared memory or loopback): the planner then prices exchanges by the links alone.
-pub fn exchange_overhead_us() -> f64 {
-    strata_net::exchange_overhead().map_or(0.0, |s| s * 1e6)
+/// [`strata_net::exchange_overhead`] in microseconds; `None` when it cannot run (a machine
+/// without shared memory or loopback). A node then publishes 0 and the planner prices its
+/// exchanges by the links alone; a measured 0 (no overhead to see) stays a measurement.
+pub fn exchange_overhead_us() -> Option<f64> {
+    strata_net::exchange_overhead().ok().map(|s| s * 1e6)
 }
 
 /// What a decoded row costs the engine besides its matrix products and the part of attention
