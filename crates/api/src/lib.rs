@@ -40,6 +40,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use error::{ApiError, Dialect};
+/// Prompt tokens a scheduler round (a pipeline's pass) prefills while other sequences are
+/// generating; what a prompt arriving among live streams costs depends on it.
+pub use scheduler::LIVE_CHUNK;
 
 use strata_engine::{Batch, Model};
 use strata_gguf::GgufFile;

@@ -731,12 +731,12 @@ use strata_engine::PREFILL_CHUNK;
 /// their next tokens wait for each round's chunk, so it is short (a 2,000-token prompt among eight
 /// streams would otherwise stall them for a 256-token pass at a time). A prompt's logits are the
 /// same in chunks of 16 as of 256 (`prefill_logits_do_not_depend_on_the_chunk_size` in the engine's
-/// tests), given [`next_chunk`]'s rule for the last one. Measured (`scripts/bench-itl.py`, SmolLM2,
+/// tests), given the scheduler's rule for the last one. Measured (`scripts/bench-itl.py`, SmolLM2,
 /// 8 streams, 2 threads): the median gap while a 1,830-token prompt is admitted is 2.0-2.1x the
 /// usual one with 16 (3.1x with 32, 18-19x with 256); the prompt itself takes about twice as long
 /// to admit as in whole blocks. It is the engine's finest reusable grid, so the prefix cache keeps
 /// the blocks such chunks fill.
-pub(crate) const LIVE_CHUNK: usize = REUSABLE_STEP;
+pub const LIVE_CHUNK: usize = REUSABLE_STEP;
 
 /// Fewest rows of a chunk that runs the same kernels as longer ones: fewer take the matrix
 /// kernels' small-batch path, and one row the one-token attention order.
