@@ -12,6 +12,8 @@ let previews = {};            // strategy -> { placement, model } | { error }
 let message = { text: "", cls: "" };
 let previewDirty = false;
 let shown = ["auto"];          // strategies the preview lists     // the preview is redrawn only when it changes (it holds a form)
+let previewFor = "";           // the cluster the open preview was planned for (see `planned`)
+let planning = false;          // a preview's plans are in flight
 
 export function mount(el) {
   root = el;
@@ -61,15 +63,39 @@ async function plan(id, strategy) {
   catch (e) { previews[strategy] = { error: e.message }; }
 }
 
+/** What a preview depends on: the nodes that can take a share (their state known, not
+ * draining) and the links measured between them. A node that has just joined publishes its
+ * state, and its links are probed, a moment after it shows up. */
+function planned(ctx) {
+  const nodes = eligible(ctx).map((m) => m.id).sort();
+  return `${nodes.join(",")}/${(ctx.status?.topology?.links || []).length}`;
+}
+
+/** Members that can take a share: their state known, not draining. */
+function eligible(ctx) {
+  return (ctx.status?.members || []).filter((m) => m.state && !m.state.draining);
+}
+
 /** The planner's answer for each strategy that can apply (the automatic choice first: it says
- * whether the model is a mixture, which is what `expert` needs). */
+ * whether the model is a mixture, which is what `expert` needs); planned again by `update`
+ * when the cluster it was planned for changes. */
 async function preview(ctx, id) {
   selected = id;
   previews = {};
   previewDirty = true;
-  update(ctx);
+  planning = true;
+  previewFor = planned(ctx);
+  try {
+    update(ctx);
+    await plans(ctx, id);
+  } finally {
+    planning = false;
+  }
+}
+
+async function plans(ctx, id) {
   await plan(id, "auto");
-  const nodes = (ctx.status?.members || []).filter((m) => m.state && !m.state.draining).length;
+  const nodes = eligible(ctx).length;
   const moe = previews.auto?.model?.moe;
   const rest = ["single"];
   if (nodes > 1) rest.push("tensor", "pipeline");
@@ -173,6 +199,7 @@ export function update(ctx) {
           : null,
       ],
     }))));
+  if (selected && !planning && planned(ctx) !== previewFor) preview(ctx, selected);
   if (previewDirty) {
     previewDirty = false;
     const form = root.querySelector(".load-form");

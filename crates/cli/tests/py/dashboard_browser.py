@@ -234,7 +234,12 @@ with sync_playwright() as pw:
         page.wait_for_selector(f"#models-instances tr[data-instance='{inst}']", state="detached", timeout=20000)
         step(f"unloaded {inst}")
     page.click(f"button[data-preview='{args.model}']")
-    row = page.wait_for_selector(".preview tr[data-strategy='tensor'] td.num", timeout=30000)
+    try:
+        row = page.wait_for_selector(".preview tr[data-strategy='tensor'] td.num", timeout=30000)
+    except Exception:
+        # Say what the preview showed instead (a plan's error, or no tensor row at all).
+        step(f"preview without a tensor figure: {page.text_content('#preview')!r}")
+        raise
     step(f"preview: tensor predicted {row.text_content()}")
     page.wait_for_selector(".preview tr[data-strategy='pipeline'] td.num", timeout=30000)
     predicted = {}
