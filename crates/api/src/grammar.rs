@@ -72,6 +72,56 @@ fn check_size(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The stack of a grammar-compiling thread. The compiler recurses a few KiB per nested
+/// schema; [`crate::schema_limits::MAX_DEPTH`] keeps a schema well under a tenth of this
+/// (tested on a thread of the default 2 MiB).
+const COMPILE_STACK: usize = 64 << 20;
+
+/// How long a request waits for its grammar. The limits make compiles take milliseconds;
+/// this is the bound on a wait, should one not.
+const COMPILE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Most grammars compiling at once on one server (a compile past its deadline still counts
+/// until it ends, so hostile schemas cannot pile up threads).
+const MAX_COMPILING: usize = 8;
+
+/// Grammars compiling now.
+static COMPILING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of [`MAX_COMPILING`] places, held while a grammar compiles.
+struct CompileSlot;
+
+impl CompileSlot {
+    fn take() -> Option<CompileSlot> {
+        use std::sync::atomic::Ordering;
+        COMPILING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_COMPILING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| CompileSlot)
+    }
+}
+
+impl Drop for CompileSlot {
+    fn drop(&mut self) {
+        COMPILING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// The compile itself (see [`Grammars::matcher`]).
+fn compile(factory: &ParserFactory, grammar: TopLevelGrammar) -> Result<Matcher, String> {
+    let parser = factory
+        .create_parser(grammar)
+        .map_err(|e| readable(e.to_string()))?;
+    let mut m = Matcher::new(Ok(parser));
+    if let Some(e) = m.get_error() {
+        return Err(readable(e));
+    }
+    m.compute_mask().map_err(|e| readable(e.to_string()))?;
+    Ok(m)
+}
+
 struct Env {
     trie: TokTrie,
     tok: Arc<Tokenizer>,
@@ -158,22 +208,58 @@ impl Grammars {
     /// Compiles `grammar` and computes its first mask, so a grammar that fails only when first
     /// used (a schema that refers to itself without end) fails here, as the request's 400, and
     /// not on the engine thread in the middle of a batch.
+    ///
+    /// The work runs on a thread of its own with a [`COMPILE_STACK`] stack, whatever thread
+    /// asks: the compiler recurses along the schema, and a panic or a deep recursion there is
+    /// the request's error, never the process's end. The schema limits
+    /// ([`crate::schema_limits`]) and the compiler's own ([`Grammars::new`]) bound the work;
+    /// past [`COMPILE_DEADLINE`] the request is answered anyway, and the thread, whose work is
+    /// bounded, still counts against [`MAX_COMPILING`] until it ends.
     fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher, String> {
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| readable(e.to_string()))?;
-        let mut m = Matcher::new(Ok(parser));
-        if let Some(e) = m.get_error() {
-            return Err(readable(e));
+        let slot = CompileSlot::take().ok_or_else(|| {
+            format!(
+                "{MAX_COMPILING} grammars are compiling on this server already; retry in a \
+                 moment"
+            )
+        })?;
+        let factory = Arc::clone(&self.factory);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("grammar-compile".into())
+            .stack_size(COMPILE_STACK)
+            .spawn(move || {
+                let _slot = slot;
+                let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    compile(&factory, grammar)
+                }))
+                .unwrap_or_else(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no reason given".into());
+                    tracing::warn!(%why, "the grammar compiler panicked");
+                    Err(format!("the grammar compiler gave up on it: {why}"))
+                });
+                let _ = tx.send(compiled);
+            })
+            .map_err(|e| format!("the grammar compiler could not start: {e}"))?;
+        match rx.recv_timeout(COMPILE_DEADLINE) {
+            Ok(compiled) => compiled,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
+                "it took more than {} s to compile",
+                COMPILE_DEADLINE.as_secs()
+            )),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the grammar compiler stopped without an answer".into())
+            }
         }
-        m.compute_mask().map_err(|e| e.to_string())?;
-        Ok(m)
     }
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
     pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let schema = compact(tools::bounded(tools::closed(tools::unrolled(schema))));
+        let schema = crate::schema_limits::prepare(schema).map_err(|e| e.to_string())?;
+        let schema = compact(tools::bounded(tools::closed(schema)));
         check_size(&schema.to_string())?;
         let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
         Ok(Box::new(Grammar { m }))
@@ -191,7 +277,7 @@ impl Grammars {
         choice: &Choice,
         parallel: bool,
     ) -> Result<Box<dyn Constraint>, String> {
-        let g = self.calls_grammar(tools, choice, parallel, true);
+        let g = self.calls_grammar(tools, choice, parallel, true)?;
         check_size(&g)?;
         let m = self.matcher(TopLevelGrammar::from_lark(g))?;
         Ok(Box::new(Grammar { m }))
@@ -204,17 +290,17 @@ impl Grammars {
         choice: &Choice,
         parallel: bool,
     ) -> Result<Box<dyn Constraint>, String> {
-        let rest = self.calls_grammar(tools, choice, parallel, false);
+        let rest = self.calls_grammar(tools, choice, parallel, false)?;
         check_size(&rest)?;
         // Compile now, so a bad schema is the request's 400 rather than a failure mid-stream.
-        let first = self.matcher(TopLevelGrammar::from_lark(rest.clone()))?;
+        let first = self.matcher(TopLevelGrammar::from_lark(rest))?;
         let at_start = self.format.shape().trigger.is_none();
         Ok(Box::new(Lazy {
             g: self.clone(),
-            rest,
+            at_start: at_start.then(|| first.clone()),
+            fresh: first,
             tail: String::new(),
             active: None,
-            at_start: at_start.then_some(first),
             free: false,
         }))
     }
@@ -239,7 +325,13 @@ impl Grammars {
     /// The lark grammar of the calls of this format over `tools` (only the named one under
     /// [`Choice::Named`]). With `open`, the text starts with the opening marker; without,
     /// just after it.
-    fn calls_grammar(&self, tools: &[Tool], choice: &Choice, parallel: bool, open: bool) -> String {
+    fn calls_grammar(
+        &self,
+        tools: &[Tool],
+        choice: &Choice,
+        parallel: bool,
+        open: bool,
+    ) -> Result<String, String> {
         if self.format == CallFormat::Harmony {
             return self.harmony_call(tools, choice, open);
         }
@@ -263,22 +355,22 @@ impl Grammars {
             // `NAME[ARGS]ARGUMENTS`, one alternative per function.
             tools::picked(tools, choice)
                 .map(|t| {
-                    format!(
+                    Ok(format!(
                         "{} {} %json {}",
                         Value::String(t.function.name.clone()),
                         self.lit("[ARGS]"),
-                        compact(tools::constrained(t))
-                    )
+                        compact(tools::constrained(t)?)
+                    ))
                 })
-                .collect::<Vec<_>>()
+                .collect::<Result<Vec<_>, String>>()?
                 .join("\n    | ")
         } else {
             format!(
                 "%json {}",
-                compact(tools::call_schema(tools, choice, self.format))
+                compact(tools::call_schema(tools, choice, self.format)?)
             )
         };
-        format!("start: {}\ncall: {call}\n", start.join(" "))
+        Ok(format!("start: {}\ncall: {call}\n", start.join(" ")))
     }
 }
 
@@ -286,7 +378,7 @@ impl Grammars {
     /// One harmony call message (the format has one call per answer): with `open`, from its
     /// channel on, else from just after the recipient's `to=functions.`; the function's name,
     /// the JSON constraint, the arguments and `<|call|>`, which ends the generation.
-    fn harmony_call(&self, tools: &[Tool], choice: &Choice, open: bool) -> String {
+    fn harmony_call(&self, tools: &[Tool], choice: &Choice, open: bool) -> Result<String, String> {
         let head = if open {
             format!(
                 "{} {} ",
@@ -310,15 +402,15 @@ impl Grammars {
         let end = self.lit("<|call|>");
         let call = tools::picked(tools, choice)
             .map(|t| {
-                format!(
+                Ok(format!(
                     "{} {body} %json {} {end}",
                     Value::String(t.function.name.clone()),
-                    compact(tools::constrained(t)),
-                )
+                    compact(tools::constrained(t)?),
+                ))
             })
-            .collect::<Vec<_>>()
+            .collect::<Result<Vec<_>, String>>()?
             .join("\n    | ");
-        format!("start: {head}call\ncall: {call}\n")
+        Ok(format!("start: {head}call\ncall: {call}\n"))
     }
 }
 
@@ -381,7 +473,9 @@ impl Constraint for Grammar {
 /// the whole answer, the first token decides.
 struct Lazy {
     g: Grammars,
-    rest: String,
+    /// The call grammar as compiled for the request, cloned when the trigger appears (no
+    /// compile on the engine thread).
+    fresh: Matcher,
     /// The last few characters of the free text.
     tail: String,
     active: Option<Matcher>,
@@ -466,10 +560,7 @@ impl Constraint for Lazy {
         self.tail
             .push_str(&String::from_utf8_lossy(self.g.tok.token_bytes(token)));
         if self.tail.ends_with(trigger) {
-            self.active = Some(
-                self.g
-                    .matcher(TopLevelGrammar::from_lark(self.rest.clone()))?,
-            );
+            self.active = Some(self.fresh.clone());
         } else {
             let keep = self.tail.len().saturating_sub(trigger.len());
             let cut = (keep..=self.tail.len())
@@ -546,7 +637,8 @@ mod tests {
                 Some(json!({"type": "object", "properties": {"n": {"type": "integer"}}})),
             ),
         ];
-        let envelope = tools::call_schema(&tools, &Choice::Required, CallFormat::detect(None));
+        let envelope =
+            tools::call_schema(&tools, &Choice::Required, CallFormat::detect(None)).unwrap();
         let call = |text: &str| {
             let mut c = g.json(envelope.clone()).unwrap();
             takes(&g, &mut c, text)
@@ -632,5 +724,61 @@ mod tests {
         }
         let big = g.json(json!({"const": "x".repeat(MAX_GRAMMAR_BYTES)}));
         assert!(big.err().unwrap().contains("KiB"));
+    }
+
+    /// The schemas that aborted the process (a `$ref` chain deeper than a worker's stack,
+    /// mutually recursive definitions expanding without end, a pattern of nested counted
+    /// repetitions) and variants of them: each is a short error or a grammar, quickly, as a
+    /// response format and as a tool's parameters.
+    #[test]
+    fn hostile_schemas_are_refused_or_compiled_quickly_and_never_take_the_process_down() {
+        use crate::schema_limits::MAX_DEPTH;
+        let g = grammars();
+        use crate::schema_limits::hostile::{chain, mutual};
+        let refused = [
+            chain(700),
+            chain(550),
+            chain(MAX_DEPTH + 1),
+            json!({"type": "string", "pattern": "^(x{1000}){1000}$"}),
+        ];
+        let compiled = [
+            chain(MAX_DEPTH - 2),
+            mutual("ABCD"),
+            mutual("ABCDE"),
+            mutual("ABCDEFGH"),
+        ];
+        for (schema, ok) in refused
+            .iter()
+            .map(|s| (s, false))
+            .chain(compiled.iter().map(|s| (s, true)))
+        {
+            let t0 = std::time::Instant::now();
+            let as_format = g.json(schema.clone());
+            let as_tool =
+                g.tool_calls(&[tool("f", Some(schema.clone()))], &Choice::Required, false);
+            let took = t0.elapsed();
+            assert_eq!(
+                as_format.is_ok(),
+                ok,
+                "{schema:.120}: {:?}",
+                as_format.err()
+            );
+            assert_eq!(as_tool.is_ok(), ok, "{schema:.120}: {:?}", as_tool.err());
+            for e in [as_format.err(), as_tool.err()].into_iter().flatten() {
+                assert!(e.len() < 400, "{e}");
+            }
+            assert!(took.as_secs() < 20, "{schema:.120} took {took:?}");
+        }
+        // The deepest schema allowed compiles on a thread of the default stack: the compile
+        // thread's stack is many times what the limits let a schema use.
+        let factory = Arc::clone(&g.factory);
+        let deepest = compact(crate::schema_limits::prepare(chain(MAX_DEPTH - 2)).unwrap());
+        let on_small_stack = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || compile(&factory, TopLevelGrammar::from_json_schema(deepest)).is_ok())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(on_small_stack);
     }
 }

@@ -30,6 +30,7 @@ pub mod pull;
 pub(crate) mod responses;
 pub(crate) mod routing;
 pub(crate) mod scheduler;
+pub(crate) mod schema_limits;
 pub mod server;
 pub mod testkit;
 pub(crate) mod tools;

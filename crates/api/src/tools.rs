@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::ApiError;
 use crate::call_format::CallFormat;
+use crate::schema_limits::{self, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE};
 use crate::types::{Tool, ToolCall};
 
 /// The default prompt's call markers ([`CallFormat::Hermes`]).
@@ -102,13 +103,21 @@ pub(crate) fn validate(tools: &[Tool]) -> Result<(), ApiError> {
                 format!("Invalid function name `{n}`: use 1 to 64 of a-z, A-Z, 0-9, _ and -."),
             ));
         }
-        if let Some(p) = &t.function.parameters
-            && !p.is_object()
-        {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].function.parameters"),
-                "Function parameters must be a JSON schema object.",
-            ));
+        if let Some(p) = &t.function.parameters {
+            if !p.is_object() {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].function.parameters"),
+                    "Function parameters must be a JSON schema object.",
+                ));
+            }
+            // Before the tools' text goes into the prompt: a hostile schema is refused for
+            // what it is, not for the context it would fill.
+            schema_limits::check(p).map_err(|e| {
+                ApiError::invalid(
+                    format!("tools[{i}].function.parameters"),
+                    format!("The schema cannot be used: {e}"),
+                )
+            })?;
         }
         if tools[..i].iter().any(|o| o.function.name == *n) {
             return Err(ApiError::invalid(
@@ -128,10 +137,13 @@ pub(crate) fn picked<'a>(tools: &'a [Tool], choice: &'a Choice) -> impl Iterator
     })
 }
 
-/// The schema a call's arguments are constrained by: [`parameters`] closed, bounded and with
-/// self-recursion unrolled ([`closed`], [`bounded`], [`unrolled`]).
-pub(crate) fn constrained(t: &Tool) -> Value {
-    bounded(closed(unrolled(parameters(t))))
+/// The schema a call's arguments are constrained by: [`parameters`] checked against the
+/// server's limits with its recursion unrolled ([`schema_limits::prepare`]), then closed and
+/// bounded ([`closed`], [`bounded`]). The error names the tool.
+pub(crate) fn constrained(t: &Tool) -> Result<Value, String> {
+    let p = schema_limits::prepare(parameters(t))
+        .map_err(|e| format!("tool `{}`'s parameters: {e}", t.function.name))?;
+    Ok(bounded(closed(p)))
 }
 
 /// The JSON schema of a function's arguments (an empty object when it declares none).
@@ -149,13 +161,17 @@ pub(crate) fn parameters(t: &Tool) -> Value {
 /// Each tool's parameters sit in the envelope's `$defs` under a name of their own, with their
 /// references rewritten to point into it: `#/$defs/Address` (pydantic's nested models) and `#`
 /// (a recursive schema) mean the tool's own schema, not the envelope around it.
-pub(crate) fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -> Value {
+pub(crate) fn call_schema(
+    tools: &[Tool],
+    choice: &Choice,
+    format: CallFormat,
+) -> Result<Value, String> {
     let shape = format.shape();
     let mut defs = serde_json::Map::new();
-    let mut one = |i: usize, t: &Tool| {
+    let mut one = |i: usize, t: &Tool| -> Result<Value, String> {
         let key = format!("strata_tool_{i}");
         let at = format!("#/$defs/{key}");
-        defs.insert(key, rebase_refs(constrained(t), &at));
+        defs.insert(key, rebase_refs(constrained(t)?, &at));
         let mut props = serde_json::Map::new();
         props.insert("name".into(), json!({"const": t.function.name}));
         props.insert(shape.args_key.into(), json!({ "$ref": at }));
@@ -167,17 +183,17 @@ pub(crate) fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -
             );
             required.push(json!("id"));
         }
-        json!({
+        Ok(json!({
             "type": "object",
             "properties": props,
             "required": required,
             "additionalProperties": false,
-        })
+        }))
     };
     let all: Vec<Value> = picked(tools, choice)
         .enumerate()
         .map(|(i, t)| one(i, t))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let mut root = if all.len() == 1 {
         all.into_iter().next().unwrap_or(Value::Null)
     } else {
@@ -186,32 +202,8 @@ pub(crate) fn call_schema(tools: &[Tool], choice: &Choice, format: CallFormat) -
     if let Value::Object(m) = &mut root {
         m.insert("$defs".into(), Value::Object(defs));
     }
-    root
+    Ok(root)
 }
-
-/// Keywords whose value is a map of names to schemas.
-const SCHEMA_MAPS: [&str; 5] = [
-    "properties",
-    "patternProperties",
-    "$defs",
-    "definitions",
-    "dependentSchemas",
-];
-/// Keywords whose value is a schema (or, for `items`, a list of them in old drafts).
-const SCHEMA_ONE: [&str; 10] = [
-    "items",
-    "additionalProperties",
-    "additionalItems",
-    "unevaluatedProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-];
-/// Keywords whose value is a list of schemas.
-const SCHEMA_LISTS: [&str; 4] = ["anyOf", "oneOf", "allOf", "prefixItems"];
 
 /// Applies `f` to `schema` and to every schema inside it (by keyword, so data such as a
 /// `const`, `enum` or `default`, and property names, are never taken for schemas).
@@ -338,173 +330,6 @@ pub(crate) fn bounded(mut schema: Value) -> Value {
             m.insert("multipleOf".into(), json!(0.000001));
         }
     });
-    schema
-}
-
-/// How deep a schema that refers to itself (`{"$ref": "#"}`) may nest in constrained output.
-pub(crate) const MAX_SELF_NESTING: usize = 3;
-
-/// `schema` with its recursion unrolled [`MAX_SELF_NESTING`] levels deep, the deepest level
-/// allowing nothing (`false`: an array of them stays empty): references to itself (`#`), and
-/// references to definitions (`#/$defs/X`, `#/definitions/X`) that lead back to themselves (a
-/// tree of pydantic models). A weak model asked for a recursive structure otherwise nests
-/// until its budget ends and never finishes the call. Definitions outside any cycle stay
-/// references.
-pub(crate) fn unrolled(schema: Value) -> Value {
-    fn refers_to_root(v: &Value) -> bool {
-        match v {
-            Value::Object(m) => {
-                m.get("$ref").and_then(Value::as_str) == Some("#") || m.values().any(refers_to_root)
-            }
-            Value::Array(a) => a.iter().any(refers_to_root),
-            _ => false,
-        }
-    }
-    fn replace(v: &mut Value, with: &Value) {
-        match v {
-            Value::Object(m) if m.get("$ref").and_then(Value::as_str) == Some("#") => {
-                *v = with.clone();
-            }
-            Value::Object(m) => m.values_mut().for_each(|c| replace(c, with)),
-            Value::Array(a) => a.iter_mut().for_each(|c| replace(c, with)),
-            _ => {}
-        }
-    }
-    let schema = unrolled_defs(schema);
-    if !refers_to_root(&schema) {
-        return schema;
-    }
-    let mut level = Value::Bool(false);
-    for _ in 0..=MAX_SELF_NESTING {
-        let mut next = schema.clone();
-        replace(&mut next, &level);
-        level = next;
-    }
-    level
-}
-
-/// The definition a local reference names (`#/$defs/X` or `#/definitions/X`): its keyword and
-/// name.
-fn def_ref(r: &str) -> Option<(&str, &str)> {
-    ["$defs", "definitions"].into_iter().find_map(|k| {
-        let name = r.strip_prefix("#/")?.strip_prefix(k)?.strip_prefix('/')?;
-        (!name.is_empty() && !name.contains('/')).then_some((k, name))
-    })
-}
-
-/// The definitions `v` refers to, by name.
-fn refs_in(v: &Value, out: &mut std::collections::BTreeSet<String>) {
-    match v {
-        Value::Object(m) => {
-            if let Some((_, name)) = m.get("$ref").and_then(Value::as_str).and_then(def_ref) {
-                out.insert(name.to_string());
-            }
-            m.values().for_each(|c| refs_in(c, out));
-        }
-        Value::Array(a) => a.iter().for_each(|c| refs_in(c, out)),
-        _ => {}
-    }
-}
-
-/// [`unrolled`] for cycles through definitions: every reference to a definition on a cycle is
-/// replaced by the definition itself, expanded the same way, at most [`MAX_SELF_NESTING`]
-/// times along any path (then `false`).
-fn unrolled_defs(mut schema: Value) -> Value {
-    use std::collections::{BTreeMap, BTreeSet};
-    let Value::Object(root) = &schema else {
-        return schema;
-    };
-    let mut defs: BTreeMap<String, Value> = BTreeMap::new();
-    for k in ["$defs", "definitions"] {
-        if let Some(Value::Object(d)) = root.get(k) {
-            for (name, def) in d {
-                defs.insert(name.clone(), def.clone());
-            }
-        }
-    }
-    // Definitions that can reach themselves.
-    let edges: BTreeMap<&str, BTreeSet<String>> = defs
-        .iter()
-        .map(|(n, d)| {
-            let mut out = BTreeSet::new();
-            refs_in(d, &mut out);
-            (n.as_str(), out)
-        })
-        .collect();
-    let cyclic: BTreeSet<String> = defs
-        .keys()
-        .filter(|start| {
-            let mut seen = BTreeSet::new();
-            let mut todo: Vec<&str> = edges
-                .get(start.as_str())
-                .into_iter()
-                .flatten()
-                .map(String::as_str)
-                .collect();
-            while let Some(n) = todo.pop() {
-                if n == start.as_str() {
-                    return true;
-                }
-                if seen.insert(n) {
-                    todo.extend(edges.get(n).into_iter().flatten().map(String::as_str));
-                }
-            }
-            false
-        })
-        .cloned()
-        .collect();
-    if cyclic.is_empty() {
-        return schema;
-    }
-    fn expand(
-        v: &mut Value,
-        defs: &BTreeMap<String, Value>,
-        cyclic: &BTreeSet<String>,
-        depth: &mut BTreeMap<String, usize>,
-    ) {
-        match v {
-            Value::Object(m) => {
-                let target = m
-                    .get("$ref")
-                    .and_then(Value::as_str)
-                    .and_then(def_ref)
-                    .map(|(_, n)| n.to_string())
-                    .filter(|n| cyclic.contains(n));
-                let Some(name) = target else {
-                    for (k, c) in m.iter_mut() {
-                        // The definitions themselves are expanded where they are used.
-                        if k != "$defs" && k != "definitions" {
-                            expand(c, defs, cyclic, depth);
-                        }
-                    }
-                    return;
-                };
-                let d = depth.entry(name.clone()).or_insert(0);
-                if *d >= MAX_SELF_NESTING {
-                    *v = Value::Bool(false);
-                    return;
-                }
-                *d += 1;
-                let mut body = defs.get(&name).cloned().unwrap_or(Value::Bool(false));
-                expand(&mut body, defs, cyclic, depth);
-                if let Some(d) = depth.get_mut(&name) {
-                    *d -= 1;
-                }
-                // Keywords beside the reference (a description) stay.
-                if let Value::Object(b) = &mut body {
-                    for (k, x) in m.iter() {
-                        if k != "$ref" && !b.contains_key(k) {
-                            b.insert(k.clone(), x.clone());
-                        }
-                    }
-                }
-                *v = body;
-            }
-            Value::Array(a) => a.iter_mut().for_each(|c| expand(c, defs, cyclic, depth)),
-            _ => {}
-        }
-    }
-    expand(&mut schema, &defs, &cyclic, &mut BTreeMap::new());
     schema
 }
 

@@ -375,3 +375,148 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
         "/health took {worst} ms while a schema compiled"
     );
 }
+
+/// A `$ref` chain of `n` definitions (`d0 -> d1 -> ... -> {"type": "string"}`).
+fn ref_chain(n: usize) -> serde_json::Value {
+    let mut d = serde_json::Map::new();
+    for i in 0..n {
+        d.insert(
+            format!("d{i}"),
+            serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    d.insert(format!("d{n}"), serde_json::json!({"type": "string"}));
+    serde_json::json!({"$defs": d, "$ref": "#/$defs/d0"})
+}
+
+/// Definitions each an array of any of all of them.
+fn mutual_defs(names: &str) -> serde_json::Value {
+    let mut d = serde_json::Map::new();
+    for x in names.chars() {
+        let any: Vec<serde_json::Value> = names
+            .chars()
+            .map(|y| serde_json::json!({"$ref": format!("#/$defs/{y}")}))
+            .collect();
+        d.insert(
+            x.to_string(),
+            serde_json::json!({"type": "array", "items": {"anyOf": any}}),
+        );
+    }
+    serde_json::json!({"$defs": d, "$ref": "#/$defs/A"})
+}
+
+/// `schema` as each dialect's structured output and tool parameters: (route, body).
+fn every_schema_path(schema: &serde_json::Value) -> Vec<(&'static str, String)> {
+    use serde_json::json;
+    let model = "smollm2-135m-instruct";
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let function = json!({"type": "function", "function": {"name": "f", "parameters": schema}});
+    [
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": msgs, "max_tokens": 8,
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema}}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": msgs, "max_tokens": 8,
+                "tools": [function], "tool_choice": "required"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": msgs, "max_tokens": 8, "tools": [function]}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": model, "messages": msgs, "stream": false, "format": schema,
+                "options": {"num_predict": 8}}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": model, "messages": msgs, "stream": false, "tools": [function],
+                "options": {"num_predict": 8}}),
+        ),
+        (
+            "/api/generate",
+            json!({"model": model, "prompt": "Hi", "stream": false, "format": schema,
+                "options": {"num_predict": 8}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": model, "input": "Hi", "max_output_tokens": 16,
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": model, "input": "Hi", "max_output_tokens": 16,
+                "tools": [{"type": "function", "name": "f", "parameters": schema}],
+                "tool_choice": "required"}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": model, "messages": msgs, "max_tokens": 8,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": model, "messages": msgs, "max_tokens": 8,
+                "tools": [{"name": "f", "input_schema": schema}],
+                "tool_choice": {"type": "any"}}),
+        ),
+    ]
+    .into_iter()
+    .map(|(route, body)| (route, body.to_string()))
+    .collect()
+}
+
+/// The schemas that aborted `strata serve` (a stack overflow in the grammar compiler, an
+/// exponential expansion ending in an allocation failure, a pattern that built millions of
+/// regex nodes), sent through every dialect's structured output and tool parameters: each is a
+/// 400 that names the limit, or (a recursion the server can bound) an answer, and the process
+/// lives on with flat memory.
+#[test]
+fn schemas_that_aborted_the_process_are_refused_through_every_dialect() {
+    use serde_json::json;
+    let server = Proc::start(&["serve", "--api-addr", "127.0.0.1:0", "--threads", "2"]);
+    let json_type = ["content-type: application/json"];
+    let refused = [
+        (ref_chain(700), "at most 256"),
+        (ref_chain(200), "levels deep"),
+        (ref_chain(70), "levels deep"),
+        (
+            json!({"type": "object", "properties": {"s": {"type": "string",
+                "pattern": "^(x{1000}){1000}$"}}, "required": ["s"]}),
+            "/properties/s/pattern",
+        ),
+    ];
+    let bounded = [mutual_defs("ABCDE"), mutual_defs("ABCD")];
+    let before = peak_rss_mib(server.child.id());
+    for (schema, why) in &refused {
+        for (route, body) in every_schema_path(schema) {
+            let t = Instant::now();
+            let a = server.post(route, &json_type, &body);
+            let head = &a[..a.len().min(600)];
+            assert_eq!(status(&a), 400, "{route}: {head}");
+            assert!(a.contains(why), "{route}: {head}");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{route} took {:?}",
+                t.elapsed()
+            );
+        }
+    }
+    for schema in &bounded {
+        for (route, body) in every_schema_path(schema) {
+            let a = server.post(route, &json_type, &body);
+            let head = &a[..a.len().min(600)];
+            assert!(matches!(status(&a), 200 | 400), "{route}: {head}");
+        }
+    }
+    let mut server = server;
+    assert!(server.child.try_wait().unwrap().is_none(), "strata exited");
+    let ok = server.get("/health", "127.0.0.1");
+    assert_eq!(status(&ok), 200, "{ok}");
+    let grown = peak_rss_mib(server.child.id()).saturating_sub(before);
+    assert!(grown < 200, "peak memory grew by {grown} MiB");
+}
