@@ -240,6 +240,12 @@ impl Keys {
         self.find(authorization).is_some()
     }
 
+    /// The name of the key an `Authorization` header value carries, without taking a request
+    /// from its bucket (for whoever passes the request on with who sent it).
+    pub fn name_of(&self, authorization: Option<&str>) -> Option<String> {
+        self.find(authorization).map(|k| k.name.clone())
+    }
+
     /// The key an `Authorization` header value carries, compared in constant time.
     fn find(&self, authorization: Option<&str>) -> Option<&Key> {
         let presented = authorization

@@ -30,8 +30,11 @@ pub mod pull;
 pub(crate) mod responses;
 pub(crate) mod routing;
 pub(crate) mod scheduler;
+#[cfg(test)]
+mod schema_fuzz;
 pub(crate) mod schema_limits;
 pub mod server;
+pub mod tenancy;
 pub mod testkit;
 pub(crate) mod tools;
 pub mod types;
@@ -275,6 +278,7 @@ pub fn start_engine(
         max_token_bytes,
         prepare: shared.prepare,
         served: shared.served,
+        shared_prefix_cache: shared.shared_prefix_cache,
     }))
 }
 
@@ -292,6 +296,8 @@ pub struct Shared {
     /// Every model name answered at this address (the other models of a server, a cluster's
     /// other instances), for "not found" errors to name; kept up to date by whoever routes.
     served: ServedNames,
+    /// One prefix-cache partition for all keys ([`tenancy`]).
+    shared_prefix_cache: bool,
 }
 
 /// The model names answered at one address, shared by the APIs behind it (their "not found"
@@ -332,7 +338,15 @@ impl Shared {
             )),
             several: models > 1,
             served: ServedNames::default(),
+            shared_prefix_cache: false,
         }
+    }
+
+    /// Lets every key's requests reuse each other's cached prompt blocks (a single-tenant
+    /// server); by default each key's are its own ([`tenancy`]).
+    pub fn with_shared_prefix_cache(mut self, shared: bool) -> Shared {
+        self.shared_prefix_cache = shared;
+        self
     }
 
     /// Names every model answered at this address (ids and aliases), for a request naming

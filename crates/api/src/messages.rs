@@ -54,6 +54,8 @@ struct MessagesRequest {
     thinking: Option<Value>,
     /// `{"format": {"type": "json_schema", "schema": …}, "effort": …}`: structured output.
     output_config: Option<Value>,
+    /// As the OpenAI dialect's `cache_salt`.
+    cache_salt: Option<String>,
 }
 
 /// One message of the conversation.
@@ -77,9 +79,10 @@ pub(crate) struct Shape {
 /// `POST /v1/messages`.
 pub(crate) async fn create(
     State(st): State<Arc<AppState>>,
+    tenant: crate::server::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, body, prepare).await
+    crate::server::answer(st, tenant, body, prepare).await
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as the model would see it (system,
@@ -223,6 +226,7 @@ fn translate(req: MessagesRequest, needs_max: bool) -> Result<Translated, ApiErr
             tool_choice,
             parallel_tool_calls: Some(parallel),
             response_format,
+            cache_salt: req.cache_salt,
         },
         stops,
         thinking,

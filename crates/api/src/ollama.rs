@@ -52,6 +52,8 @@ struct ChatBody {
     stream: Option<bool>,
     /// `true`, `false`, or an effort level: whether reasoning is given out.
     think: Option<Value>,
+    /// As the OpenAI dialect's `cache_salt`.
+    cache_salt: Option<String>,
 }
 
 /// `POST /api/generate`.
@@ -73,6 +75,8 @@ struct GenerateBody {
     context: Option<Vec<u32>>,
     images: Option<Vec<Value>>,
     template: Option<String>,
+    /// As the OpenAI dialect's `cache_salt`.
+    cache_salt: Option<String>,
 }
 
 /// One chat message.
@@ -269,9 +273,10 @@ fn messages(body: &[InMessage]) -> Result<Vec<Message>, ApiError> {
 /// `POST /api/chat`.
 pub(crate) async fn chat(
     State(st): State<Arc<AppState>>,
+    tenant: crate::server::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, body, prepare_chat).await
+    crate::server::answer(st, tenant, body, prepare_chat).await
 }
 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
@@ -292,6 +297,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         tools: req.tools.filter(|t| !t.is_empty()),
         parallel_tool_calls: None,
         response_format: response_format(req.format.as_ref())?,
+        cache_salt: req.cache_salt,
     };
     let mut p = prepare_chat_request(st, chat)?;
     p.common.stops = stops;
@@ -305,13 +311,14 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
 /// `POST /api/generate`.
 pub(crate) async fn generate(
     State(st): State<Arc<AppState>>,
+    tenant: crate::server::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = body_bytes(body, st.max_body)?;
     let p = prepared(&st, move |st| prepare_generate(st, &body)).await?;
     match p {
-        Some(p) => run(st, p, arrived).await,
+        Some(p) => run(st, p, tenant, arrived).await,
         // An empty prompt loads the model, in Ollama; here it is loaded already.
         None => Ok(Json(json!({
             "model": st.model_id, "created_at": now(), "response": "", "done": true,
@@ -370,6 +377,7 @@ fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<Prepared>, ApiE
                 echo: None,
                 suffix: None,
                 best_of: None,
+                cache_salt: req.cache_salt.clone(),
             },
         )?;
         if let Some(f) = format {
@@ -416,6 +424,7 @@ fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<Prepared>, ApiE
                 tool_choice: None,
                 parallel_tool_calls: None,
                 response_format: format,
+                cache_salt: req.cache_salt.clone(),
             },
         )?
     };

@@ -57,6 +57,8 @@ struct ResponsesRequest {
     background: Option<bool>,
     conversation: Option<Value>,
     top_logprobs: Option<i64>,
+    /// As the chat dialect's `cache_salt`.
+    cache_salt: Option<String>,
 }
 
 /// A stored response: the conversation it ends (without instructions, which a continuation
@@ -145,9 +147,10 @@ pub(crate) struct Shape {
 /// `POST /v1/responses`.
 pub(crate) async fn create(
     State(st): State<Arc<AppState>>,
+    tenant: crate::server::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, body, prepare).await
+    crate::server::answer(st, tenant, body, prepare).await
 }
 
 /// `GET /v1/responses/{id}`.
@@ -280,6 +283,7 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         tool_choice: tool_choice.clone(),
         parallel_tool_calls: req.parallel_tool_calls,
         response_format,
+        cache_salt: req.cache_salt.clone(),
     };
     let mut p = prepare_chat_request(st, chat).map_err(|mut e| {
         // The chat request's field names, as this API calls them.

@@ -27,6 +27,7 @@ use crate::grammar::Grammars;
 use crate::metrics::Metrics;
 use crate::output::{Output, Piece};
 use crate::scheduler::{Constraint, Event, Finish, Job, Scheduler, SubmitError, TokenLogprob};
+use crate::tenancy::Tenant;
 use crate::tools::{self, Choice};
 use crate::types::{ChatRequest, CompletionRequest, Message, Sampling, parse_body};
 
@@ -72,6 +73,9 @@ pub struct AppState {
     pub prepare: Arc<tokio::sync::Semaphore>,
     /// Every model name answered at this address (see [`crate::Shared::set_served`]).
     pub served: crate::ServedNames,
+    /// One prefix-cache partition for every key (`--shared-prefix-cache`; see
+    /// [`crate::tenancy`]).
+    pub shared_prefix_cache: bool,
 }
 
 impl AppState {
@@ -191,7 +195,11 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         (Some(keys), true) => {
             let auth = crate::auth::presented(req.headers());
             match keys.check(auth.as_deref()) {
-                Verdict::Allowed(_) => next.run(req).await,
+                Verdict::Allowed(grant) => {
+                    let mut req = req;
+                    req.extensions_mut().insert(Tenant(grant.name));
+                    next.run(req).await
+                }
                 Verdict::Unknown => ApiError::unauthorized(if auth.is_some() {
                     "Incorrect API key provided."
                 } else {
@@ -529,6 +537,8 @@ pub(crate) struct Prepared {
     pub(crate) include_usage: bool,
     /// Which API's shape the answer takes.
     pub(crate) reply: Reply,
+    /// The request's `cache_salt` ([`crate::tenancy`]).
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// The API an answer is written for.
@@ -575,24 +585,30 @@ pub(crate) async fn prepared<T: Send + 'static>(
     }
 }
 
+/// The [`Tenant`] extension a generating route takes: set by the key check, absent on a
+/// server without keys.
+pub(crate) type From = Option<axum::Extension<Tenant>>;
+
 /// A generating route: reads the body, prepares it with `prepare` (off the async workers) and
-/// answers it.
+/// answers it for `tenant`.
 pub(crate) async fn answer(
     st: Arc<AppState>,
+    tenant: From,
     body: Result<Bytes, BytesRejection>,
     prepare: fn(&AppState, &[u8]) -> Result<Prepared, ApiError>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = body_bytes(body, st.max_body)?;
     let p = prepared(&st, move |st| prepare(st, &body)).await?;
-    run(st, p, arrived).await
+    run(st, p, tenant, arrived).await
 }
 
 async fn chat(
     State(st): State<Arc<AppState>>,
+    tenant: From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    answer(st, body, prepare_chat).await
+    answer(st, tenant, body, prepare_chat).await
 }
 
 /// Everything a chat request needs before the scheduler: checked, rendered, tokenised, and its
@@ -689,6 +705,7 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         reply: Reply::OpenAi,
+        cache_salt: req.cache_salt.clone(),
     })
 }
 
@@ -738,9 +755,10 @@ fn response_format(rf: Option<&Value>) -> Result<Option<Value>, ApiError> {
 
 async fn completions(
     State(st): State<Arc<AppState>>,
+    tenant: From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    answer(st, body, prepare_completion).await
+    answer(st, tenant, body, prepare_completion).await
 }
 
 /// [`prepare_chat`] for a completion request.
@@ -830,6 +848,7 @@ pub(crate) fn prepare_completion_request(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         reply: Reply::OpenAi,
+        cache_salt: req.cache_salt.clone(),
     })
 }
 
@@ -837,11 +856,19 @@ pub(crate) fn prepare_completion_request(
 pub(crate) async fn run(
     st: Arc<AppState>,
     p: Prepared,
+    tenant: From,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
+    crate::tenancy::check_salt(p.cache_salt.as_deref())?;
+    let partition = crate::tenancy::partition(
+        st.shared_prefix_cache,
+        tenant.as_ref().map(|t| &t.0),
+        p.cache_salt.as_deref(),
+    );
     let room = st.n_ctx - p.prompt.len();
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
+        partition,
         max_tokens: p.common.max_tokens.unwrap_or(room).min(room),
         prompt: p.prompt,
         sampling: p.common.sampling,

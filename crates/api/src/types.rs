@@ -39,6 +39,10 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     /// `{"type":"text"|"json_object"|"json_schema", …}`.
     pub response_format: Option<Value>,
+    /// Keeps the request's cached prompt blocks apart from those of requests without the same
+    /// salt (vLLM's field; see [`crate::server::partition`]).
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 /// `POST /v1/completions`.
@@ -65,6 +69,9 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     /// Server-side best-of (only 1 is supported).
     pub best_of: Option<i64>,
+    /// As [`ChatRequest::cache_salt`].
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 /// The sampling and stopping settings both endpoints take.

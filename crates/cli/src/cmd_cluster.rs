@@ -92,6 +92,11 @@ pub(crate) struct NodeArgs {
     /// cluster requests name models by id only, and no path on this node is opened for them.
     #[arg(long = "allow-model-dir", value_name = "DIR")]
     allow_model_dirs: Vec<PathBuf>,
+    /// Let every API key's requests reuse each other's cached prompt blocks (for a cluster
+    /// whose clients trust each other); by default each key's are its own, since a reused
+    /// prompt answers sooner and would tell one client what another sent.
+    #[arg(long)]
+    shared_prefix_cache: bool,
     /// For benchmarks on one machine: one-way latency added to every data-plane message of
     /// the instances this node leads, and to the links it publishes (e.g. 5us, 300us).
     #[arg(long, value_parser = strata_net::parse_latency, value_name = "LATENCY")]
@@ -130,6 +135,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         threads: a.threads,
         advertise: a.advertise_addr,
         model_dirs: a.allow_model_dirs,
+        shared_prefix_cache: a.shared_prefix_cache,
         http: a.http.options()?,
         emulate: strata_net::LinkShape {
             latency: a.emulate_link_latency.unwrap_or_default(),

@@ -54,6 +54,11 @@ pub(crate) struct ServeArgs {
     /// bytes, or with a unit (`512MiB`, `2GiB`); 0 turns it off.
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
     cache_mem: usize,
+    /// Let every API key's requests reuse each other's cached prompt blocks (a single-tenant
+    /// server); by default each key's are its own, since a reused prompt answers sooner and
+    /// would tell one client what another sent. `cache_salt` separates requests either way.
+    #[arg(long)]
+    shared_prefix_cache: bool,
     /// Chat template to use instead of the model's (or for a model without one, such as the
     /// catalog's gemma3-270m): a built-in (`chatml`, `gemma`) or a Jinja file; `MODEL=...` for
     /// one of several models (repeatable).
@@ -300,7 +305,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         .iter()
         .map(|m| resolve_model(m))
         .collect::<Result<Vec<_>>>()?;
-    let shared = strata_api::Shared::new(keys, ids.len());
+    let shared =
+        strata_api::Shared::new(keys, ids.len()).with_shared_prefix_cache(args.shared_prefix_cache);
     let mut states = Vec::new();
     for (i, (path, id)) in paths.iter().zip(&ids).enumerate() {
         let state = strata_api::start(ServeOptions {

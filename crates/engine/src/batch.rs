@@ -6,7 +6,7 @@
 //! memory once per step for the whole batch instead of once per sequence.
 
 use crate::generate::PREFILL_BATCH;
-use crate::prefix::{BLOCK, KvStats, PrefixStats, SlotBlocks};
+use crate::prefix::{BLOCK, KvStats, Partition, PrefixStats, SlotBlocks};
 use crate::{Error, KvCache, Model, NoComm, Result, Scratch, StageInput};
 use std::sync::Arc;
 use strata_kernels::ThreadPool;
@@ -120,6 +120,11 @@ impl Batch {
     /// many positions it holds; the caller runs the rest with [`Batch::extend`], in chunks of
     /// [`BLOCK`] aligned to multiples of it for the logits to be those of a cold prefill.
     pub fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize)> {
+        self.admit_in(prompt, Partition::SHARED)
+    }
+
+    /// [`Batch::admit`] reusing only blocks of `partition` (see [`crate::prefix`]).
+    pub fn admit_in(&mut self, prompt: &[u32], partition: Partition) -> Result<(SlotId, usize)> {
         self.fits(prompt)?;
         let no_slot = || Error::InvalidShard("every batch slot is in use".into());
         let Some(prefix) = self.prefix.as_mut() else {
@@ -128,7 +133,9 @@ impl Batch {
             self.busy[slot] = true;
             return Ok((SlotId(slot), 0));
         };
-        let a = prefix.choose(&self.busy, prompt).ok_or_else(no_slot)?;
+        let a = prefix
+            .choose(&self.busy, prompt, partition)
+            .ok_or_else(no_slot)?;
         let cache = &mut self.caches[a.slot];
         cache.truncate(a.kept * BLOCK);
         let n = a

@@ -19,6 +19,12 @@
 //! in place (see [`crate::KvCache`]), so concurrent sequences with one prefix hold it once.
 //! Eviction passes over blocks running sequences still read while there are others to drop
 //! (dropping those would free nothing).
+//!
+//! Blocks are kept per [`Partition`]: a prompt finds only blocks of its own partition, and a
+//! free slot's leftover prompt serves only its own partition. A reused block answers its first
+//! token sooner, so sharing blocks between clients would tell one what another sent; the server
+//! names a partition per API key (and `cache_salt`), and all prompts share one when it is told
+//! to (a single-tenant server).
 
 use half::f16;
 use std::collections::HashMap;
@@ -34,8 +40,37 @@ pub const BLOCK: usize = 256;
 /// sequences generate still fills the cache. Divides [`BLOCK`].
 pub const REUSABLE_STEP: usize = 16;
 
-/// The id of the root of the trie (the empty prefix).
+/// The id of the root of the trie (the empty prefix) of the shared partition.
 pub(crate) const ROOT: u64 = 0;
+
+/// The lowest root id of a named partition: entry ids count up from 1 and never reach it.
+const NAMED: u64 = 1 << 63;
+
+/// Which prompts may share cached blocks (see the module docs): each partition has its own root
+/// in the trie, so blocks of one are never found from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Partition(u64);
+
+impl Partition {
+    /// The partition of callers that do not name one.
+    pub const SHARED: Partition = Partition(ROOT);
+
+    /// The partition named by 63 bits of a cryptographic digest of its name (so no client can
+    /// choose a name whose partition is another's).
+    pub fn from_digest(digest: u64) -> Partition {
+        Partition(digest | NAMED)
+    }
+
+    /// Its root's id in the trie.
+    fn root(self) -> u64 {
+        self.0
+    }
+}
+
+/// Whether `id` is the root of a partition, not an entry.
+fn is_root(id: u64) -> bool {
+    id == ROOT || id >= NAMED
+}
 
 /// What a cached block's data is to the cache: its size, and whether a running sequence reads
 /// it (evicting such a block frees nothing).
@@ -158,12 +193,12 @@ impl<D: BlockData> PrefixCache<D> {
         }
     }
 
-    /// The entries of the longest cached run of whole blocks that `tokens` starts with, in
-    /// order, marking them used.
-    pub(crate) fn lookup(&mut self, tokens: &[u32]) -> Vec<u64> {
+    /// The entries of the longest cached run of whole blocks of `partition` that `tokens`
+    /// starts with, in order, marking them used.
+    pub(crate) fn lookup(&mut self, tokens: &[u32], partition: Partition) -> Vec<u64> {
         self.clock += 1;
         let mut chain = Vec::new();
-        let mut parent = ROOT;
+        let mut parent = partition.root();
         for block in tokens.chunks_exact(BLOCK) {
             // A borrowed key would need a custom lookup; one allocation per block is nothing
             // next to the copy of its keys and values.
@@ -199,12 +234,12 @@ impl<D: BlockData> PrefixCache<D> {
         bytes <= self.budget
     }
 
-    /// Keeps `data` as the block `block` after `parent` (which must be cached, or the root),
+    /// Keeps `data` as the block `block` after `parent` (which must be cached, or a root),
     /// evicting least recently used leaves to make room; `None` when it cannot be kept (too
     /// large for the budget, or its parent is gone).
     pub(crate) fn insert(&mut self, parent: u64, block: &[u32], data: D) -> Option<u64> {
         let size = data.bytes();
-        if size > self.budget || (parent != ROOT && !self.entries.contains_key(&parent)) {
+        if size > self.budget || (!is_root(parent) && !self.entries.contains_key(&parent)) {
             return None;
         }
         if let Some(id) = self.find(parent, block) {
@@ -286,6 +321,8 @@ pub struct SlotBlocks<D> {
     /// Per slot, the cache entries of the held blocks (shorter when a block could not be kept;
     /// then nothing after it is kept either).
     chain: Vec<Vec<u64>>,
+    /// Per slot, the partition its held blocks belong to.
+    owner: Vec<Partition>,
 }
 
 impl<D: BlockData> SlotBlocks<D> {
@@ -296,6 +333,7 @@ impl<D: BlockData> SlotBlocks<D> {
             block_bytes,
             held: vec![Vec::new(); slots],
             chain: vec![Vec::new(); slots],
+            owner: vec![Partition::SHARED; slots],
         }
     }
 
@@ -315,13 +353,23 @@ impl<D: BlockData> SlotBlocks<D> {
     }
 
     /// Picks the free slot (`busy[i]` false) that holds the most leading blocks of `prompt`
-    /// (among equals the one holding least, keeping long prefixes for prompts that want them),
-    /// forgets what it holds past them, and lists the cached blocks that continue them. Only
-    /// whole blocks that leave at least one token to run count. `None` when no slot is free.
-    pub fn choose(&mut self, busy: &[bool], prompt: &[u32]) -> Option<Admission> {
+    /// of `partition` (among equals the one holding least, keeping long prefixes for prompts
+    /// that want them), forgets what it holds past them, and lists the cached blocks of the
+    /// partition that continue them. Only whole blocks that leave at least one token to run
+    /// count. `None` when no slot is free.
+    pub fn choose(
+        &mut self,
+        busy: &[bool],
+        prompt: &[u32],
+        partition: Partition,
+    ) -> Option<Admission> {
         let usable = prompt.len().saturating_sub(1) / BLOCK;
-        let common = |held: &[u32]| {
-            held.chunks_exact(BLOCK)
+        let common = |i: usize| {
+            if self.owner[i] != partition {
+                return 0;
+            }
+            self.held[i]
+                .chunks_exact(BLOCK)
                 .zip(prompt.chunks_exact(BLOCK))
                 .take(usable)
                 .take_while(|(a, b)| a == b)
@@ -329,11 +377,12 @@ impl<D: BlockData> SlotBlocks<D> {
         };
         let slot = (0..self.held.len())
             .filter(|&i| !busy.get(i).copied().unwrap_or(true))
-            .max_by_key(|&i| (common(&self.held[i]), std::cmp::Reverse(self.held[i].len())))?;
-        let mut kept = common(&self.held[slot]);
+            .max_by_key(|&i| (common(i), std::cmp::Reverse(self.held[i].len())))?;
+        let mut kept = common(slot);
+        self.owner[slot] = partition;
         self.held[slot].truncate(kept * BLOCK);
         self.chain[slot].truncate(kept);
-        let found = self.cache.lookup(&prompt[..usable * BLOCK]);
+        let found = self.cache.lookup(&prompt[..usable * BLOCK], partition);
         // Blocks the slot computed itself that the cache holds too are read from the cache
         // instead (in place): the slot's own copy goes, and every sequence with this prefix
         // shares one.
@@ -389,7 +438,11 @@ impl<D: BlockData> SlotBlocks<D> {
         mut save: impl FnMut(usize) -> Option<D>,
     ) -> Vec<(usize, u64)> {
         let mut new = Vec::new();
-        let (Some(held), Some(chain)) = (self.held.get_mut(slot), self.chain.get_mut(slot)) else {
+        let (Some(held), Some(chain), Some(&owner)) = (
+            self.held.get_mut(slot),
+            self.chain.get_mut(slot),
+            self.owner.get(slot),
+        ) else {
             return new;
         };
         if held.len() > at {
@@ -406,7 +459,7 @@ impl<D: BlockData> SlotBlocks<D> {
         while chain.len() < held.len() / BLOCK {
             let start = chain.len() * BLOCK;
             let block = &held[start..start + BLOCK];
-            let parent = chain.last().copied().unwrap_or(ROOT);
+            let parent = chain.last().copied().unwrap_or(owner.root());
             let id = self.cache.find(parent, block).or_else(|| {
                 if !self.cache.admits(self.block_bytes) {
                     return None;
@@ -444,13 +497,13 @@ mod tests {
         let a = c.insert(ROOT, &block(1), kv(8, 1.0)).unwrap();
         let b = c.insert(a, &block(2), kv(8, 2.0)).unwrap();
         let prompt: Vec<u32> = [block(1), block(2), block(3), vec![4; 10]].concat();
-        assert_eq!(c.lookup(&prompt), vec![a, b]);
+        assert_eq!(c.lookup(&prompt, Partition::SHARED), vec![a, b]);
         assert_eq!(c.data(b).map(|d| &**d), Some(&*kv(8, 2.0)));
         // Same tokens after another prefix are another block.
         let other: Vec<u32> = [block(2), block(2)].concat();
-        assert!(c.lookup(&other).is_empty());
+        assert!(c.lookup(&other, Partition::SHARED).is_empty());
         // A partial block never matches.
-        assert_eq!(c.lookup(&prompt[..BLOCK + 10]), vec![a]);
+        assert_eq!(c.lookup(&prompt[..BLOCK + 10], Partition::SHARED), vec![a]);
         // Inserting what is there gives the same entry and costs nothing.
         let before = c.stats();
         assert_eq!(c.insert(a, &block(2), kv(8, 9.0)), Some(b));
@@ -467,7 +520,7 @@ mod tests {
         let b = c.insert(a, &block(2), kv(8, 0.0)).unwrap();
         let x = c.insert(ROOT, &block(7), kv(8, 0.0)).unwrap();
         // Use the chain a-b again: x is now the oldest leaf.
-        c.lookup(&[block(1), block(2)].concat());
+        c.lookup(&[block(1), block(2)].concat(), Partition::SHARED);
         let d = c.insert(b, &block(3), kv(8, 0.0)).unwrap();
         assert!(c.data(x).is_none(), "the oldest leaf was dropped");
         assert_eq!(c.stats().evicted, 1);
@@ -475,7 +528,7 @@ mod tests {
         // child must not evict the parent it extends.
         assert_eq!(c.insert(d, &block(4), kv(8, 0.0)), None);
         assert_eq!(
-            c.lookup(&[block(1), block(2), block(3)].concat()),
+            c.lookup(&[block(1), block(2), block(3)].concat(), Partition::SHARED),
             vec![a, b, d]
         );
         // Too large for the budget, or an unknown parent: not kept.
@@ -498,5 +551,36 @@ mod tests {
         drop(read);
         c.insert(ROOT, &block(4), kv(8, 0.0)).unwrap();
         assert!(c.data(a).is_none());
+    }
+
+    #[test]
+    fn blocks_of_one_partition_are_never_found_from_another() {
+        let (alice, bob) = (Partition::from_digest(1), Partition::from_digest(2));
+        let mut slots: SlotBlocks<Arc<[f16]>> = SlotBlocks::new(1 << 20, 16, 2);
+        let prompt: Vec<u32> = [block(1), block(2), vec![3; 10]].concat();
+        // Alice's prompt runs in slot 0 and its two blocks are kept.
+        let a = slots.choose(&[false, false], &prompt, alice).unwrap();
+        assert_eq!((a.kept, a.restore.len()), (0, 0));
+        let kept = slots.passed(a.slot, 0, &prompt[..2 * BLOCK], |_| Some(kv(8, 1.0)));
+        assert_eq!(kept.len(), 2);
+        // Bob's identical prompt finds neither the slot's leftover nor the cached blocks,
+        // and the blocks he computes are his own.
+        let b = slots.choose(&[true, false], &prompt, bob).unwrap();
+        assert_eq!((b.kept, b.restore.len()), (0, 0));
+        let b0 = slots.choose(&[false, true], &prompt, bob).unwrap();
+        assert_eq!((b0.slot, b0.kept, b0.restore.len()), (0, 0, 0));
+        let kept = slots.passed(b0.slot, 0, &prompt[..2 * BLOCK], |_| Some(kv(8, 2.0)));
+        assert_eq!(kept.len(), 2, "Bob's blocks are kept apart from Alice's");
+        // Alice, in the other slot, still finds hers; the shared partition finds none.
+        let again = slots.choose(&[true, false], &prompt, alice).unwrap();
+        assert_eq!(again.restore.len(), 2);
+        assert_eq!(
+            slots.cache().data(again.restore[1]).map(|d| &**d),
+            Some(&*kv(8, 1.0))
+        );
+        let shared = slots
+            .choose(&[true, false], &prompt, Partition::SHARED)
+            .unwrap();
+        assert_eq!(shared.restore.len(), 0);
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::prefix::{BLOCK, KvStats, PrefixStats};
+use crate::prefix::{BLOCK, KvStats, Partition, PrefixStats};
 use crate::{Batch, Error, GenerateRequest, GenerationStats, Sampler, SlotId, StopReason};
 
 /// Prompt tokens per prefill pass: whole prefix-cache blocks, so a prompt's blocks are kept and
@@ -46,10 +46,15 @@ pub trait Sequences: Send + 'static {
     /// Slots free for a new sequence.
     fn free_slots(&self) -> usize;
     /// Takes a free slot for `prompt` and fills it with the longest prefix of it already
-    /// computed (whole blocks of [`BLOCK`], leaving at least one token); returns the slot and
-    /// the positions it holds. The caller runs the rest with [`Sequences::extend`] in chunks
-    /// that end on multiples of [`BLOCK`], as a cold prompt is run, so the logits are the same.
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError>;
+    /// computed in `partition` (whole blocks of [`BLOCK`], leaving at least one token; see
+    /// [`crate::prefix`]); returns the slot and the positions it holds. The caller runs the rest
+    /// with [`Sequences::extend`] in chunks that end on multiples of [`BLOCK`], as a cold prompt
+    /// is run, so the logits are the same.
+    fn admit(
+        &mut self,
+        prompt: &[u32],
+        partition: Partition,
+    ) -> Result<(SlotId, usize), EngineError>;
     /// Appends one token to each listed slot and returns the logits that follow, one row per
     /// step in the same order.
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError>;
@@ -175,8 +180,12 @@ impl Sequences for Batch {
         Batch::free_slots(self)
     }
 
-    fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
-        Batch::admit(self, prompt).map_err(EngineError::from)
+    fn admit(
+        &mut self,
+        prompt: &[u32],
+        partition: Partition,
+    ) -> Result<(SlotId, usize), EngineError> {
+        Batch::admit_in(self, prompt, partition).map_err(EngineError::from)
     }
 
     fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
@@ -234,7 +243,7 @@ pub fn generate(
         .validate()
         .map_err(|m| Error::InvalidModel(format!("invalid sampling parameters: {m}")))?;
     let start = Instant::now();
-    let (slot, cached) = engine.admit(&req.prompt)?;
+    let (slot, cached) = engine.admit(&req.prompt, Partition::SHARED)?;
     let result = run_slot(engine, slot, cached, is_eog, req, on_token, start);
     engine.release(slot);
     result

@@ -222,6 +222,8 @@ pub struct Rank0Start<'a> {
     pub transport: strata_net::Transport,
     /// API keys for the instance's routes.
     pub keys: Option<strata_api::auth::Keys>,
+    /// One prefix-cache partition for every key ([`strata_api::tenancy`]).
+    pub shared_prefix_cache: bool,
     /// Every model the cluster serves (the instance's "not found" lists them).
     pub served: strata_api::ServedNames,
     /// Where to get the model if this node lacks it.
@@ -240,7 +242,9 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let opts = strata_api::EngineOptions {
         model_id: s.spec.request.model.clone(),
         queue: 64,
-        shared: strata_api::Shared::new(s.keys, 1).with_served(s.served),
+        shared: strata_api::Shared::new(s.keys, 1)
+            .with_served(s.served)
+            .with_shared_prefix_cache(s.shared_prefix_cache),
         max_body: 4 << 20,
         info: strata_api::ModelInfo::default(),
         aliases: Vec::new(),

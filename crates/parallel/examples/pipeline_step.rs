@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use strata_engine::prefix::Partition;
 use strata_engine::{Batch, Model, Sequences, SlotId, StepKind};
 use strata_gguf::GgufFile;
 use strata_parallel::{CombineStyle, ShardedBatch, Strategy, local_pair, make_plan};
@@ -48,7 +49,7 @@ fn main() {
     let slots: Vec<SlotId> = prompts
         .iter()
         .map(|p| {
-            let (s, _) = Sequences::admit(&mut one, p).unwrap();
+            let (s, _) = Sequences::admit(&mut one, p, Partition::SHARED).unwrap();
             Sequences::extend(&mut one, s, p).unwrap();
             s
         })
@@ -73,7 +74,7 @@ fn main() {
     let slots: Vec<SlotId> = prompts
         .iter()
         .map(|p| {
-            let (s, _) = Sequences::admit(&mut sharded, p).unwrap();
+            let (s, _) = Sequences::admit(&mut sharded, p, Partition::SHARED).unwrap();
             Sequences::extend(&mut sharded, s, p).unwrap();
             s
         })

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use strata_engine::prefix::{BLOCK, PrefixStats, Remote, SlotBlocks};
+use strata_engine::prefix::{BLOCK, Partition, PrefixStats, Remote, SlotBlocks};
 use strata_engine::{EngineError, SamplingParams, Sequences, SlotId, StepKind};
 
 use crate::rank::Rank;
@@ -428,7 +428,11 @@ impl Sequences for ShardedBatch {
 
     // Steps may be in flight: a free slot is not among them, and every rank takes a restore
     // of its cached blocks in order after them.
-    fn admit(&mut self, prompt: &[u32]) -> std::result::Result<(SlotId, usize), EngineError> {
+    fn admit(
+        &mut self,
+        prompt: &[u32],
+        partition: Partition,
+    ) -> std::result::Result<(SlotId, usize), EngineError> {
         if prompt.is_empty() {
             return Err(strata_engine::Error::EmptyPrompt.into());
         }
@@ -446,7 +450,9 @@ impl Sequences for ShardedBatch {
             self.lens[slot] = 0;
             return Ok((SlotId::from_index(slot), 0));
         };
-        let a = prefix.choose(&self.busy, prompt).ok_or_else(no_slot)?;
+        let a = prefix
+            .choose(&self.busy, prompt, partition)
+            .ok_or_else(no_slot)?;
         let n = if a.restore.is_empty() {
             0
         } else {
@@ -647,8 +653,8 @@ mod tests {
             // Each sequence: its slot in either engine and its next token.
             let mut live: Vec<(SlotId, SlotId, u32)> = Vec::new();
             let join = |sharded: &mut ShardedBatch, local: &mut Batch, prompt: &[u32]| {
-                let (s, _) = Sequences::admit(sharded, prompt).unwrap();
-                let (l, cached) = Sequences::admit(local, prompt).unwrap();
+                let (s, _) = Sequences::admit(sharded, prompt, Partition::SHARED).unwrap();
+                let (l, cached) = Sequences::admit(local, prompt, Partition::SHARED).unwrap();
                 let a = Sequences::extend(sharded, s, prompt).unwrap().to_vec();
                 let b = Sequences::extend(local, l, &prompt[cached..])
                     .unwrap()
@@ -731,8 +737,8 @@ mod tests {
             &[200, 201, 202, 203],
             &[42],
         ] {
-            let (s, _) = Sequences::admit(&mut sharded, prompt).unwrap();
-            let (l, _) = Sequences::admit(&mut local, prompt).unwrap();
+            let (s, _) = Sequences::admit(&mut sharded, prompt, Partition::SHARED).unwrap();
+            let (l, _) = Sequences::admit(&mut local, prompt, Partition::SHARED).unwrap();
             let a = Sequences::extend(&mut sharded, s, prompt).unwrap().to_vec();
             let b = Sequences::extend(&mut local, l, prompt).unwrap().to_vec();
             assert!(a == b);
@@ -789,8 +795,8 @@ mod tests {
     fn prompt_passes_run_beside_steps_in_flight_and_match_one_process() {
         let (mut sharded, worker, mut local) = pipeline_and_one_process(2);
         let first = [1u32, 504, 3000];
-        let (sa, _) = Sequences::admit(&mut sharded, &first).unwrap();
-        let (la, _) = Sequences::admit(&mut local, &first).unwrap();
+        let (sa, _) = Sequences::admit(&mut sharded, &first, Partition::SHARED).unwrap();
+        let (la, _) = Sequences::admit(&mut local, &first, Partition::SHARED).unwrap();
         let a = Sequences::extend(&mut sharded, sa, &first)
             .unwrap()
             .to_vec();
@@ -800,8 +806,8 @@ mod tests {
         Sequences::submit(&mut sharded, &[(sa, next)], StepKind::Full).unwrap();
         // Admitted and prefilled while the first sequence's step is in flight.
         let prompt: Vec<u32> = (0..40).map(|i| 300 + i * 11).collect();
-        let (sb, _) = Sequences::admit(&mut sharded, &prompt).unwrap();
-        let (lb, _) = Sequences::admit(&mut local, &prompt).unwrap();
+        let (sb, _) = Sequences::admit(&mut sharded, &prompt, Partition::SHARED).unwrap();
+        let (lb, _) = Sequences::admit(&mut local, &prompt, Partition::SHARED).unwrap();
         for chunk in [&prompt[..16], &prompt[16..]] {
             Sequences::submit_extend(&mut sharded, sb, chunk).unwrap();
             assert!(
@@ -860,7 +866,7 @@ mod tests {
             model.set_flavour(Flavour::native());
             let mut cold = Batch::new(model, 1, 3, 1024).unwrap();
             let expect = |cold: &mut Batch, p: &[u32]| {
-                let (slot, held) = Sequences::admit(cold, p).unwrap();
+                let (slot, held) = Sequences::admit(cold, p, Partition::SHARED).unwrap();
                 assert_eq!(held, 0);
                 (slot, run(cold, slot, p, 0))
             };
@@ -869,20 +875,20 @@ mod tests {
             Sequences::release(&mut cold, ca);
             let (cc, want_c) = expect(&mut cold, &c);
 
-            let (sa, held) = Sequences::admit(&mut sharded, &a).unwrap();
+            let (sa, held) = Sequences::admit(&mut sharded, &a, Partition::SHARED).unwrap();
             assert_eq!(held, 0);
             assert!(run(&mut sharded, sa, &a, 0) == want_a, "{strategy:?}: a");
             let stats = sharded.prefix_stats().unwrap();
             assert_eq!(stats.blocks, 2, "{strategy:?}: {stats:?}");
             assert!(sharded.rank.block_bytes() > 0);
             // While `a` runs, `b` takes another slot and its prefix comes from the cache.
-            let (sb, held) = Sequences::admit(&mut sharded, &b).unwrap();
+            let (sb, held) = Sequences::admit(&mut sharded, &b, Partition::SHARED).unwrap();
             assert_ne!(sb, sa);
             assert_eq!(held, 2 * BLOCK, "{strategy:?}: b restored");
             assert!(run(&mut sharded, sb, &b, held) == want_b, "{strategy:?}: b");
             // `a` leaves; `c` takes the slot that still holds the prefix.
             Sequences::release(&mut sharded, sa);
-            let (sc, held) = Sequences::admit(&mut sharded, &c).unwrap();
+            let (sc, held) = Sequences::admit(&mut sharded, &c, Partition::SHARED).unwrap();
             assert_eq!((sc, held), (sa, 2 * BLOCK), "{strategy:?}: c");
             assert!(run(&mut sharded, sc, &c, held) == want_c, "{strategy:?}: c");
             // Decoding both together matches one process step for step.
@@ -925,8 +931,8 @@ mod tests {
             let mut local = Batch::new(model, 1, 2, 96).unwrap();
             let mut slots = Vec::new();
             for prompt in [&[1u32, 504, 3000][..], &[9, 8, 7, 6]] {
-                let (s, _) = Sequences::admit(&mut sharded, prompt).unwrap();
-                let (l, _) = Sequences::admit(&mut local, prompt).unwrap();
+                let (s, _) = Sequences::admit(&mut sharded, prompt, Partition::SHARED).unwrap();
+                let (l, _) = Sequences::admit(&mut local, prompt, Partition::SHARED).unwrap();
                 Sequences::extend(&mut sharded, s, prompt).unwrap();
                 Sequences::extend(&mut local, l, prompt).unwrap();
                 slots.push((s, l));

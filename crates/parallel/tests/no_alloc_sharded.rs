@@ -153,7 +153,9 @@ fn overlapped_pipeline_steps_do_not_allocate() {
     let slots: Vec<SlotId> = (0..4u32)
         .map(|i| {
             let prompt = [1, 200 + i, 300];
-            let (s, _) = g.admit(&prompt).unwrap();
+            let (s, _) = g
+                .admit(&prompt, strata_engine::prefix::Partition::SHARED)
+                .unwrap();
             g.extend(s, &prompt).unwrap();
             s
         })

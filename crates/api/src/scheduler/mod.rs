@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use strata_engine::prefix::{BLOCK, REUSABLE_STEP};
+use strata_engine::prefix::{BLOCK, Partition, REUSABLE_STEP};
 use strata_engine::{Sampler, SamplingParams, SlotId};
 
 use strata_engine::{EngineError, Sequences, StepKind};
@@ -100,6 +100,8 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived (for time to first token).
     pub arrived: Instant,
+    /// Whose cached prompt blocks it may reuse (see [`strata_engine::prefix`]).
+    pub partition: Partition,
 }
 
 impl std::fmt::Debug for Job {
@@ -635,7 +637,7 @@ fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics
         return;
     }
     m.prompt_tokens.inc_by(job.prompt.len() as u64);
-    match batch.admit(&job.prompt) {
+    match batch.admit(&job.prompt, job.partition) {
         Ok((slot, cached)) => {
             m.cached_tokens.inc_by(cached as u64);
             let _ = job.events.send(Event::Admitted { cached });
@@ -848,6 +850,7 @@ mod tests {
             constraint: None,
             events: tx,
             arrived: Instant::now(),
+            partition: Partition::SHARED,
         };
         (job, rx)
     }
@@ -882,7 +885,7 @@ mod tests {
         fn free_slots(&self) -> usize {
             usize::from(!self.busy)
         }
-        fn admit(&mut self, _prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
+        fn admit(&mut self, _prompt: &[u32], _: Partition) -> Result<(SlotId, usize), EngineError> {
             self.busy = true;
             Ok((SlotId::from_index(0), 0))
         }
@@ -939,6 +942,7 @@ mod tests {
                 constraint: Some(Box::new(ForcesOnce(false))),
                 events: tx,
                 arrived: Instant::now(),
+                partition: Partition::SHARED,
             })
             .unwrap();
         let mut tokens = Vec::new();
@@ -995,8 +999,8 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.inner.free_slots()
         }
-        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
-            self.inner.admit(prompt)
+        fn admit(&mut self, prompt: &[u32], p: Partition) -> Result<(SlotId, usize), EngineError> {
+            self.inner.admit(prompt, p)
         }
         fn step(&mut self, steps: &[(SlotId, u32)]) -> Result<&mut [f32], EngineError> {
             use std::sync::atomic::Ordering::SeqCst;
@@ -1026,6 +1030,7 @@ mod tests {
                 constraint: None,
                 events: tx,
                 arrived: Instant::now(),
+                partition: Partition::SHARED,
             })
             .map_err(|e| format!("{e:?}"))?;
         loop {
@@ -1109,7 +1114,7 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.free
         }
-        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
+        fn admit(&mut self, prompt: &[u32], _: Partition) -> Result<(SlotId, usize), EngineError> {
             self.free -= 1;
             let slot = SlotId::from_index(self.free);
             self.log

@@ -436,7 +436,11 @@ mod tests {
         fn free_slots(&self) -> usize {
             self.busy.iter().filter(|b| !**b).count()
         }
-        fn admit(&mut self, prompt: &[u32]) -> Result<(SlotId, usize), EngineError> {
+        fn admit(
+            &mut self,
+            prompt: &[u32],
+            _: strata_engine::prefix::Partition,
+        ) -> Result<(SlotId, usize), EngineError> {
             let s = self.busy.iter().position(|b| !*b).unwrap();
             self.busy[s] = true;
             self.first[s] = prompt[0];

@@ -520,3 +520,106 @@ fn schemas_that_aborted_the_process_are_refused_through_every_dialect() {
     let grown = peak_rss_mib(server.child.id()).saturating_sub(before);
     assert!(grown < 200, "peak memory grew by {grown} MiB");
 }
+
+/// A key file of two client keys, `alice` and `bob`, readable by its owner only.
+fn two_keys(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let keys = dir.join("keys");
+    std::fs::write(
+        &keys,
+        "sk-alice-0123456 name=alice\nsk-bob-01234567 name=bob\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    keys
+}
+
+/// One token of a chat on a long system prompt, as `key` (with `salt`, if any): the tokens the
+/// answer says were cached, and how long the request took.
+fn cached_chat(p: &Proc, key: &str, system: &str, salt: Option<&str>) -> (u64, Duration) {
+    let mut body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 1,
+        "messages": [{"role": "system", "content": system},
+            {"role": "user", "content": "Summarise the rules."}]});
+    if let Some(s) = salt {
+        body["cache_salt"] = serde_json::json!(s);
+    }
+    let auth = format!("authorization: Bearer {key}");
+    let t = Instant::now();
+    let a = p.post(
+        "/v1/chat/completions",
+        &["content-type: application/json", &auth],
+        &body.to_string(),
+    );
+    let took = t.elapsed();
+    assert_eq!(status(&a), 200, "{a}");
+    let v: serde_json::Value =
+        serde_json::from_str(a.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (cached, took)
+}
+
+/// The prefix cache once told one key what another had sent: Bob's copy of Alice's 1,800-token
+/// system prompt answered ten times sooner and said 1,792 tokens were cached. Each key's
+/// blocks are now its own, `cache_salt` separates a key's requests further, and
+/// `--shared-prefix-cache` gives a single-tenant server one cache again.
+#[test]
+fn one_key_gets_nothing_from_the_prefix_cache_that_another_filled() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = two_keys(dir.path());
+    let keys = keys.to_str().unwrap();
+    let system = (0..150)
+        .map(|i| format!("Rule {i}: answer in plain words and cite rule {i}."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (alice, bob) = ("sk-alice-0123456", "sk-bob-01234567");
+    let server = Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--api-key-file",
+        keys,
+    ]);
+    let (cold, cold_took) = cached_chat(&server, alice, &system, None);
+    assert_eq!(cold, 0);
+    let (warm, warm_took) = cached_chat(&server, alice, &system, None);
+    assert!(warm >= 1024, "Alice's own prompt was not cached: {warm}");
+    let (theirs, theirs_took) = cached_chat(&server, bob, &system, None);
+    assert_eq!(theirs, 0, "Bob was told of Alice's prompt");
+    // Alice's repeat skips most of the prefill; Bob's copy of it does not.
+    assert!(
+        theirs_took > warm_took * 3,
+        "Bob {theirs_took:?}, Alice warm {warm_took:?}, cold {cold_took:?}"
+    );
+    // A salt is a partition of its own, within a key.
+    let (salted, _) = cached_chat(&server, alice, &system, Some("team-red"));
+    assert_eq!(salted, 0);
+    let (again, _) = cached_chat(&server, alice, &system, Some("team-red"));
+    assert!(again >= 1024, "{again}");
+    let (other_salt, _) = cached_chat(&server, alice, &system, Some("team-blue"));
+    assert_eq!(other_salt, 0);
+    drop(server);
+
+    let single = Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--api-key-file",
+        keys,
+        "--shared-prefix-cache",
+    ]);
+    let (cold, _) = cached_chat(&single, alice, &system, None);
+    assert_eq!(cold, 0);
+    let (shared, _) = cached_chat(&single, bob, &system, None);
+    assert!(shared >= 1024, "--shared-prefix-cache: {shared}");
+    let (salted, _) = cached_chat(&single, bob, &system, Some("x"));
+    assert_eq!(
+        salted, 0,
+        "a salt still separates under --shared-prefix-cache"
+    );
+}

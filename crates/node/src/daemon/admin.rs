@@ -74,10 +74,17 @@ pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next:
     let open = path == "/health"
         || strata_api::dashboard::is_dashboard_path(path)
         || (path == "/" && strata_api::dashboard::wants_page(req.headers()));
+    let mut req = req;
     if !open && let Some(keys) = &shared.keys {
         let auth = strata_api::auth::presented(req.headers());
         if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
             return refused;
+        }
+        // Who sent it goes with the request (and with it when forwarded): each key's cached
+        // prompt blocks are its own.
+        if let Some(name) = keys.name_of(auth.as_deref()) {
+            req.extensions_mut()
+                .insert(strata_api::tenancy::Tenant(name));
         }
     }
     next.run(req).await

@@ -223,6 +223,10 @@ pub(super) struct ForwardHead {
     /// The instance (`id@epoch`) the request is for; without one, any served here.
     #[serde(default)]
     instance: Option<String>,
+    /// Who sent the request, as the node that checked its key named them (the serving node
+    /// trusts the control plane's mutual TLS for it, as for the rest of the head).
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 /// The headers to pass on. A client's key stays on the node that checked it: the node serving
@@ -276,6 +280,10 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
                     req.headers_mut().append(k, v);
                 }
             }
+            if let Some(t) = &head.tenant {
+                req.extensions_mut()
+                    .insert(strata_api::tenancy::Tenant(t.clone()));
+            }
             match router.oneshot(req).await {
                 Ok(r) => r,
                 Err(e) => match e {},
@@ -293,6 +301,7 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
         status: response.status().as_u16(),
         headers: head_of(response.headers()),
         instance: None,
+        tenant: None,
     };
     if q.reply(key.clone(), serde_json::to_vec(&head).unwrap_or_default())
         .await
@@ -328,6 +337,10 @@ pub(super) async fn forward(
         status: 0,
         headers: head_of(&parts.headers),
         instance: instance.map(str::to_string),
+        tenant: parts
+            .extensions
+            .get::<strata_api::tenancy::Tenant>()
+            .map(|t| t.0.clone()),
     };
     let head = serde_json::to_vec(&head).unwrap_or_default();
     let mut payload = (head.len() as u32).to_le_bytes().to_vec();

@@ -199,6 +199,7 @@ pub(super) fn start_rank0(
             emulate: shared.emulate,
             transport: shared.transport,
             keys: None,
+            shared_prefix_cache: shared.shared_prefix_cache,
             served: shared.served_names.clone(),
             peers: transfer::Peers {
                 arrival: Some(arrival),

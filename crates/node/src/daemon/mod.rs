@@ -76,6 +76,9 @@ pub struct NodeOptions {
     pub advertise: Option<std::net::IpAddr>,
     /// Directories whose files cluster requests may name by path (`--allow-model-dir`).
     pub model_dirs: Vec<PathBuf>,
+    /// One prefix-cache partition for every key (`--shared-prefix-cache`; by default each
+    /// key's cached prompt blocks are its own, see [`strata_api::tenancy`]).
+    pub shared_prefix_cache: bool,
     /// Browser checks, deadlines and the connection cap of the HTTP API.
     pub http: strata_api::listen::HttpOptions,
     /// An emulated link (`--emulate-link-latency`, `--emulate-link-bandwidth`): added to every
@@ -151,6 +154,8 @@ struct Shared {
     link_probe: std::net::SocketAddr,
     /// The models the cluster serves, as last routed (the instances' "not found" lists them).
     served_names: strata_api::ServedNames,
+    /// [`NodeOptions::shared_prefix_cache`].
+    shared_prefix_cache: bool,
 }
 
 impl Shared {
@@ -417,6 +422,7 @@ pub async fn run(
         transport: opts.transport,
         link_probe: probe_server.addr(),
         served_names: strata_api::ServedNames::default(),
+        shared_prefix_cache: opts.shared_prefix_cache,
     });
     publish(&shared).await?;
     let publisher = tokio::spawn(publish_loop(Arc::clone(&shared)));
