@@ -2,7 +2,9 @@
 """Soak test: many concurrent clients against `strata serve`, then a 2-node cluster.
 
 Sixteen client threads mix streamed and whole chats, tool calls, JSON-schema output,
-completions, cancelled streams and bad requests for a while against `strata serve` on
+completions, cancelled streams, bad requests and hostile schemas (reference chains deeper
+than a thread's stack, mutually recursive definitions, patterns of nested repetitions, through
+every dialect's structured output and tool parameters) for a while against `strata serve` on
 loopback; then against a 2-node tensor-parallel cluster in network namespaces (root and
 iproute2 needed), with one node killed and restarted halfway. It prints, per phase, the
 answers by kind and status, the 5xx answers to valid requests (outside the window in which
@@ -40,8 +42,48 @@ QUESTIONS = ["What is a CPU?", "Name three rivers.", "Write a haiku about rain."
              "What is the weather in Paris?", "Explain recursion briefly.", "Count to ten."]
 
 
+def ref_chain(n):
+    """`d0 -> d1 -> ... -> {"type": "string"}`: deeper than a thread's stack at n = 700."""
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def mutual(names):
+    """Definitions each an array of any of all of them."""
+    return {"$defs": {x: {"type": "array", "items": {"anyOf": [{"$ref": f"#/$defs/{y}"} for y in names]}}
+                      for x in names}, "$ref": f"#/$defs/{names[0]}"}
+
+
+def hostile(rng):
+    """(path, body) of a schema that once took the process down, through one of the dialects."""
+    schema = rng.choice([
+        ref_chain(700), ref_chain(rng.randint(65, 255)), mutual("ABCDE"), mutual("ABCD"),
+        {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(x{1000}){1000}$"}}},
+        {"type": "string", "pattern": "^(a{%d}){%d}$" % (rng.randint(50, 500), rng.randint(50, 500))},
+    ])
+    msgs = [{"role": "user", "content": rng.choice(QUESTIONS)}]
+    fn = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    return rng.choice([
+        ("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 16,
+                                  "response_format": {"type": "json_schema",
+                                                      "json_schema": {"name": "x", "schema": schema}}}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 16,
+                                  "tools": [fn], "tool_choice": "required"}),
+        ("/api/chat", {"model": MODEL, "messages": msgs, "stream": False, "format": schema,
+                       "options": {"num_predict": 16}}),
+        ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 16,
+                           "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}),
+        ("/v1/messages", {"model": MODEL, "messages": msgs, "max_tokens": 16,
+                          "tools": [{"name": "f", "input_schema": schema}], "tool_choice": {"type": "any"}}),
+    ])
+
+
 def request(kind, rng):
     """(method, path, body bytes, valid?) for one request of `kind`."""
+    if kind == "hostile":
+        path, body = hostile(rng)
+        return path, json.dumps(body).encode(), True
     msgs = [{"role": "user", "content": rng.choice(QUESTIONS)}]
     body = {"model": MODEL, "messages": msgs, "max_tokens": rng.randint(8, 48)}
     if kind == "chat_stream" or kind == "cancel":
@@ -64,7 +106,7 @@ def request(kind, rng):
     return "/v1/chat/completions", json.dumps(body).encode(), True
 
 
-KINDS = ["chat", "chat_stream", "tools", "json", "completion", "cancel", "bad"]
+KINDS = ["chat", "chat_stream", "tools", "json", "completion", "cancel", "bad", "hostile"]
 
 
 class Stats:
@@ -234,7 +276,11 @@ def serve_phase(strata, minutes):
         sampler.start()
         stats = clients("127.0.0.1", port, minutes * 60)
         sampler.stop.set()
-        return report("strata serve", stats, sampler, minutes)
+        ok = report("strata serve", stats, sampler, minutes)
+        if proc.poll() is not None:
+            print(f"  strata serve exited during the phase (status {proc.returncode})")
+            ok = False
+        return ok
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -85,6 +85,9 @@ const COMPILE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10)
 /// until it ends, so hostile schemas cannot pile up threads).
 const MAX_COMPILING: usize = 8;
 
+/// Most lexer states one grammar builds (see [`Grammars::new`]).
+const MAX_LEXER_STATES: usize = 100_000;
+
 /// Grammars compiling now.
 static COMPILING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -197,6 +200,11 @@ impl Grammars {
         factory.set_stderr_log_level(0);
         // Errors go back to the client: the reason, not llguidance's parser state and grammar.
         factory.limits_mut().verbose_errors = false;
+        // The memory one request's grammar may take as it runs: lexer states are built as the
+        // output needs them (about 1-2 KiB each), and the compiler's default of 250,000 lets
+        // one hostile grammar hold up to half a GiB. 100,000 holds the longest bounded strings
+        // real schemas ask for (a state per character of a `maxLength`) many times over.
+        factory.limits_mut().max_lexer_states = MAX_LEXER_STATES;
         Ok(Grammars {
             factory: Arc::new(factory),
             tok,

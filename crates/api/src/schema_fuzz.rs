@@ -259,4 +259,8 @@ fn generated_hostile_schemas_are_answered_in_time_without_taking_the_process_dow
     if let Err(e) = result {
         panic!("seed {seed:#x}: {e}");
     }
+    println!(
+        "{cases} schemas, seed {seed:#x}: peak memory {} MiB",
+        peak_mib()
+    );
 }

@@ -1147,6 +1147,9 @@ impl Answer {
                 Ok((Vec::new(), None))
             }
             Some(Event::Failed(m)) => Err(ApiError::unavailable(format!("Generation failed: {m}"))),
+            Some(Event::Refused(m)) => Err(ApiError::bad_body(format!(
+                "The request's schema or tools could not be followed: {m}"
+            ))),
             None => Err(ApiError::unavailable(
                 "The model instance stopped during generation.",
             )),

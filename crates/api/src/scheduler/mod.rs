@@ -82,6 +82,9 @@ pub enum Event {
     },
     /// The engine failed on this request.
     Failed(String),
+    /// The request's own grammar gave up (a limit of the grammar compiler, or a dead end it
+    /// leads into): the request's fault, not the server's.
+    Refused(String),
 }
 
 /// A request for the engine thread.
@@ -275,14 +278,17 @@ impl Seq {
                 c.mask(logits)
             };
             if let Err(e) = masked {
-                let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                let _ = self
+                    .job
+                    .events
+                    .send(Event::Refused(format!("grammar: {e}")));
                 return false;
             }
             if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
                 let _ = self
                     .job
                     .events
-                    .send(Event::Failed("grammar: no token is allowed here".into()));
+                    .send(Event::Refused("grammar: no token is allowed here".into()));
                 return false;
             }
         }
@@ -293,7 +299,10 @@ impl Seq {
             match c.commit(id) {
                 Ok(done) => grammar_done = done,
                 Err(e) => {
-                    let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                    let _ = self
+                        .job
+                        .events
+                        .send(Event::Refused(format!("grammar: {e}")));
                     return false;
                 }
             }
@@ -375,7 +384,10 @@ impl Seq {
         let (forced, grammar_done) = match c.forced(MAX_FORCED) {
             Ok(f) => f,
             Err(e) => {
-                let _ = self.job.events.send(Event::Failed(format!("grammar: {e}")));
+                let _ = self
+                    .job
+                    .events
+                    .send(Event::Refused(format!("grammar: {e}")));
                 return false;
             }
         };
@@ -959,7 +971,7 @@ mod tests {
                     break;
                 }
                 Event::Admitted { cached } => assert_eq!(cached, 0),
-                Event::Failed(e) => panic!("{e}"),
+                Event::Failed(e) | Event::Refused(e) => panic!("{e}"),
             }
         }
         let calls = std::mem::take(&mut *calls.lock().unwrap());
@@ -1039,7 +1051,7 @@ mod tests {
                 Some(Event::Done {
                     completion_tokens, ..
                 }) => return Ok(completion_tokens),
-                Some(Event::Failed(e)) => return Err(e),
+                Some(Event::Failed(e) | Event::Refused(e)) => return Err(e),
                 None => return Err("closed".into()),
             }
         }

@@ -562,7 +562,7 @@ mod tests {
                             return tokens;
                         }
                         Event::Admitted { .. } => {}
-                        Event::Failed(e) => panic!("{e}"),
+                        Event::Failed(e) | Event::Refused(e) => panic!("{e}"),
                     }
                 }
             })

@@ -504,11 +504,19 @@ fn complete_model(net: &Net, host: usize, model: &str, max_tokens: usize) -> (u1
 /// A greedy completion of a prompt of more than two prefix-cache blocks (the same long start
 /// every time, then `tail`): (text, prompt tokens restored from the prefix cache).
 fn complete_long(net: &Net, host: usize, tail: &str) -> (String, u64) {
+    complete_long_salted(net, host, tail, None)
+}
+
+/// [`complete_long`] with a `cache_salt`.
+fn complete_long_salted(net: &Net, host: usize, tail: &str, salt: Option<&str>) -> (String, u64) {
     let start = "The lighthouse keeper wrote down every ship that passed the point. ".repeat(50);
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": "smollm2-135m-instruct", "prompt": format!("{start}{tail}"),
         "max_tokens": 12, "temperature": 0,
     });
+    if let Some(s) = salt {
+        body["cache_salt"] = serde_json::json!(s);
+    }
     let (code, body) = net.http(host, "/v1/completions", &body.to_string());
     let v: Value = serde_json::from_str(&body).expect("json");
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -753,6 +761,15 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     let (again, cached) = complete_long(&net, rank0, " The last ship");
     assert_eq!(again, long_reference);
     assert!(cached >= 512, "{cached} prompt tokens restored");
+    // A `cache_salt` keeps a request's blocks apart from the others', forwarded or not.
+    let salted = complete_long_salted(&net, rank1, " The last ship", Some("team-a"));
+    assert_eq!(salted, (long_reference.clone(), 0));
+    let (again, cached) = complete_long_salted(&net, rank0, " The last ship", Some("team-a"));
+    assert_eq!(again, long_reference);
+    assert!(
+        cached >= 512,
+        "{cached} prompt tokens restored under the same salt"
+    );
     // A grammar's masks are applied on the ranks that hold the vocabulary: the same answer.
     assert_eq!(complete_json(&net, rank0), json_reference);
     // Host 2 holds a verified copy now.

@@ -574,15 +574,20 @@ fn one_key_gets_nothing_from_the_prefix_cache_that_another_filled() {
         .collect::<Vec<_>>()
         .join(" ");
     let (alice, bob) = ("sk-alice-0123456", "sk-bob-01234567");
-    let server = Proc::start(&[
-        "serve",
-        "--api-addr",
-        "127.0.0.1:0",
-        "--threads",
-        "2",
-        "--api-key-file",
-        keys,
-    ]);
+    let serve = |extra: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+            "--api-key-file",
+            keys,
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args)
+    };
+    let server = serve(&[]);
     let (cold, cold_took) = cached_chat(&server, alice, &system, None);
     assert_eq!(cold, 0);
     let (warm, warm_took) = cached_chat(&server, alice, &system, None);
@@ -603,16 +608,7 @@ fn one_key_gets_nothing_from_the_prefix_cache_that_another_filled() {
     assert_eq!(other_salt, 0);
     drop(server);
 
-    let single = Proc::start(&[
-        "serve",
-        "--api-addr",
-        "127.0.0.1:0",
-        "--threads",
-        "2",
-        "--api-key-file",
-        keys,
-        "--shared-prefix-cache",
-    ]);
+    let single = serve(&["--shared-prefix-cache"]);
     let (cold, _) = cached_chat(&single, alice, &system, None);
     assert_eq!(cold, 0);
     let (shared, _) = cached_chat(&single, bob, &system, None);
