@@ -463,6 +463,13 @@ pub async fn run(
     // Connections still closing may hold the shared state a moment longer; the session is
     // closed through it (its liveliness token goes with it, so peers see this node leave).
     shared.control.close().await?;
+    if let Some(other) = shared.control.displaced_by() {
+        return Err(Error::IdTaken {
+            id,
+            other,
+            state_dir: opts.state_dir,
+        });
+    }
     tracing::info!("node {id} stopped");
     Ok(())
 }

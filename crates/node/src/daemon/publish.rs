@@ -248,6 +248,10 @@ pub(super) async fn log_membership(shared: Arc<Shared>) {
             tracing::info!("{}", e.what);
         }
         seen = total;
+        // Another process held this node's id first: this one stops (`run` says why).
+        if shared.control.displaced_by().is_some() {
+            shared.stop.notify_one();
+        }
     }
 }
 
