@@ -181,6 +181,46 @@ fn a_web_page_cannot_stop_a_node_or_read_it_through_a_rebound_name() {
     assert_eq!(status(&stop), 200, "{stop}");
 }
 
+/// A key file (mode 0600) in `dir` with these lines.
+fn key_file(dir: &std::path::Path, lines: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("keys");
+    std::fs::write(&path, lines).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Sends the head of a request announcing a `len`-byte body and only its first 64 KiB, then
+/// reads what comes back within 5 s: a server that waits for the whole body answers nothing.
+fn post_partial(addr: SocketAddr, path: &str, len: usize) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         content-length: {len}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(&vec![b'x'; 64 << 10]);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn a_node_with_keys_takes_no_body_under_ui_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_file(dir.path(), "sk-admin-123456 name=ops role=admin\n");
+    let node = start_node(&["--api-key-file", &keys]);
+    // 7 MB announced to a path under /ui/ that is no file of the dashboard: refused at once,
+    // before the body is read (it used to be read and forwarded to the instance).
+    let refused = post_partial(node.addr, "/ui/x/y", 7_000_000);
+    assert_eq!(status(&refused), 401, "{refused}");
+    let page = node.get("/ui/app.js", "127.0.0.1");
+    assert_eq!(status(&page), 200, "{page}");
+    let other = node.get("/ui/x/y", "127.0.0.1");
+    assert_eq!(status(&other), 401, "{other}");
+}
+
 #[test]
 fn silent_clients_cannot_fill_a_node_and_a_half_sent_request_does_not_hold_its_stop() {
     let node = start_node(&[

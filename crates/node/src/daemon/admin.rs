@@ -67,13 +67,17 @@ pub(super) fn authorize(keys: &Keys, path: &str, auth: Option<&str>) -> Option<R
     }
 }
 
-/// Every route but `/health` and the dashboard's page and files needs a key whenever the node
-/// has keys (the page asks for one and sends it with every call it makes).
+/// Whether a request may pass without a key: a read of `/health`, or of the dashboard's page
+/// and files (the page asks for a key and sends it with every call it makes). Everything else,
+/// an unknown path included, would be handed to an instance, perhaps on another node.
+pub(super) fn is_open(method: &axum::http::Method, path: &str, headers: &HeaderMap) -> bool {
+    let read = method == axum::http::Method::GET || method == axum::http::Method::HEAD;
+    (read && path == "/health") || strata_api::dashboard::is_open(method, path, headers)
+}
+
+/// Every route but those [`is_open`] lets through needs a key whenever the node has keys.
 pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let open = path == "/health"
-        || strata_api::dashboard::is_dashboard_path(path)
-        || (path == "/" && strata_api::dashboard::wants_page(req.headers()));
+    let open = is_open(req.method(), req.uri().path(), req.headers());
     if !open && let Some(keys) = &shared.keys {
         let auth = strata_api::auth::presented(req.headers());
         if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
@@ -319,6 +323,30 @@ mod tests {
                 StatusCode::UNAUTHORIZED
             );
         }
+    }
+
+    #[test]
+    fn a_body_posted_under_ui_is_not_let_through_without_a_key() {
+        use axum::http::Method;
+        let none = HeaderMap::new();
+        // Once, any path under /ui/ passed, and the node forwarded its body to an instance.
+        for (m, path) in [
+            (Method::POST, "/ui/x/y"),
+            (Method::GET, "/ui/x/y"),
+            (Method::POST, "/ui/app.js"),
+            (Method::POST, "/health"),
+            (Method::GET, "/"),
+            (Method::GET, "/v1/chat/completions"),
+        ] {
+            assert!(!is_open(&m, path, &none), "{m} {path}");
+        }
+        for path in ["/health", "/ui/index.html", "/ui/app.js"] {
+            assert!(is_open(&Method::GET, path, &none), "{path}");
+        }
+        let mut browser = HeaderMap::new();
+        browser.insert(header::ACCEPT, "text/html".parse().unwrap());
+        assert!(is_open(&Method::GET, "/", &browser));
+        assert!(!is_open(&Method::POST, "/", &browser));
     }
 
     #[test]
