@@ -94,6 +94,9 @@ pub struct Event {
     pub at_ms: u64,
     /// What happened.
     pub what: String,
+    /// Whether it is something to fix (logged as a warning, not as news).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warning: bool,
 }
 
 /// One live member as this node sees it.
@@ -119,12 +122,18 @@ struct View {
 
 impl View {
     fn event(&mut self, what: String) {
+        self.record(what, false);
+    }
+
+    /// Records an event; `warning` marks something to fix.
+    fn record(&mut self, what: String, warning: bool) {
         if self.events.len() == EVENTS_KEPT {
             self.events.pop_front();
         }
         self.events.push_back(Event {
             at_ms: now_ms(),
             what,
+            warning,
         });
     }
 

@@ -415,3 +415,75 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
         "/health took {worst} ms while a schema compiled"
     );
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// Whether a line containing `what` arrives from `p` within `limit`.
+fn says(p: &Proc, what: &str, limit: Duration) -> bool {
+    let t = Instant::now();
+    let lines = p.lines.lock().unwrap();
+    while t.elapsed() < limit {
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100))
+            && l.contains(what)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn two_nodes_started_with_one_state_dir_are_not_one_member() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    let node = |name: &str, control: &str, peer: &[&str]| {
+        let mut args = vec!["node", "--api-addr", "127.0.0.1:0", "--no-multicast"];
+        args.extend_from_slice(&[
+            "--state-dir",
+            dir,
+            "--name",
+            name,
+            "--control-addr",
+            control,
+        ]);
+        args.extend_from_slice(peer);
+        Proc::start(&args)
+    };
+    let first_control = format!("127.0.0.1:{}", free_port());
+    let first = node("first", &first_control, &[]);
+    let second_control = format!("127.0.0.1:{}", free_port());
+    let mut second = node("second", &second_control, &["--peer", &first_control]);
+    // The later one stops with one line saying what to do; the first warns and stays.
+    assert!(
+        says(
+            &second,
+            "node-id, or give this node its own --state-dir",
+            Duration::from_secs(20)
+        ),
+        "the second node did not say why it stops"
+    );
+    let t = Instant::now();
+    let exited = loop {
+        if let Some(s) = second.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the second node kept running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!exited.success());
+    assert!(says(
+        &first,
+        "two nodes claim the node id",
+        Duration::from_secs(5)
+    ));
+    let ok = first.get("/health", "127.0.0.1");
+    assert_eq!(status(&ok), 200, "{ok}");
+}

@@ -137,7 +137,7 @@ pub(super) fn take_state(
     }
 }
 
-/// Logs and records that two live processes claim node id `id`: `kept`, which held it first,
+/// Records (as a warning, which the node logs) that two live processes claim node id `id`: `kept`, which held it first,
 /// and `ignored`, whose states the cluster does not take.
 fn warn_twice(v: &mut View, id: &str, kept: &str, ignored: &str) {
     let what = format!(
@@ -145,8 +145,7 @@ fn warn_twice(v: &mut View, id: &str, kept: &str, ignored: &str) {
          started first and ignores {ignored} (a state directory copied between machines, or \
          shared by two nodes)"
     );
-    tracing::warn!("{what}");
-    v.event(what);
+    v.record(what, true);
 }
 
 #[cfg(test)]

@@ -331,7 +331,7 @@ pub async fn run(
         .await
         .map_err(Error::control)?;
     let (memory_total, memory_available) = profile::memory();
-    let profile = Profile {
+    let mut profile = Profile {
         id: id.clone(),
         name: opts.name.clone().unwrap_or_else(|| hostname.clone()),
         hostname: hostname.clone(),
@@ -379,6 +379,8 @@ pub async fn run(
         .await
         .map_err(|e| Error::Control(format!("binding the API to {}: {e}", opts.api_addr)))?;
     let api_addr = listener.local_addr().map_err(Error::control)?;
+    // The address bound (`:0` becomes a port), as peers and warnings name this node.
+    profile.api_addr = api_addr.to_string();
     tracing::info!(
         "node {id} ({}) in cluster {}: control plane {} ({}), API http://{api_addr} ",
         profile.name,
