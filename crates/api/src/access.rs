@@ -56,20 +56,16 @@ pub(crate) async fn guard(State(st): State<Arc<AppState>>, req: Request, next: N
         Some(keys) if !is_open(req.method(), &path, req.headers()) => {
             let auth = crate::auth::presented(req.headers());
             match keys.check(auth.as_deref()) {
-                Verdict::Allowed(_) => next.run(req).await,
+                // The slot goes with the answer: a stream holds it until its last event.
+                Verdict::Allowed(_, slot) => slot.hold(next.run(req).await),
                 Verdict::Unknown => ApiError::unauthorized(if auth.is_some() {
                     "Incorrect API key provided."
                 } else {
                     "Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`."
                 })
                 .into_response(),
-                Verdict::Limited(s) => {
-                    let mut r = ApiError::rate_limited(s).into_response();
-                    if let Ok(v) = format!("{}", s.ceil() as u64).parse() {
-                        r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
-                    }
-                    r
-                }
+                Verdict::Limited(s) => ApiError::rate_limited(s).retry_after(s),
+                Verdict::Busy(limit) => ApiError::key_busy(limit).retry_after(1.0),
             }
         }
         _ => next.run(req).await,

@@ -21,12 +21,17 @@ pub(crate) struct ServeArgs {
     /// Address to listen on. Anything but loopback needs --api-key-file or --insecure-no-auth.
     #[arg(long, default_value = "127.0.0.1:8000")]
     api_addr: SocketAddr,
-    /// API keys, one per line (`KEY [name=NAME] [rpm=N]`); clients send `Authorization: Bearer KEY`.
+    /// API keys, one per line (`KEY [name=NAME] [rpm=N] [max_concurrent=N]`); clients send
+    /// `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
     /// Requests per minute per key, for keys without their own `rpm=`.
     #[arg(long)]
     rate_limit: Option<f64>,
+    /// Requests in flight at once per key (a stream counts until it ends), for keys without
+    /// their own `max_concurrent=`; more get 429 (default: no limit).
+    #[arg(long, value_parser = crate::args::at_least_one, value_name = "N")]
+    max_concurrent_per_key: Option<usize>,
     /// Serve a non-loopback address without keys.
     #[arg(long)]
     insecure_no_auth: bool,
@@ -274,7 +279,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         bail!("--max-body must be at least 1 byte");
     }
     let keys = match &args.api_key_file {
-        Some(f) => Some(Keys::from_file(f, args.rate_limit)?),
+        Some(f) => Some(
+            Keys::from_file(f, args.rate_limit)?.with_max_concurrent(args.max_concurrent_per_key),
+        ),
         None => None,
     };
     strata_api::check_bind(args.api_addr, keys.is_some(), args.insecure_no_auth)?;

@@ -487,3 +487,101 @@ fn two_nodes_started_with_one_state_dir_are_not_one_member() {
     let ok = first.get("/health", "127.0.0.1");
     assert_eq!(status(&ok), 200, "{ok}");
 }
+
+#[test]
+fn a_key_at_its_concurrency_limit_gets_429_while_another_key_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_file(
+        dir.path(),
+        "sk-one-12345678 name=one max_concurrent=1\nsk-two-12345678 name=two\n",
+    );
+    let server = Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--api-key-file",
+        &keys,
+    ]);
+    let chat = |extra: &str| {
+        format!(
+            r#"{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#
+        )
+    };
+    let json = "content-type: application/json";
+    // A long stream under key one: 300 numbers at least, so it outlasts what follows.
+    let long = chat(
+        r#","stream":true,"max_tokens":3000,"response_format":{"type":"json_schema",
+            "json_schema":{"name":"n","schema":{"type":"array","items":{"type":"integer"},
+            "minItems":300}}}"#,
+    );
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n{json}\r\n\
+                 authorization: Bearer sk-one-12345678\r\ncontent-length: {}\r\n\r\n{long}",
+                long.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut first = [0u8; 512];
+    let n = stream.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert_eq!(status(&head), 200, "{head}");
+
+    // While it streams, key one is refused at once, with Retry-After and one clear line ...
+    let short = chat(r#","max_tokens":2"#);
+    let busy = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-one-12345678"],
+        &short,
+    );
+    assert_eq!(status(&busy), 429, "{busy}");
+    assert!(busy.to_lowercase().contains("retry-after: 1"), "{busy}");
+    assert!(busy.contains("max_concurrent"), "{busy}");
+    assert!(busy.contains("\"type\":\"rate_limit_error\""), "{busy}");
+    // ... and key two is served meanwhile.
+    let t = Instant::now();
+    let other = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-two-12345678"],
+        &short,
+    );
+    assert_eq!(status(&other), 200, "{other}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // Still streaming: the slot is held by the answer, not by the handler that returned it.
+    let still = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-one-12345678"],
+        &short,
+    );
+    assert_eq!(status(&still), 429, "{still}");
+    // The client goes away: key one is served again within seconds.
+    drop(stream);
+    let t = Instant::now();
+    loop {
+        let again = server.post(
+            "/v1/chat/completions",
+            &[json, "authorization: Bearer sk-one-12345678"],
+            &short,
+        );
+        if status(&again) == 200 {
+            break;
+        }
+        assert_eq!(status(&again), 429, "{again}");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the slot was never given back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // strata serve takes no body under /ui/ without a key either.
+    let ui = post_partial(server.addr, "/ui/x/y", 7_000_000);
+    assert_eq!(status(&ui), 401, "{ui}");
+}

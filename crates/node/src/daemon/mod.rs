@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_api::auth::{Keys, Role, Verdict};
+use strata_api::auth::{Keys, Role, Slot, Verdict};
 use strata_cluster as placement;
 
 use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
