@@ -88,6 +88,10 @@ pub(crate) struct NodeArgs {
     /// Serve a non-loopback API without keys.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Run in this process, not as a child that is restarted when it dies of a signal (an
+    /// abort, a stack overflow, the OOM killer).
+    #[arg(long)]
+    pub(crate) no_supervise: bool,
     /// The address peers use to reach this node's data plane (default: its first non-loopback
     /// IPv4 address).
     #[arg(long)]

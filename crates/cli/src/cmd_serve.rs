@@ -35,6 +35,10 @@ pub(crate) struct ServeArgs {
     /// Serve a non-loopback address without keys.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Run in this process, not as a child that is restarted when it dies of a signal (an
+    /// abort, a stack overflow, the OOM killer).
+    #[arg(long)]
+    pub(crate) no_supervise: bool,
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one)]
     parallel: usize,

@@ -348,6 +348,8 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
         "2",
         "--max-body",
         "8000000",
+        // Its peak memory is read by pid: the server's own, not a supervisor's.
+        "--no-supervise",
     ]));
     let before = peak_rss_mib(server.child.id());
     // Four 3.9 MB messages at once: refused by their size, before tokenising them.
@@ -584,4 +586,62 @@ fn a_key_at_its_concurrency_limit_gets_429_while_another_key_is_served() {
     // strata serve takes no body under /ui/ without a key either.
     let ui = post_partial(server.addr, "/ui/x/y", 7_000_000);
     assert_eq!(status(&ui), 401, "{ui}");
+}
+
+/// The pids of `parent`'s children.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                // pid (comm) state ppid ...: the name may hold spaces, so read after the ')'.
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// Waits (bounded) until `p` answers `/health` with 200.
+fn healthy_within(p: &Proc, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let ok =
+            TcpStream::connect(p.addr).is_ok() && status(&p.get("/health", "127.0.0.1")) == 200;
+        if ok {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "not answering {limit:?} after the crash"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn serve_killed_by_an_abort_is_restarted_on_its_port() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = Proc::start(&["serve", "--api-addr", &addr, "--threads", "2"]);
+    healthy_within(&server, Duration::from_secs(30));
+    let served = children_of(server.child.id());
+    assert_eq!(served.len(), 1, "{served:?}");
+    // What a stack overflow or a failed allocation does: abort, which no panic handler sees.
+    // SAFETY: kill(2) on the server process this test started (through its supervisor).
+    unsafe { libc::kill(served[0] as i32, libc::SIGABRT) };
+    assert!(
+        says(&server, "died of SIGABRT", Duration::from_secs(10)),
+        "no log line about the abort"
+    );
+    let back = healthy_within(&server, Duration::from_secs(30));
+    let again = children_of(server.child.id());
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again, served, "the same process answers");
+    eprintln!("answering again {back:?} after the restart was logged");
+    // A stop is forwarded, and not taken for a crash: both processes end.
+    server.terminate(Duration::from_secs(15));
+    assert!(!std::path::Path::new(&format!("/proc/{}", again[0])).exists());
 }
