@@ -265,7 +265,8 @@ def report(name, stats, sampler, minutes, down=None, steady_from=60):
 
 def serve_phase(strata, minutes):
     port = 18700 + os.getpid() % 1000
-    proc = subprocess.Popen([strata, "serve", "--api-addr", f"127.0.0.1:{port}", "--parallel", "4",
+    # Unsupervised: a process that dies must fail the phase, not be restarted behind its back.
+    proc = subprocess.Popen([strata, "serve", "--no-supervise", "--api-addr", f"127.0.0.1:{port}", "--parallel", "4",
                              "--queue", "64", "--max-connections", "64"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -319,7 +320,7 @@ def cluster_phase(strata, minutes):
         def start(i):
             log = open(os.path.join(tmp, f"node{i + 1}.log"), "a")
             nodes[i] = subprocess.Popen(
-                ["ip", "netns", "exec", ns[i], strata, "node", "--name", f"host{i + 1}",
+                ["ip", "netns", "exec", ns[i], strata, "node", "--no-supervise", "--name", f"host{i + 1}",
                  "--state-dir", os.path.join(tmp, f"state{i + 1}"), "--cluster-key-file", key,
                  "--threads", "1", "--api-addr", "127.0.0.1:8000"],
                 stdout=subprocess.DEVNULL, stderr=log)

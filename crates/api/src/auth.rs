@@ -1,18 +1,29 @@
 //! API keys and per-key rate limits.
 //!
 //! The key file has one key per line, optionally followed by `name=NAME`, `rpm=N` (requests per
-//! minute for that key) and `role=admin` or `role=client`; blank lines and `#` comments are
-//! skipped. A key is a client key unless it says `role=admin`: client keys may run inference and
+//! minute for that key), `max_concurrent=N` (requests in flight at once) and `role=admin` or
+//! `role=client`; blank lines and `#` comments are skipped. A key is a client key unless it says `role=admin`: client keys may run inference and
 //! read the cluster's state, only admin keys may change it (load, unload, drain, stop), so a key
 //! handed to an application cannot take the cluster down. Keys are
 //! compared through their SHA-256 digests with a constant-time equality over every listed key,
 //! so neither the match nor its position leaks through timing. Keys are never logged: a key is
 //! known to the rest of the server only by its name (or `key-N`, its line number).
+//!
+//! A request admitted under a key with a concurrency limit holds a [`Slot`] until its response
+//! body ends: a stream holds it until its last event is sent or the client goes away, so one
+//! key cannot keep every batch slot busy with long streams while others wait.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use http_body::{Frame, SizeHint};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -97,14 +108,19 @@ struct Key {
     digest: [u8; 32],
     name: String,
     rpm: Option<f64>,
+    max_concurrent: Option<usize>,
     role: Role,
+    /// Requests in flight under the key's name (lines with one name share it, as they share a
+    /// rate bucket).
+    in_flight: Arc<AtomicUsize>,
 }
 
-/// The accepted keys and their rate limits.
+/// The accepted keys and their rate and concurrency limits.
 #[derive(Debug)]
 pub struct Keys {
     keys: Vec<Key>,
     default_rpm: Option<f64>,
+    default_max_concurrent: Option<usize>,
     buckets: Mutex<HashMap<String, Bucket>>,
 }
 
@@ -116,14 +132,90 @@ struct Bucket {
 }
 
 /// What an authorisation check decided.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum Verdict {
-    /// The key is valid; requests are counted under its name.
-    Allowed(Grant),
+    /// The key is valid; requests are counted under its name, and this one holds the slot
+    /// until it is dropped (see [`Slot::hold`]).
+    Allowed(Grant, Slot),
     /// No key, or an unknown one.
     Unknown,
     /// A valid key over its rate; retry after this many seconds.
     Limited(f64),
+    /// A valid key with this many requests in flight already, its `max_concurrent`.
+    Busy(usize),
+}
+
+/// One of a key's `max_concurrent` places, taken by [`Keys::check`] and given back when
+/// dropped. A key without a limit gets a slot that holds nothing.
+#[derive(Debug)]
+pub struct Slot(Option<Arc<AtomicUsize>>);
+
+impl Slot {
+    /// Takes a place among `limit` on `count`, if one is free.
+    fn take(count: &Arc<AtomicUsize>, limit: usize) -> Option<Slot> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(Some(Arc::clone(count))))
+    }
+
+    /// `response`, holding this slot until its body has been sent to the end or dropped (the
+    /// client went away): a request is in flight for as long as its answer is, which for a
+    /// stream is far longer than the handler that returned it.
+    pub fn hold(self, response: Response) -> Response {
+        if self.0.is_none() {
+            return response;
+        }
+        let (parts, body) = response.into_parts();
+        Response::from_parts(
+            parts,
+            Body::new(Held {
+                body,
+                slot: Some(self),
+            }),
+        )
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(count) = &self.0 {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A response body that gives its [`Slot`] back when it ends or is dropped.
+struct Held {
+    body: Body,
+    slot: Option<Slot>,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.slot = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Who a valid key belongs to and what it may do.
@@ -157,6 +249,7 @@ impl Keys {
     /// Parses key-file text.
     pub fn parse(text: &str, default_rpm: Option<f64>) -> Result<Keys, KeyFileError> {
         let mut keys = Vec::new();
+        let mut counts: HashMap<String, Arc<AtomicUsize>> = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -172,7 +265,9 @@ impl Keys {
                 digest: digest(secret),
                 name: format!("key-{}", i + 1),
                 rpm: None,
+                max_concurrent: None,
                 role: Role::Client,
+                in_flight: Arc::default(),
             };
             for p in parts {
                 match p.split_once('=') {
@@ -187,6 +282,14 @@ impl Keys {
                             })?;
                         key.rpm = Some(v);
                     }
+                    Some(("max_concurrent", n)) => {
+                        let v: usize = n.parse().ok().filter(|v| *v > 0).ok_or_else(|| {
+                            err(format!(
+                                "max_concurrent must be a whole number above 0, got `{n}`"
+                            ))
+                        })?;
+                        key.max_concurrent = Some(v);
+                    }
                     Some(("role", "admin")) => key.role = Role::Admin,
                     Some(("role", "client")) => key.role = Role::Client,
                     Some(("role", r)) => {
@@ -194,18 +297,28 @@ impl Keys {
                     }
                     _ => {
                         return Err(err(format!(
-                            "unexpected `{p}` (expected name=NAME, rpm=N or role=admin|client)"
+                            "unexpected `{p}` (expected name=NAME, rpm=N, max_concurrent=N or \
+                             role=admin|client)"
                         )));
                     }
                 }
             }
+            key.in_flight = Arc::clone(counts.entry(key.name.clone()).or_default());
             keys.push(key);
         }
         Ok(Keys {
             keys,
             default_rpm,
+            default_max_concurrent: None,
             buckets: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same keys, with `limit` requests in flight at once for keys without their own
+    /// `max_concurrent=` (`None`: no limit).
+    pub fn with_max_concurrent(mut self, limit: Option<usize>) -> Keys {
+        self.default_max_concurrent = limit.filter(|n| *n > 0);
+        self
     }
 
     /// Number of keys.
@@ -218,20 +331,40 @@ impl Keys {
         self.keys.is_empty()
     }
 
-    /// Checks an `Authorization` header value (see [`presented`]) and, for a valid key, takes one
-    /// request from its bucket.
+    /// Checks an `Authorization` header value (see [`presented`]) and, for a valid key, takes a
+    /// slot among its `max_concurrent` (none free: [`Verdict::Busy`], and nothing is taken from
+    /// its rate) and then one request from its bucket.
     pub fn check(&self, authorization: Option<&str>) -> Verdict {
         let Some(key) = self.find(authorization) else {
             return Verdict::Unknown;
+        };
+        let slot = match key.max_concurrent.or(self.default_max_concurrent) {
+            None => Slot(None),
+            Some(limit) => match Slot::take(&key.in_flight, limit) {
+                Some(slot) => slot,
+                None => return Verdict::Busy(limit),
+            },
         };
         let grant = Grant {
             name: key.name.clone(),
             role: key.role,
         };
         match key.rpm.or(self.default_rpm) {
-            None => Verdict::Allowed(grant),
-            Some(rpm) => self.take(grant, rpm, Instant::now()),
+            None => Verdict::Allowed(grant, slot),
+            Some(rpm) => match self.take(&grant.name, rpm, Instant::now()) {
+                Ok(()) => Verdict::Allowed(grant, slot),
+                Err(wait) => Verdict::Limited(wait),
+            },
         }
+    }
+
+    /// Who a valid key belongs to, without counting a request (for a route that says which key
+    /// asked, behind a check that counted it).
+    pub fn grant(&self, authorization: Option<&str>) -> Option<Grant> {
+        self.find(authorization).map(|k| Grant {
+            name: k.name.clone(),
+            role: k.role,
+        })
     }
 
     /// Whether an `Authorization` header value carries a known key, without taking a request
@@ -271,8 +404,8 @@ impl Keys {
         self.keys.iter().any(|k| k.role == Role::Admin)
     }
 
-    fn take(&self, grant: Grant, rpm: f64, now: Instant) -> Verdict {
-        let name = grant.name.as_str();
+    /// Takes one request from `name`'s bucket, or says how many seconds until one is there.
+    fn take(&self, name: &str, rpm: f64, now: Instant) -> Result<(), f64> {
         let mut buckets = match self.buckets.lock() {
             Ok(b) => b,
             Err(poisoned) => poisoned.into_inner(),
@@ -286,9 +419,9 @@ impl Keys {
         b.at = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
-            Verdict::Allowed(grant)
+            Ok(())
         } else {
-            Verdict::Limited((1.0 - b.tokens) * 60.0 / rpm)
+            Err((1.0 - b.tokens) * 60.0 / rpm)
         }
     }
 }
@@ -298,22 +431,31 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// The grant of an allowed verdict, as (name, role).
+    fn allowed(v: Verdict) -> (String, Role) {
+        match v {
+            Verdict::Allowed(g, _) => (g.name, g.role),
+            v => panic!("{v:?}"),
+        }
+    }
+
     #[test]
     fn parses_names_limits_and_comments() {
         let k = Keys::parse(
-            "# team keys\nsk-alpha-123456 name=alice rpm=2\n\nsk-bravo-123456\n",
+            "# team keys\nsk-alpha-123456 name=alice rpm=2 max_concurrent=3\n\nsk-bravo-123456\n",
             None,
         )
         .unwrap();
         assert_eq!(k.len(), 2);
-        let client = |name: &str| {
-            Verdict::Allowed(Grant {
-                name: name.into(),
-                role: Role::Client,
-            })
-        };
-        assert_eq!(k.check(Some("Bearer sk-bravo-123456")), client("key-4"));
-        assert_eq!(k.check(Some("Bearer sk-alpha-123456")), client("alice"));
+        let client = |name: &str| (name.to_string(), Role::Client);
+        assert_eq!(
+            allowed(k.check(Some("Bearer sk-bravo-123456"))),
+            client("key-4")
+        );
+        assert_eq!(
+            allowed(k.check(Some("Bearer sk-alpha-123456"))),
+            client("alice")
+        );
         assert!(!k.has_admin());
     }
 
@@ -325,47 +467,122 @@ mod tests {
         )
         .unwrap();
         assert!(k.has_admin());
-        match k.check(Some("Bearer sk-admin-123456")) {
-            Verdict::Allowed(g) => assert_eq!((g.name.as_str(), g.role), ("ops", Role::Admin)),
-            v => panic!("{v:?}"),
-        }
-        match k.check(Some("Bearer sk-app-1234567")) {
-            Verdict::Allowed(g) => assert_eq!((g.name.as_str(), g.role), ("app", Role::Client)),
-            v => panic!("{v:?}"),
-        }
+        let ops = ("ops".to_string(), Role::Admin);
+        assert_eq!(allowed(k.check(Some("Bearer sk-admin-123456"))), ops);
+        let app = ("app".to_string(), Role::Client);
+        assert_eq!(allowed(k.check(Some("Bearer sk-app-1234567"))), app);
         assert!(Keys::parse("sk-alpha-123456 role=root", None).is_err());
     }
 
     #[test]
     fn refuses_missing_wrong_and_malformed_keys() {
         let k = Keys::parse("sk-alpha-123456", None).unwrap();
-        assert_eq!(k.check(None), Verdict::Unknown);
-        assert_eq!(k.check(Some("sk-alpha-123456")), Verdict::Unknown);
-        assert_eq!(k.check(Some("Bearer sk-alpha-12345")), Verdict::Unknown);
-        assert_eq!(k.check(Some("Bearer ")), Verdict::Unknown);
+        let unknown = |v: Verdict| matches!(v, Verdict::Unknown);
+        assert!(unknown(k.check(None)));
+        assert!(unknown(k.check(Some("sk-alpha-123456"))));
+        assert!(unknown(k.check(Some("Bearer sk-alpha-12345"))));
+        assert!(unknown(k.check(Some("Bearer "))));
+        assert!(k.grant(Some("Bearer sk-alpha-12345")).is_none());
         assert!(Keys::parse("short", None).is_err());
         assert!(Keys::parse("sk-alpha-123456 rpm=-1", None).is_err());
         assert!(Keys::parse("sk-alpha-123456 colour=red", None).is_err());
+        for bad in ["0", "-1", "1.5", "many", ""] {
+            let e = Keys::parse(&format!("sk-alpha-123456 max_concurrent={bad}"), None);
+            assert!(
+                e.unwrap_err().to_string().contains("max_concurrent"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
     fn token_bucket_limits_and_refills() {
         let k = Keys::parse("sk-alpha-123456 rpm=60", None).unwrap();
-        let g = || Grant {
-            name: "key-1".into(),
-            role: Role::Client,
-        };
         let t0 = Instant::now();
         for _ in 0..60 {
-            assert!(matches!(k.take(g(), 60.0, t0), Verdict::Allowed(_)));
+            assert!(k.take("key-1", 60.0, t0).is_ok());
         }
-        match k.take(g(), 60.0, t0) {
-            Verdict::Limited(s) => assert!(s > 0.0 && s <= 1.0, "{s}"),
+        match k.take("key-1", 60.0, t0) {
+            Err(s) => assert!(s > 0.0 && s <= 1.0, "{s}"),
             v => panic!("{v:?}"),
         }
         // One second later, one request's worth has refilled.
         let t1 = t0 + std::time::Duration::from_millis(1001);
-        assert!(matches!(k.take(g(), 60.0, t1), Verdict::Allowed(_)));
-        assert!(matches!(k.take(g(), 60.0, t1), Verdict::Limited(_)));
+        assert!(k.take("key-1", 60.0, t1).is_ok());
+        assert!(k.take("key-1", 60.0, t1).is_err());
+    }
+
+    #[test]
+    fn a_key_at_its_concurrency_limit_is_busy_while_others_are_served() {
+        let k = Keys::parse(
+            "sk-alpha-123456 name=alice max_concurrent=2 rpm=3\nsk-bravo-123456 name=bob\n\
+             sk-alpha-654321 name=alice\n",
+            None,
+        )
+        .unwrap()
+        .with_max_concurrent(Some(1));
+        let alice = Some("Bearer sk-alpha-123456");
+        let (a1, a2) = (k.check(alice), k.check(alice));
+        assert!(matches!(a1, Verdict::Allowed(..)) && matches!(a2, Verdict::Allowed(..)));
+        // A third in flight is refused, and costs nothing from the key's rate.
+        assert!(matches!(k.check(alice), Verdict::Busy(2)));
+        // Another key is served at once; the server's default (1) applies to it.
+        let b1 = k.check(Some("Bearer sk-bravo-123456"));
+        assert!(matches!(b1, Verdict::Allowed(..)));
+        assert!(matches!(
+            k.check(Some("Bearer sk-bravo-123456")),
+            Verdict::Busy(1)
+        ));
+        // A second line with the same name shares its count.
+        assert!(matches!(
+            k.check(Some("Bearer sk-alpha-654321")),
+            Verdict::Busy(1)
+        ));
+        // A finished request frees its place; the rate still counts the ones let through.
+        drop(a1);
+        assert!(matches!(k.check(alice), Verdict::Allowed(..)));
+        drop(a2);
+        assert!(matches!(k.check(alice), Verdict::Limited(_)));
+        drop(b1);
+        assert!(matches!(
+            k.check(Some("Bearer sk-bravo-123456")),
+            Verdict::Allowed(..)
+        ));
+    }
+
+    async fn next_frame(body: &mut Body) -> Option<Result<Frame<Bytes>, axum::Error>> {
+        std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut *body), cx)).await
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_holds_its_slot_until_its_body_ends() {
+        // Once, a slot taken around the handler was free again when the handler returned its
+        // stream, so a key with max_concurrent=1 could hold any number of streams open.
+        let k = Keys::parse("sk-alpha-123456 max_concurrent=1", None).unwrap();
+        let key = Some("Bearer sk-alpha-123456");
+        let Verdict::Allowed(_, slot) = k.check(key) else {
+            panic!("the first request is refused")
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let stream = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut body = slot.hold(Response::new(stream)).into_body();
+        tx.send(Ok(Bytes::from("a"))).await.unwrap();
+        assert!(next_frame(&mut body).await.is_some());
+        assert!(matches!(k.check(key), Verdict::Busy(1)), "freed mid-stream");
+        drop(tx);
+        assert!(next_frame(&mut body).await.is_none());
+        assert!(
+            matches!(k.check(key), Verdict::Allowed(..)),
+            "held after the end"
+        );
+
+        // A client that goes away drops the body: the slot comes back too.
+        let Verdict::Allowed(_, slot) = k.check(key) else {
+            panic!("refused")
+        };
+        let body = slot.hold(Response::new(Body::from("x"))).into_body();
+        assert!(matches!(k.check(key), Verdict::Busy(1)));
+        drop(body);
+        assert!(matches!(k.check(key), Verdict::Allowed(..)));
     }
 }

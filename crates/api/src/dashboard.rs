@@ -12,7 +12,7 @@
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -94,9 +94,18 @@ pub fn wants_page(headers: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("text/html"))
 }
 
-/// Whether `path` is one of the dashboard's own (served without a key).
-pub fn is_dashboard_path(path: &str) -> bool {
-    path.starts_with("/ui/")
+/// Whether a request may pass without a key as the dashboard's: a GET or HEAD of one of its
+/// files, or of `/` from a browser. Nothing else under `/ui/` is exempt: a key check that let
+/// any `/ui/...` through would take a body from anyone and hand it to the routes behind (on a
+/// node, to the node serving a model).
+pub fn is_open(method: &Method, path: &str, headers: &HeaderMap) -> bool {
+    if method != Method::GET && method != Method::HEAD {
+        return false;
+    }
+    match path.strip_prefix("/ui/") {
+        Some(name) => FILES.iter().any(|(n, _, _)| *n == name),
+        None => path == "/" && wants_page(headers),
+    }
 }
 
 /// The page.
@@ -195,5 +204,31 @@ mod tests {
         let r = index();
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()[header::CONTENT_SECURITY_POLICY], CSP);
+    }
+
+    #[test]
+    fn only_reads_of_real_files_pass_without_a_key() {
+        let none = HeaderMap::new();
+        let mut browser = HeaderMap::new();
+        browser.insert(header::ACCEPT, HeaderValue::from_static("text/html"));
+        for name in ["/ui/index.html", "/ui/app.js", "/ui/favicon.svg"] {
+            assert!(is_open(&Method::GET, name, &none), "{name}");
+            assert!(is_open(&Method::HEAD, name, &none), "{name}");
+            assert!(!is_open(&Method::POST, name, &none), "{name}");
+        }
+        // A body posted under /ui/ was let through and handed on (issue: 7 MB to /ui/x/y).
+        for path in [
+            "/ui/x/y",
+            "/ui/",
+            "/ui/missing.js",
+            "/ui/../v1/models",
+            "/uix",
+        ] {
+            assert!(!is_open(&Method::GET, path, &none), "{path}");
+            assert!(!is_open(&Method::POST, path, &browser), "{path}");
+        }
+        assert!(is_open(&Method::GET, "/", &browser));
+        assert!(!is_open(&Method::GET, "/", &none));
+        assert!(!is_open(&Method::POST, "/", &browser));
     }
 }

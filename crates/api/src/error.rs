@@ -160,6 +160,20 @@ impl ApiError {
         e
     }
 
+    /// 429: this key already has its `max_concurrent` requests in flight.
+    pub fn key_busy(limit: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "This API key already has {limit} requests in flight (its max_concurrent); \
+                 retry when one has finished."
+            ),
+        );
+        e.code = Some("concurrency_limit_exceeded");
+        e
+    }
+
     /// 429: the scheduler's queue is full.
     pub fn queue_full(depth: usize) -> ApiError {
         let mut e = ApiError::new(
@@ -174,6 +188,15 @@ impl ApiError {
     /// 503: no model instance can take the request.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+    }
+
+    /// The answer, with a `Retry-After` of `secs` rounded up to whole seconds (at least one).
+    pub fn retry_after(self, secs: f64) -> Response {
+        let mut r = self.into_response();
+        if let Ok(v) = format!("{}", secs.ceil().max(1.0) as u64).parse() {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+        }
+        r
     }
 
     /// The JSON body.

@@ -14,6 +14,7 @@
 //!   shutdown) and the browser checks (Host, Origin, JSON bodies, CORS) of every HTTP surface.
 #![warn(missing_docs)]
 
+mod access;
 pub mod auth;
 pub mod browser;
 pub(crate) mod call_format;

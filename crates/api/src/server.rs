@@ -7,9 +7,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{Method, StatusCode, Uri};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
-use crate::auth::{Keys, Verdict};
+use crate::auth::Keys;
 use crate::call_format::CallFormat;
 use crate::grammar::Grammars;
 use crate::metrics::Metrics;
@@ -157,68 +157,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::dashboard::routes())
         .fallback(fallback)
         .method_not_allowed_fallback(not_allowed)
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            crate::access::guard,
+        ))
         .layer(middleware::from_fn(crate::error::in_dialect))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-}
-
-/// Authentication for `/v1/*` and the request counter for every route.
-async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_string();
-    let endpoint = match path.as_str() {
-        "/v1/chat/completions"
-        | "/v1/completions"
-        | "/v1/models"
-        | "/v1/messages"
-        | "/v1/messages/count_tokens"
-        | "/api/chat"
-        | "/api/generate"
-        | "/api/tags"
-        | "/api/ps"
-        | "/api/show"
-        | "/api/pull"
-        | "/api/version"
-        | "/health"
-        | "/metrics"
-        | "/openapi.json" => path.clone(),
-        p if p.starts_with("/v1/models/") => "/v1/models/{id}".into(),
-        "/v1/responses" => path.clone(),
-        p if p.starts_with("/v1/responses/") => "/v1/responses/{id}".into(),
-        _ => "other".into(),
-    };
-    // OpenAI's and Anthropic's routes under /v1, Ollama's under /api: all need a key.
-    let resp = match (
-        &st.keys,
-        path.starts_with("/v1/") || path.starts_with("/api/"),
-    ) {
-        (Some(keys), true) => {
-            let auth = crate::auth::presented(req.headers());
-            match keys.check(auth.as_deref()) {
-                Verdict::Allowed(grant) => {
-                    let mut req = req;
-                    req.extensions_mut().insert(Tenant(grant.name));
-                    next.run(req).await
-                }
-                Verdict::Unknown => ApiError::unauthorized(if auth.is_some() {
-                    "Incorrect API key provided."
-                } else {
-                    "Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`."
-                })
-                .into_response(),
-                Verdict::Limited(s) => {
-                    let mut r = ApiError::rate_limited(s).into_response();
-                    if let Ok(v) = format!("{}", s.ceil() as u64).parse() {
-                        r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
-                    }
-                    r
-                }
-            }
-        }
-        _ => next.run(req).await,
-    };
-    st.metrics.count_request(&endpoint, resp.status().as_u16());
-    resp
 }
 
 /// What answers here: the dashboard to a browser; to clients (Claude Code probes `HEAD /`

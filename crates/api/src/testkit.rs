@@ -47,6 +47,11 @@ pub(crate) fn vocabulary() -> Vec<u8> {
 
 /// Starts the test server's state (model, tokenizer, template, scheduler): ~50 ms.
 pub fn tiny_state() -> Result<Arc<AppState>, StartError> {
+    tiny_state_with(crate::Shared::new(None, 1))
+}
+
+/// [`tiny_state`] with these keys and shared state.
+pub fn tiny_state_with(shared: crate::Shared) -> Result<Arc<AppState>, StartError> {
     let vocab = GgufFile::from_bytes(vocabulary())?;
     let spec = SynthSpec {
         arch: Arch::Qwen2,
@@ -74,7 +79,7 @@ pub fn tiny_state() -> Result<Arc<AppState>, StartError> {
         EngineOptions {
             model_id: MODEL_ID.into(),
             queue: 8,
-            shared: crate::Shared::new(None, 1),
+            shared,
             max_body: 1 << 20,
             info: crate::ModelInfo::from_gguf(&file),
             aliases: vec!["tiny-alias".into()],

@@ -221,8 +221,14 @@ fn start_nodes(
         let (api, control) = (free_port()?, free_port()?);
         let log = std::fs::File::create(dir.join(format!("node{i}.log")))?;
         let mut cmd = Command::new(&exe);
+        // Unsupervised: a node that dies is a failed run here, not one to bring back.
         cmd.arg("node")
-            .args(["--name", &format!("bench{i}"), "--no-multicast"])
+            .args([
+                "--name",
+                &format!("bench{i}"),
+                "--no-multicast",
+                "--no-supervise",
+            ])
             .args(["--threads", &threads.to_string()])
             .args(["--transport", link.transport])
             .args(["--api-addr", &format!("127.0.0.1:{api}")])

@@ -77,13 +77,21 @@ pub(crate) struct NodeArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// API keys file (`KEY [name=NAME] [rpm=N] [role=admin|client]` per line; only admin keys
-    /// may load, unload, drain or stop).
+    /// API keys file (`KEY [name=NAME] [rpm=N] [max_concurrent=N] [role=admin|client]` per
+    /// line; only admin keys may load, unload, drain or stop).
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Requests in flight at once per key (a stream counts until it ends), for keys without
+    /// their own `max_concurrent=`; more get 429 (default: no limit).
+    #[arg(long, value_parser = crate::args::at_least_one, value_name = "N")]
+    max_concurrent_per_key: Option<usize>,
     /// Serve a non-loopback API without keys.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Run in this process, not as a child that is restarted when it dies of a signal (an
+    /// abort, a stack overflow, the OOM killer).
+    #[arg(long)]
+    pub(crate) no_supervise: bool,
     /// The address peers use to reach this node's data plane (default: its first non-loopback
     /// IPv4 address).
     #[arg(long)]
@@ -118,7 +126,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         bail!("--threads must be at least 1");
     }
     let keys = match &a.api_key_file {
-        Some(f) => Some(Keys::from_file(f, None)?),
+        Some(f) => Some(Keys::from_file(f, None)?.with_max_concurrent(a.max_concurrent_per_key)),
         None => None,
     };
     let opts = NodeOptions {

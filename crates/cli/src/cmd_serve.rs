@@ -21,15 +21,24 @@ pub(crate) struct ServeArgs {
     /// Address to listen on. Anything but loopback needs --api-key-file or --insecure-no-auth.
     #[arg(long, default_value = "127.0.0.1:8000")]
     api_addr: SocketAddr,
-    /// API keys, one per line (`KEY [name=NAME] [rpm=N]`); clients send `Authorization: Bearer KEY`.
+    /// API keys, one per line (`KEY [name=NAME] [rpm=N] [max_concurrent=N]`); clients send
+    /// `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
     /// Requests per minute per key, for keys without their own `rpm=`.
     #[arg(long)]
     rate_limit: Option<f64>,
+    /// Requests in flight at once per key (a stream counts until it ends), for keys without
+    /// their own `max_concurrent=`; more get 429 (default: no limit).
+    #[arg(long, value_parser = crate::args::at_least_one, value_name = "N")]
+    max_concurrent_per_key: Option<usize>,
     /// Serve a non-loopback address without keys.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Run in this process, not as a child that is restarted when it dies of a signal (an
+    /// abort, a stack overflow, the OOM killer).
+    #[arg(long)]
+    pub(crate) no_supervise: bool,
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one)]
     parallel: usize,
@@ -279,7 +288,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         bail!("--max-body must be at least 1 byte");
     }
     let keys = match &args.api_key_file {
-        Some(f) => Some(Keys::from_file(f, args.rate_limit)?),
+        Some(f) => Some(
+            Keys::from_file(f, args.rate_limit)?.with_max_concurrent(args.max_concurrent_per_key),
+        ),
         None => None,
     };
     strata_api::check_bind(args.api_addr, keys.is_some(), args.insecure_no_auth)?;

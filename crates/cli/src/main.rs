@@ -15,6 +15,7 @@ mod cmd_serve;
 mod cmd_shard;
 mod cmd_synth;
 mod logging;
+mod supervise;
 
 use std::process::ExitCode;
 
@@ -90,6 +91,16 @@ fn main() -> ExitCode {
         Command::Serve(_) | Command::Node(_) | Command::Worker(_)
     ) {
         logging::init();
+    }
+    let supervised = match &cli.cmd {
+        Command::Serve(a) if !a.no_supervise => Some("strata serve"),
+        Command::Node(a) if !a.no_supervise => Some("strata node"),
+        _ => None,
+    };
+    if let Some(what) = supervised
+        && !supervise::is_child()
+    {
+        return supervise::run(what);
     }
     let result = match cli.cmd {
         Command::Run(args) => cmd_run::run(args),

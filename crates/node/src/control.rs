@@ -21,6 +21,10 @@ use crate::key::ClusterKey;
 use crate::profile::Profile;
 use crate::{Error, Result};
 
+mod claims;
+
+use claims::{Claimant, take_state};
+
 /// The control plane's default TLS port.
 pub const DEFAULT_CONTROL_PORT: u16 = 7447;
 /// zenoh's multicast scouting group (UDP).
@@ -90,6 +94,9 @@ pub struct Event {
     pub at_ms: u64,
     /// What happened.
     pub what: String,
+    /// Whether it is something to fix (logged as a warning, not as news).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warning: bool,
 }
 
 /// One live member as this node sees it.
@@ -97,6 +104,8 @@ pub struct Event {
 struct Member {
     state: Option<NodeState>,
     joined_at_ms: u64,
+    /// Who published the state taken, and when it arrived.
+    claimant: Option<(Claimant, Instant)>,
 }
 
 /// The cluster as this node sees it.
@@ -105,16 +114,26 @@ struct View {
     members: BTreeMap<String, Member>,
     events: VecDeque<Event>,
     leader: Option<String>,
+    /// Sessions already warned about as a second claimant of an id, by (id, session).
+    warned: std::collections::BTreeSet<(String, String)>,
+    /// Set when another live process holds this node's own id and started first: who it is.
+    displaced_by: Option<String>,
 }
 
 impl View {
     fn event(&mut self, what: String) {
+        self.record(what, false);
+    }
+
+    /// Records an event; `warning` marks something to fix.
+    fn record(&mut self, what: String, warning: bool) {
         if self.events.len() == EVENTS_KEPT {
             self.events.pop_front();
         }
         self.events.push_back(Event {
             at_ms: now_ms(),
             what,
+            warning,
         });
     }
 
@@ -164,6 +183,8 @@ pub struct Control {
     fingerprint: String,
     view: Arc<Mutex<View>>,
     changes: tokio::sync::watch::Sender<u64>,
+    /// This process, as its published states name it (see [`Claimant`]).
+    claimant: Vec<u8>,
     _token: zenoh::liveliness::LivelinessToken,
     _members: zenoh::pubsub::Subscriber<()>,
     _states: zenoh::pubsub::Subscriber<()>,
@@ -357,6 +378,7 @@ impl Control {
                 Member {
                     state: None,
                     joined_at_ms: now_ms(),
+                    claimant: None,
                 },
             );
             v.event(format!("{me} started"));
@@ -393,6 +415,7 @@ impl Control {
                                     Member {
                                         state: None,
                                         joined_at_ms: now_ms(),
+                                        claimant: None,
                                     },
                                 );
                                 v.event(format!("{id} joined"));
@@ -412,9 +435,15 @@ impl Control {
                 .map_err(Error::control)?
         };
 
+        let mine = Claimant {
+            session: session.zid().to_string(),
+            started_ms: now_ms(),
+        };
+        let claimant = serde_json::to_vec(&mine).map_err(Error::control)?;
         let states = {
             let view = Arc::clone(&view);
             let changes = changes.clone();
+            let me = me.clone();
             session
                 .declare_subscriber(format!("{prefix}/state/*"))
                 .callback(move |s| {
@@ -428,10 +457,11 @@ impl Control {
                     if state.profile.id != id {
                         return;
                     }
+                    let from = s
+                        .attachment()
+                        .and_then(|a| serde_json::from_slice::<Claimant>(&a.to_bytes()).ok());
                     let mut v = lock(&view);
-                    // Only live members: a state that outlives its token is stale.
-                    if let Some(m) = v.members.get_mut(id) {
-                        m.state = Some(state);
+                    if take_state(&mut v, &mine, id == me, state, from) {
                         drop(v);
                         changes.send_modify(|n| *n += 1);
                     }
@@ -466,6 +496,7 @@ impl Control {
             fingerprint,
             view,
             changes,
+            claimant,
             _token: token,
             _members: members,
             _states: states,
@@ -510,8 +541,15 @@ impl Control {
         let bytes = serde_json::to_vec(state).map_err(Error::control)?;
         self.session
             .put(format!("{}/state/{}", self.prefix, self.me), bytes)
+            .attachment(self.claimant.clone())
             .await
             .map_err(Error::control)
+    }
+
+    /// Who holds this node's id besides it, and held it first, once this node has seen one: it
+    /// must stop (see [`Claimant`]).
+    pub fn displaced_by(&self) -> Option<String> {
+        lock(&self.view).displaced_by.clone()
     }
 
     /// The leader, as this node sees it.

@@ -22,6 +22,21 @@ pub enum Error {
     /// The control plane failed.
     #[error("control plane: {0}")]
     Control(String),
+    /// Another live node already held this node's id when this one joined.
+    #[error(
+        "another live node, {other}, has this node's id {id}: its state directory was copied \
+         here, or both were started with one --state-dir. Remove {}, or give this node its \
+         own --state-dir, and start it again",
+        state_dir.join("node-id").display()
+    )]
+    IdTaken {
+        /// The id.
+        id: String,
+        /// The node that holds it (name, host, API address).
+        other: String,
+        /// This node's state directory.
+        state_dir: PathBuf,
+    },
     /// An instance could not be planned, loaded or run.
     #[error("{0}")]
     Instance(String),

@@ -158,6 +158,12 @@ pub(crate) fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
     if !dirs.iter().any(|d| lexical.starts_with(d)) {
         return Err(refused());
     }
+    // Where the path leads is decided before whether the file is there: a link inside that
+    // points outside is refused in the same words whether or not anything lies beneath it.
+    let resolved = leads_to(&lexical).ok_or_else(refused)?;
+    if !dirs.iter().any(|d| resolved.starts_with(d)) {
+        return Err(refused());
+    }
     let real =
         std::fs::canonicalize(&lexical).map_err(|e| Error::Instance(format!("{spec}: {e}")))?;
     if !dirs.iter().any(|d| real.starts_with(d)) {
@@ -167,6 +173,39 @@ pub(crate) fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
         return Err(Error::Instance(format!("{spec}: not a regular file")));
     }
     Ok(real)
+}
+
+/// Links followed more deeply than this are taken for a loop (Linux's own limit is 40).
+const MAX_LINKS: usize = 40;
+
+/// Where the absolute, normalised path `p` leads, whether or not it exists: the canonical path
+/// of its deepest existing ancestor with the rest appended by name. A dangling link on the way
+/// is followed to its target (itself resolved the same way), so a link is judged by where it
+/// points, never by whether its target exists. `None` for a loop of links.
+fn leads_to(p: &Path) -> Option<PathBuf> {
+    let mut p = p.to_path_buf();
+    'links: for _ in 0..MAX_LINKS {
+        let mut rest: Vec<std::ffi::OsString> = Vec::new();
+        let mut at = p.as_path();
+        loop {
+            if let Ok(real) = std::fs::canonicalize(at) {
+                return Some(rest.iter().rev().fold(real, |acc, c| acc.join(c)));
+            }
+            let dangling = std::fs::symlink_metadata(at).is_ok_and(|m| m.is_symlink());
+            if dangling && let Ok(target) = std::fs::read_link(at) {
+                let base = at.parent().unwrap_or(Path::new("/"));
+                let joined = rest
+                    .iter()
+                    .rev()
+                    .fold(base.join(target), |acc, c| acc.join(c));
+                p = normalize(&joined)?;
+                continue 'links;
+            }
+            rest.push(at.file_name()?.to_os_string());
+            at = at.parent()?;
+        }
+    }
+    None
 }
 
 /// An absolute form of `p` with `.` and `..` resolved by name only (nothing is opened); `None`
@@ -457,5 +496,42 @@ mod tests {
         // Inside, a directory is not a model.
         std::fs::create_dir(models.join("sub.gguf")).unwrap();
         assert!(allowed_path(&s(&models.join("sub.gguf")), &dirs).is_err());
+    }
+
+    #[test]
+    fn a_linked_directory_leading_outside_does_not_tell_which_files_exist_beneath_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let (models, private) = (root.join("models"), root.join("private"));
+        std::fs::create_dir(&models).unwrap();
+        std::fs::create_dir(&private).unwrap();
+        std::fs::write(private.join("there"), b"secret").unwrap();
+        std::os::unix::fs::symlink(&private, models.join("out")).unwrap();
+        // A dangling link, to a directory that does not exist (yet).
+        std::os::unix::fs::symlink(root.join("nowhere/deeper"), models.join("gone")).unwrap();
+        std::os::unix::fs::symlink(models.join("loop"), models.join("loop")).unwrap();
+        let dirs = vec![models.clone()];
+        let refusal = |p: &Path, name: &str| {
+            allowed_path(&p.to_string_lossy(), &dirs)
+                .unwrap_err()
+                .to_string()
+                .replace(name, "X")
+        };
+        // Once, a missing file answered "No such file" and an existing one "outside".
+        let there = refusal(&models.join("out/there"), "there");
+        assert!(there.contains("outside the directories"), "{there}");
+        assert_eq!(there, refusal(&models.join("out/absent"), "absent"));
+        assert_eq!(
+            there,
+            refusal(&models.join("out/no/such/dir"), "no/such/dir")
+        );
+        let gone = refusal(&models.join("gone/a.gguf"), "gone/a.gguf");
+        assert_eq!(gone, refusal(&models.join("out/x"), "out/x"));
+        assert!(refusal(&models.join("loop/a"), "loop/a").contains("outside"));
+        // A missing file inside is still named as missing.
+        let missing = allowed_path(&models.join("nope.gguf").to_string_lossy(), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(!missing.contains("outside"), "{missing}");
     }
 }

@@ -134,3 +134,116 @@ async fn members_meet_elect_measure_and_keep_strangers_out() {
     rogue.close().await.expect("close");
     a.close().await.expect("close");
 }
+
+fn named(id: &str, name: &str) -> NodeState {
+    let mut s = state(id);
+    s.profile.name = name.into();
+    s
+}
+
+/// The name of the profile `c` holds for member `id`.
+fn name_of(c: &Control, id: &str) -> Option<String> {
+    c.snapshot()
+        .members
+        .into_iter()
+        .find(|m| m.id == id)
+        .and_then(|m| m.state)
+        .map(|s| s.profile.name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_with_a_live_members_id_is_refused_and_told_to_go() {
+    let key = ClusterKey::generate();
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let first = Control::start(config(&key, "node-x", pa, &[]))
+        .await
+        .expect("first");
+    let other = Control::start(config(&key, "node-y", pb, &[pa]))
+        .await
+        .expect("other");
+    until("the members meet", Duration::from_secs(10), || {
+        ids(&other) == ["node-x", "node-y"]
+    })
+    .await;
+    let t = Instant::now();
+    while name_of(&other, "node-x").as_deref() != Some("first") {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the first state never arrived"
+        );
+        first
+            .publish(&named("node-x", "first"))
+            .await
+            .expect("publish");
+        other
+            .publish(&named("node-y", "other"))
+            .await
+            .expect("publish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A copy of the first node's state directory starts elsewhere: same id, another process.
+    let copy = Control::start(config(&key, "node-x", pc, &[pa, pb]))
+        .await
+        .expect("copy");
+    let publisher = {
+        let copy_state = named("node-x", "copy");
+        let t = Instant::now();
+        let mut told = None;
+        while t.elapsed() < Duration::from_secs(10) {
+            copy.publish(&copy_state).await.expect("publish");
+            first
+                .publish(&named("node-x", "first"))
+                .await
+                .expect("publish");
+            if let Some(by) = copy.displaced_by() {
+                told = Some(by);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        told
+    };
+    assert_eq!(
+        publisher.as_deref(),
+        Some("first (host test, API )"),
+        "the copy was not told that another node holds its id"
+    );
+    // Meanwhile the others kept the first node's profile, and said what they saw.
+    for _ in 0..5 {
+        copy.publish(&named("node-x", "copy"))
+            .await
+            .expect("publish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(name_of(&other, "node-x").as_deref(), Some("first"));
+    assert_eq!(name_of(&first, "node-x").as_deref(), Some("first"));
+    assert!(first.displaced_by().is_none());
+    let warned = |c: &Control| {
+        c.snapshot()
+            .events
+            .iter()
+            .any(|e| e.what.contains("two nodes claim the node id node-x"))
+    };
+    assert!(warned(&other), "{:?}", other.snapshot().events);
+    assert!(warned(&first), "{:?}", first.snapshot().events);
+
+    // The copy goes: the first node is still a member, with its own profile.
+    copy.close().await.expect("close");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    first
+        .publish(&named("node-x", "first"))
+        .await
+        .expect("publish");
+    until(
+        "the first node is still seen",
+        Duration::from_secs(5),
+        || {
+            ids(&other) == ["node-x", "node-y"]
+                && name_of(&other, "node-x").as_deref() == Some("first")
+        },
+    )
+    .await;
+    other.close().await.expect("close");
+    first.close().await.expect("close");
+}

@@ -154,6 +154,8 @@ impl Net {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns(host), STRATA, "node", "--name"])
             .arg(format!("host{host}"))
+            // Unsupervised: these tests kill and freeze the node process itself.
+            .arg("--no-supervise")
             .arg("--state-dir")
             .arg(&state)
             .arg("--cluster-key-file")

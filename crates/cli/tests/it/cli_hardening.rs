@@ -181,6 +181,46 @@ fn a_web_page_cannot_stop_a_node_or_read_it_through_a_rebound_name() {
     assert_eq!(status(&stop), 200, "{stop}");
 }
 
+/// A key file (mode 0600) in `dir` with these lines.
+fn key_file(dir: &std::path::Path, lines: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("keys");
+    std::fs::write(&path, lines).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Sends the head of a request announcing a `len`-byte body and only its first 64 KiB, then
+/// reads what comes back within 5 s: a server that waits for the whole body answers nothing.
+fn post_partial(addr: SocketAddr, path: &str, len: usize) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         content-length: {len}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(&vec![b'x'; 64 << 10]);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn a_node_with_keys_takes_no_body_under_ui_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_file(dir.path(), "sk-admin-123456 name=ops role=admin\n");
+    let node = start_node(&["--api-key-file", &keys]);
+    // 7 MB announced to a path under /ui/ that is no file of the dashboard: refused at once,
+    // before the body is read (it used to be read and forwarded to the instance).
+    let refused = post_partial(node.addr, "/ui/x/y", 7_000_000);
+    assert_eq!(status(&refused), 401, "{refused}");
+    let page = node.get("/ui/app.js", "127.0.0.1");
+    assert_eq!(status(&page), 200, "{page}");
+    let other = node.get("/ui/x/y", "127.0.0.1");
+    assert_eq!(status(&other), 401, "{other}");
+}
+
 #[test]
 fn silent_clients_cannot_fill_a_node_and_a_half_sent_request_does_not_hold_its_stop() {
     let node = start_node(&[
@@ -308,6 +348,8 @@ fn huge_prompts_and_hostile_schemas_get_400_without_stalling_the_server() {
         "2",
         "--max-body",
         "8000000",
+        // Its peak memory is read by pid: the server's own, not a supervisor's.
+        "--no-supervise",
     ]));
     let before = peak_rss_mib(server.child.id());
     // Four 3.9 MB messages at once: refused by their size, before tokenising them.
@@ -478,7 +520,15 @@ fn every_schema_path(schema: &serde_json::Value) -> Vec<(&'static str, String)> 
 #[test]
 fn schemas_that_aborted_the_process_are_refused_through_every_dialect() {
     use serde_json::json;
-    let server = Proc::start(&["serve", "--api-addr", "127.0.0.1:0", "--threads", "2"]);
+    // Unsupervised, so an abort ends the test's process instead of being restarted.
+    let server = Proc::start(&[
+        "serve",
+        "--no-supervise",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+    ]);
     let json_type = ["content-type: application/json"];
     let refused = [
         (ref_chain(700), "at most 256"),
@@ -618,4 +668,233 @@ fn one_key_gets_nothing_from_the_prefix_cache_that_another_filled() {
         salted, 0,
         "a salt still separates under --shared-prefix-cache"
     );
+}
+
+/// A port free on loopback now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// Whether a line containing `what` arrives from `p` within `limit`.
+fn says(p: &Proc, what: &str, limit: Duration) -> bool {
+    let t = Instant::now();
+    let lines = p.lines.lock().unwrap();
+    while t.elapsed() < limit {
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(100))
+            && l.contains(what)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn two_nodes_started_with_one_state_dir_are_not_one_member() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    let node = |name: &str, control: &str, peer: &[&str]| {
+        let mut args = vec!["node", "--api-addr", "127.0.0.1:0", "--no-multicast"];
+        args.extend_from_slice(&[
+            "--state-dir",
+            dir,
+            "--name",
+            name,
+            "--control-addr",
+            control,
+        ]);
+        args.extend_from_slice(peer);
+        Proc::start(&args)
+    };
+    let first_control = format!("127.0.0.1:{}", free_port());
+    let first = node("first", &first_control, &[]);
+    let second_control = format!("127.0.0.1:{}", free_port());
+    let mut second = node("second", &second_control, &["--peer", &first_control]);
+    // The later one stops with one line saying what to do; the first warns and stays.
+    assert!(
+        says(
+            &second,
+            "node-id, or give this node its own --state-dir",
+            Duration::from_secs(20)
+        ),
+        "the second node did not say why it stops"
+    );
+    let t = Instant::now();
+    let exited = loop {
+        if let Some(s) = second.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the second node kept running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!exited.success());
+    assert!(says(
+        &first,
+        "two nodes claim the node id",
+        Duration::from_secs(5)
+    ));
+    let ok = first.get("/health", "127.0.0.1");
+    assert_eq!(status(&ok), 200, "{ok}");
+}
+
+#[test]
+fn a_key_at_its_concurrency_limit_gets_429_while_another_key_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = key_file(
+        dir.path(),
+        "sk-one-12345678 name=one max_concurrent=1\nsk-two-12345678 name=two\n",
+    );
+    let server = Proc::start(&[
+        "serve",
+        "--api-addr",
+        "127.0.0.1:0",
+        "--threads",
+        "2",
+        "--api-key-file",
+        &keys,
+    ]);
+    let chat = |extra: &str| {
+        format!(
+            r#"{{"model":"smollm2-135m-instruct","messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#
+        )
+    };
+    let json = "content-type: application/json";
+    // A long stream under key one: 300 numbers at least, so it outlasts what follows.
+    let long = chat(
+        r#","stream":true,"max_tokens":3000,"response_format":{"type":"json_schema",
+            "json_schema":{"name":"n","schema":{"type":"array","items":{"type":"integer"},
+            "minItems":300}}}"#,
+    );
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n{json}\r\n\
+                 authorization: Bearer sk-one-12345678\r\ncontent-length: {}\r\n\r\n{long}",
+                long.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut first = [0u8; 512];
+    let n = stream.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert_eq!(status(&head), 200, "{head}");
+
+    // While it streams, key one is refused at once, with Retry-After and one clear line ...
+    let short = chat(r#","max_tokens":2"#);
+    let busy = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-one-12345678"],
+        &short,
+    );
+    assert_eq!(status(&busy), 429, "{busy}");
+    assert!(busy.to_lowercase().contains("retry-after: 1"), "{busy}");
+    assert!(busy.contains("max_concurrent"), "{busy}");
+    assert!(busy.contains("\"type\":\"rate_limit_error\""), "{busy}");
+    // ... and key two is served meanwhile.
+    let t = Instant::now();
+    let other = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-two-12345678"],
+        &short,
+    );
+    assert_eq!(status(&other), 200, "{other}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // Still streaming: the slot is held by the answer, not by the handler that returned it.
+    let still = server.post(
+        "/v1/chat/completions",
+        &[json, "authorization: Bearer sk-one-12345678"],
+        &short,
+    );
+    assert_eq!(status(&still), 429, "{still}");
+    // The client goes away: key one is served again within seconds.
+    drop(stream);
+    let t = Instant::now();
+    loop {
+        let again = server.post(
+            "/v1/chat/completions",
+            &[json, "authorization: Bearer sk-one-12345678"],
+            &short,
+        );
+        if status(&again) == 200 {
+            break;
+        }
+        assert_eq!(status(&again), 429, "{again}");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the slot was never given back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // strata serve takes no body under /ui/ without a key either.
+    let ui = post_partial(server.addr, "/ui/x/y", 7_000_000);
+    assert_eq!(status(&ui), 401, "{ui}");
+}
+
+/// The pids of `parent`'s children.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                // pid (comm) state ppid ...: the name may hold spaces, so read after the ')'.
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// Waits (bounded) until `p` answers `/health` with 200.
+fn healthy_within(p: &Proc, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let ok =
+            TcpStream::connect(p.addr).is_ok() && status(&p.get("/health", "127.0.0.1")) == 200;
+        if ok {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "not answering {limit:?} after the crash"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn serve_killed_by_an_abort_is_restarted_on_its_port() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = Proc::start(&["serve", "--api-addr", &addr, "--threads", "2"]);
+    healthy_within(&server, Duration::from_secs(30));
+    let served = children_of(server.child.id());
+    assert_eq!(served.len(), 1, "{served:?}");
+    // What a stack overflow or a failed allocation does: abort, which no panic handler sees.
+    // SAFETY: kill(2) on the server process this test started (through its supervisor).
+    unsafe { libc::kill(served[0] as i32, libc::SIGABRT) };
+    assert!(
+        says(&server, "died of SIGABRT", Duration::from_secs(10)),
+        "no log line about the abort"
+    );
+    let back = healthy_within(&server, Duration::from_secs(30));
+    let again = children_of(server.child.id());
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again, served, "the same process answers");
+    eprintln!("answering again {back:?} after the restart was logged");
+    // A stop is forwarded, and not taken for a crash: both processes end.
+    server.terminate(Duration::from_secs(15));
+    assert!(!std::path::Path::new(&format!("/proc/{}", again[0])).exists());
 }

@@ -37,57 +37,65 @@ pub(super) fn is_admin_route(path: &str) -> bool {
     )
 }
 
-/// What the key check decides for a request to `path` with this `Authorization` header:
-/// `None` lets it through. Client keys may run inference and read the cluster's state; cluster
-/// operations need `role=admin` (403 otherwise, so an application's key cannot stop the node).
-pub(super) fn authorize(keys: &Keys, path: &str, auth: Option<&str>) -> Option<Response> {
-    match keys.check(auth) {
-        Verdict::Allowed(g) if is_admin_route(path) && g.role != Role::Admin => Some(error(
+/// What the key check decides for a request to `path` with this `Authorization` header: the
+/// slot it holds among its key's `max_concurrent`, or the refusal. Client keys may run inference
+/// and read the cluster's state; cluster operations need `role=admin` (403 otherwise, so an
+/// application's key cannot stop the node).
+pub(super) fn authorize(
+    keys: &Keys,
+    path: &str,
+    auth: Option<&str>,
+) -> Result<Slot, Box<Response>> {
+    let refused = match keys.check(auth) {
+        Verdict::Allowed(g, _) if is_admin_route(path) && g.role != Role::Admin => error(
             StatusCode::FORBIDDEN,
             &format!(
                 "key {:?} is a client key; {path} needs a key with role=admin in the API key file",
                 g.name
             ),
-        )),
-        Verdict::Allowed(_) => None,
-        Verdict::Unknown => Some(error(
-            StatusCode::UNAUTHORIZED,
-            "a valid API key is required",
-        )),
-        Verdict::Limited(secs) => {
-            let mut r = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!("rate limit reached for this key; retry in {secs:.1} s"),
-            );
-            if let Ok(v) = format!("{}", secs.ceil() as u64).parse() {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            Some(r)
-        }
-    }
+        ),
+        Verdict::Allowed(_, slot) => return Ok(slot),
+        Verdict::Unknown => error(StatusCode::UNAUTHORIZED, "a valid API key is required"),
+        Verdict::Limited(secs) => strata_api::ApiError::with_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("rate limit reached for this key; retry in {secs:.1} s"),
+        )
+        .retry_after(secs),
+        Verdict::Busy(limit) => strata_api::ApiError::key_busy(limit).retry_after(1.0),
+    };
+    Err(Box::new(refused))
 }
 
-/// Every route but `/health` and the dashboard's page and files needs a key whenever the node
-/// has keys (the page asks for one and sends it with every call it makes).
+/// Whether a request may pass without a key: a read of `/health`, or of the dashboard's page
+/// and files (the page asks for a key and sends it with every call it makes). Everything else,
+/// an unknown path included, would be handed to an instance, perhaps on another node.
+pub(super) fn is_open(method: &axum::http::Method, path: &str, headers: &HeaderMap) -> bool {
+    let read = method == axum::http::Method::GET || method == axum::http::Method::HEAD;
+    (read && path == "/health") || strata_api::dashboard::is_open(method, path, headers)
+}
+
+/// Every route but those [`is_open`] lets through needs a key whenever the node has keys.
 pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let open = path == "/health"
-        || strata_api::dashboard::is_dashboard_path(path)
-        || (path == "/" && strata_api::dashboard::wants_page(req.headers()));
-    let mut req = req;
-    if !open && let Some(keys) = &shared.keys {
-        let auth = strata_api::auth::presented(req.headers());
-        if let Some(refused) = authorize(keys, req.uri().path(), auth.as_deref()) {
-            return refused;
+    let open = is_open(req.method(), req.uri().path(), req.headers());
+    let Some(keys) = shared.keys.as_ref().filter(|_| !open) else {
+        return next.run(req).await;
+    };
+    let auth = strata_api::auth::presented(req.headers());
+    match authorize(keys, req.uri().path(), auth.as_deref()) {
+        // The slot goes with the answer: a stream, forwarded from whichever node serves the
+        // model, holds it until its last event.
+        Ok(slot) => {
+            // Who sent it goes with the request (and with it when forwarded): each key's
+            // cached prompt blocks are its own.
+            let mut req = req;
+            if let Some(name) = keys.name_of(auth.as_deref()) {
+                req.extensions_mut()
+                    .insert(strata_api::tenancy::Tenant(name));
+            }
+            slot.hold(next.run(req).await)
         }
-        // Who sent it goes with the request (and with it when forwarded): each key's cached
-        // prompt blocks are its own.
-        if let Some(name) = keys.name_of(auth.as_deref()) {
-            req.extensions_mut()
-                .insert(strata_api::tenancy::Tenant(name));
-        }
+        Err(refused) => *refused,
     }
-    next.run(req).await
 }
 
 /// An error in the API's shape (OpenAI's, or Anthropic's on its routes).
@@ -111,15 +119,15 @@ pub(super) async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap
             .into_response();
     };
     let auth = strata_api::auth::presented(&headers);
-    match keys.check(auth.as_deref()) {
-        Verdict::Allowed(g) => Json(serde_json::json!({
+    // The guard has counted this request already, and refused unknown keys.
+    match keys.grant(auth.as_deref()) {
+        Some(g) => Json(serde_json::json!({
             "keys": true,
             "admin": g.role == Role::Admin,
             "name": g.name,
         }))
         .into_response(),
-        // The guard has already refused unknown and limited keys.
-        _ => error(StatusCode::UNAUTHORIZED, "a valid API key is required"),
+        None => error(StatusCode::UNAUTHORIZED, "a valid API key is required"),
     }
 }
 
@@ -309,7 +317,7 @@ mod tests {
         let k = keys();
         let client = Some("Bearer sk-app-1234567");
         for path in ["/v1/chat/completions", "/v1/cluster/status", "/v1/models"] {
-            assert!(authorize(&k, path, client).is_none(), "{path}");
+            assert!(authorize(&k, path, client).is_ok(), "{path}");
         }
         for path in [
             "/v1/cluster/stop",
@@ -318,23 +326,64 @@ mod tests {
             "/v1/cluster/unload",
             "/api/pull",
         ] {
-            let r = authorize(&k, path, client).expect(path);
+            let r = authorize(&k, path, client).unwrap_err();
             assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
-            assert!(authorize(&k, path, Some("Bearer sk-admin-123456")).is_none());
+            assert!(authorize(&k, path, Some("Bearer sk-admin-123456")).is_ok());
             assert_eq!(
-                authorize(&k, path, None).unwrap().status(),
+                authorize(&k, path, None).unwrap_err().status(),
                 StatusCode::UNAUTHORIZED
             );
         }
     }
 
     #[test]
+    fn a_body_posted_under_ui_is_not_let_through_without_a_key() {
+        use axum::http::Method;
+        let none = HeaderMap::new();
+        // Once, any path under /ui/ passed, and the node forwarded its body to an instance.
+        for (m, path) in [
+            (Method::POST, "/ui/x/y"),
+            (Method::GET, "/ui/x/y"),
+            (Method::POST, "/ui/app.js"),
+            (Method::POST, "/health"),
+            (Method::GET, "/"),
+            (Method::GET, "/v1/chat/completions"),
+        ] {
+            assert!(!is_open(&m, path, &none), "{m} {path}");
+        }
+        for path in ["/health", "/ui/index.html", "/ui/app.js"] {
+            assert!(is_open(&Method::GET, path, &none), "{path}");
+        }
+        let mut browser = HeaderMap::new();
+        browser.insert(header::ACCEPT, "text/html".parse().unwrap());
+        assert!(is_open(&Method::GET, "/", &browser));
+        assert!(!is_open(&Method::POST, "/", &browser));
+    }
+
+    #[test]
     fn a_key_over_its_rate_gets_429_with_retry_after() {
         let k = keys();
         let slow = Some("Bearer sk-slow-1234567");
-        assert!(authorize(&k, "/v1/models", slow).is_none());
-        let r = authorize(&k, "/v1/models", slow).unwrap();
+        assert!(authorize(&k, "/v1/models", slow).is_ok());
+        let r = authorize(&k, "/v1/models", slow).unwrap_err();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(r.headers().get(header::RETRY_AFTER).is_some());
+    }
+
+    #[test]
+    fn a_key_at_its_concurrency_limit_gets_429_while_another_is_served() {
+        let k = Keys::parse(
+            "sk-one-12345678 name=one max_concurrent=1\nsk-two-12345678 name=two\n",
+            None,
+        )
+        .unwrap();
+        let one = Some("Bearer sk-one-12345678");
+        let held = authorize(&k, "/v1/chat/completions", one).unwrap();
+        let r = authorize(&k, "/v1/chat/completions", one).unwrap_err();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert!(authorize(&k, "/v1/chat/completions", Some("Bearer sk-two-12345678")).is_ok());
+        drop(held);
+        assert!(authorize(&k, "/v1/chat/completions", one).is_ok());
     }
 }

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_api::auth::{Keys, Role, Verdict};
+use strata_api::auth::{Keys, Role, Slot, Verdict};
 use strata_cluster as placement;
 
 use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
@@ -336,7 +336,7 @@ pub async fn run(
         .await
         .map_err(Error::control)?;
     let (memory_total, memory_available) = profile::memory();
-    let profile = Profile {
+    let mut profile = Profile {
         id: id.clone(),
         name: opts.name.clone().unwrap_or_else(|| hostname.clone()),
         hostname: hostname.clone(),
@@ -384,6 +384,8 @@ pub async fn run(
         .await
         .map_err(|e| Error::Control(format!("binding the API to {}: {e}", opts.api_addr)))?;
     let api_addr = listener.local_addr().map_err(Error::control)?;
+    // The address bound (`:0` becomes a port), as peers and warnings name this node.
+    profile.api_addr = api_addr.to_string();
     tracing::info!(
         "node {id} ({}) in cluster {}: control plane {} ({}), API http://{api_addr} ",
         profile.name,
@@ -469,6 +471,13 @@ pub async fn run(
     // Connections still closing may hold the shared state a moment longer; the session is
     // closed through it (its liveliness token goes with it, so peers see this node leave).
     shared.control.close().await?;
+    if let Some(other) = shared.control.displaced_by() {
+        return Err(Error::IdTaken {
+            id,
+            other,
+            state_dir: opts.state_dir,
+        });
+    }
     tracing::info!("node {id} stopped");
     Ok(())
 }

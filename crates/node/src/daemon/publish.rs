@@ -245,9 +245,17 @@ pub(super) async fn log_membership(shared: Arc<Shared>) {
         let events = shared.control.snapshot().events;
         let total = events.len();
         for e in events.iter().skip(seen.min(total)) {
-            tracing::info!("{}", e.what);
+            if e.warning {
+                tracing::warn!("{}", e.what);
+            } else {
+                tracing::info!("{}", e.what);
+            }
         }
         seen = total;
+        // Another process held this node's id first: this one stops (`run` says why).
+        if shared.control.displaced_by().is_some() {
+            shared.stop.notify_one();
+        }
     }
 }
 
