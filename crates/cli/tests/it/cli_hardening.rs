@@ -65,8 +65,13 @@ impl Proc {
 
     /// Sends a raw request and reads the answer until the server closes (5 s at most).
     fn raw(&self, req: &str) -> String {
+        self.raw_within(req, Duration::from_secs(5))
+    }
+
+    /// [`Proc::raw`], waiting up to `limit` between reads (a long prefill on a busy machine).
+    fn raw_within(&self, req: &str, limit: Duration) -> String {
         let mut s = TcpStream::connect(self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_read_timeout(Some(limit)).unwrap();
         s.write_all(req.as_bytes()).unwrap();
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
@@ -80,9 +85,13 @@ impl Proc {
     }
 
     fn post(&self, path: &str, headers: &[&str], body: &str) -> String {
+        self.raw(&Self::post_request(self.addr, path, headers, body))
+    }
+
+    /// The text of a POST of `body` to `path` with `headers`.
+    fn post_request(addr: SocketAddr, path: &str, headers: &[&str], body: &str) -> String {
         let mut req = format!(
-            "POST {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
-            self.addr,
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
             body.len()
         );
         for h in headers {
@@ -91,7 +100,7 @@ impl Proc {
         }
         req.push_str("\r\n");
         req.push_str(body);
-        self.raw(&req)
+        req
     }
 
     /// Sends SIGTERM and waits (bounded) for the process to exit; how long it took.
@@ -595,10 +604,15 @@ fn cached_chat(p: &Proc, key: &str, system: &str, salt: Option<&str>) -> (u64, D
     }
     let auth = format!("authorization: Bearer {key}");
     let t = Instant::now();
-    let a = p.post(
-        "/v1/chat/completions",
-        &["content-type: application/json", &auth],
-        &body.to_string(),
+    // A cold 1,800-token prefill takes seconds, more beside the suite's other servers.
+    let a = p.raw_within(
+        &Proc::post_request(
+            p.addr,
+            "/v1/chat/completions",
+            &["content-type: application/json", &auth],
+            &body.to_string(),
+        ),
+        Duration::from_secs(120),
     );
     let took = t.elapsed();
     assert_eq!(status(&a), 200, "{a}");
