@@ -325,7 +325,7 @@ pub(crate) fn launch(
     let assignment = Assignment {
         plan,
         model_path: path.to_path_buf(),
-        model_bytes: file.bytes().len() as u64,
+        model_bytes: file.file_len(),
         threads: opts.threads(),
         n_ctx: n_ctx.unwrap_or(cfg.default_context()).max(1),
         max_seqs,

@@ -120,6 +120,14 @@ pub enum Error {
     /// A tensor the caller needs is absent.
     #[error("tensor {0} is missing")]
     MissingTensor(String),
+    /// A part of a split model is missing, misnamed or of another set.
+    #[error("{}: {why}", path.display())]
+    Split {
+        /// The part.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// Result alias of this crate.

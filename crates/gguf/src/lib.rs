@@ -13,6 +13,7 @@
 mod error;
 mod metadata;
 mod parse;
+pub mod split;
 mod types;
 mod writer;
 
@@ -73,62 +74,56 @@ impl Backing {
     }
 }
 
+/// One file of a model: the whole model, or one part of a split set.
 #[derive(Debug)]
-struct Inner {
+struct Part {
     path: PathBuf,
     backing: Backing,
+    /// Where this part's bytes start in the model's address space (the sizes of the parts
+    /// before it): tensor offsets are in that space, so a tensor names its part by where it is.
+    base: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    parts: Vec<Part>,
     header: parse::Header,
 }
 
-/// An opened, validated GGUF file. Cheap to clone: clones share the map.
+/// An opened, validated GGUF model: one file, or every part of a llama.cpp split set (see
+/// [`split`]) read as one. Cheap to clone: clones share the maps.
 #[derive(Clone, Debug)]
 pub struct GgufFile {
     inner: Arc<Inner>,
 }
 
 impl GgufFile {
-    /// Maps and validates the file at `path`.
+    /// Maps and validates the model at `path`: the file, or, when it is the first part of a
+    /// split set, every part (found beside it by llama.cpp's names). A later part is refused
+    /// with the name of the first.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only and private to this process. Mutation of the file by
-        // another process while mapped is outside what we can guard against (as with every
-        // mmap-based loader); the model store only ever installs files by atomic rename, so it
-        // never rewrites a file in place.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::from_backing(path.to_path_buf(), Backing::Mmap(map), true)
+        Self::open_parts(path, true)
     }
 
-    /// Reads only the header of the file at `path` (metadata and tensor shapes), which may
-    /// be cut off anywhere after it: enough to plan with, never to run. Tensor data reads as
-    /// empty.
+    /// Reads only the header of the model at `path` (metadata and tensor shapes; for a split
+    /// set, the header of every part), which may be cut off anywhere after it: enough to plan
+    /// with, never to run. Tensor data reads as empty.
     pub fn open_header(path: &Path) -> Result<GgufFile> {
-        use std::io::Read;
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
+        Self::open_parts(path, false)
+    }
+
+    fn open_parts(path: &Path, whole: bool) -> Result<GgufFile> {
+        let read = if whole { map } else { header_bytes };
+        let first = Self::from_backing(path.to_path_buf(), read(path)?, whole)?;
+        let Some(set) = split::SplitSet::of(first.metadata(), path)? else {
+            return Ok(first);
         };
-        let mut file = File::open(path).map_err(io)?;
-        // Headers are a few MB (the vocabulary); read more while the parse runs short.
-        let mut buf = Vec::new();
-        let mut want = 8u64 << 20;
-        loop {
-            let have = buf.len() as u64;
-            (&mut file)
-                .take(want - have)
-                .read_to_end(&mut buf)
-                .map_err(io)?;
-            let ended = (buf.len() as u64) < want;
-            match parse::parse_header(&buf, false) {
-                Err(Error::Truncated { .. }) if !ended => want = want.saturating_mul(4),
-                Err(e) => return Err(e),
-                Ok(_) => break,
-            }
+        let mut parts = vec![first];
+        for p in set.paths.iter().skip(1) {
+            let backing = read(p).map_err(|e| set.missing(p, e))?;
+            parts.push(Self::from_backing(p.clone(), backing, whole)?);
         }
-        Self::from_backing(path.to_path_buf(), Backing::Owned(buf), false)
+        set.join(parts, whole)
     }
 
     /// Validates an in-memory GGUF image.
@@ -140,16 +135,24 @@ impl GgufFile {
         let header = parse::parse_header(backing.bytes(), whole)?;
         Ok(GgufFile {
             inner: Arc::new(Inner {
-                path,
-                backing,
+                parts: vec![Part {
+                    path,
+                    backing,
+                    base: 0,
+                }],
                 header,
             }),
         })
     }
 
-    /// Path the file was opened from.
+    /// Path the model was opened from (the first part of a split set).
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        &self.inner.parts[0].path
+    }
+
+    /// Every file of the model, in order: one path, or the parts of a split set.
+    pub fn paths(&self) -> Vec<&Path> {
+        self.inner.parts.iter().map(|p| p.path.as_path()).collect()
     }
 
     /// GGUF format version (2 or 3).
@@ -162,17 +165,17 @@ impl GgufFile {
         self.inner.header.alignment
     }
 
-    /// Offset of the tensor data section.
+    /// Offset of the tensor data section (of the first file).
     pub fn data_offset(&self) -> u64 {
         self.inner.header.data_offset
     }
 
-    /// The metadata key/value pairs.
+    /// The metadata key/value pairs (a split set's, from its first part).
     pub fn metadata(&self) -> &Metadata {
         &self.inner.header.metadata
     }
 
-    /// All tensors in file order.
+    /// All tensors in file order (a split set's in part order).
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.inner.header.tensors
     }
@@ -188,30 +191,49 @@ impl GgufFile {
             .ok_or_else(|| Error::MissingTensor(name.to_string()))
     }
 
-    /// The bytes of a tensor of this file. Bounds were checked when the file was opened.
+    /// The bytes of a tensor of this model. Bounds were checked when it was opened.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let bytes = self.inner.backing.bytes();
-        let start = t.offset as usize;
-        let end = start + t.n_bytes as usize;
-        bytes.get(start..end).unwrap_or(&[])
+        self.range(t.offset as usize, t.n_bytes as usize)
     }
 
-    /// The whole file.
-    pub fn bytes(&self) -> &[u8] {
-        self.inner.backing.bytes()
+    /// `len` bytes from `start` in the model's address space (a split set's parts one after
+    /// another); empty when the range leaves the part it starts in, which no tensor's does.
+    pub fn range(&self, start: usize, len: usize) -> &[u8] {
+        let Some((part, at)) = self.locate(start) else {
+            return &[];
+        };
+        part.backing
+            .bytes()
+            .get(at..at.saturating_add(len))
+            .unwrap_or(&[])
     }
 
-    /// Tells the kernel this process will not read `start..start + len` of the file again (its
+    /// The part holding byte `start` of the address space, and the offset within it.
+    fn locate(&self, start: usize) -> Option<(&Part, usize)> {
+        let start = start as u64;
+        let part = self
+            .inner
+            .parts
+            .iter()
+            .rev()
+            .find(|p| p.base <= start)?;
+        Some((part, (start - part.base) as usize))
+    }
+
+    /// Tells the kernel this process will not read `start..start + len` of the model again (its
     /// contents were copied elsewhere, e.g. repacked), so those pages stop counting towards this
     /// process's resident memory. Only whole pages inside the range are released; reading them
     /// later still works (the pages come back from the page cache).
     pub fn release(&self, start: usize, len: usize) {
-        let Backing::Mmap(map) = &self.inner.backing else {
+        let Some((part, at)) = self.locate(start) else {
+            return;
+        };
+        let Backing::Mmap(map) = &part.backing else {
             return;
         };
         const PAGE: usize = 4096;
-        let first = start.div_ceil(PAGE) * PAGE;
-        let end = (start.saturating_add(len) / PAGE * PAGE).min(map.len());
+        let first = at.div_ceil(PAGE) * PAGE;
+        let end = (at.saturating_add(len) / PAGE * PAGE).min(map.len());
         if end > first {
             // SAFETY: the map is read-only and file-backed, so dropping its pages loses nothing:
             // a later read faults them back in from the file. No reference into the range is
@@ -222,10 +244,56 @@ impl GgufFile {
         }
     }
 
-    /// Total file size in bytes.
+    /// Total size in bytes (of every part of a split set).
     pub fn file_len(&self) -> u64 {
-        self.inner.backing.bytes().len() as u64
+        self.inner
+            .parts
+            .iter()
+            .map(|p| p.backing.bytes().len() as u64)
+            .sum()
     }
+}
+
+/// Maps `path` whole.
+fn map(path: &Path) -> Result<Backing> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and private to this process. Mutation of the file by
+    // another process while mapped is outside what we can guard against (as with every
+    // mmap-based loader); the model store only ever installs files by atomic rename, so it
+    // never rewrites a file in place.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Backing::Mmap(map))
+}
+
+/// Reads the start of `path`, as much as its header takes.
+fn header_bytes(path: &Path) -> Result<Backing> {
+    use std::io::Read;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    // Headers are a few MB (the vocabulary); read more while the parse runs short.
+    let mut buf = Vec::new();
+    let mut want = 8u64 << 20;
+    loop {
+        let have = buf.len() as u64;
+        (&mut file)
+            .take(want - have)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
+        let ended = (buf.len() as u64) < want;
+        match parse::parse_header(&buf, false) {
+            Err(Error::Truncated { .. }) if !ended => want = want.saturating_mul(4),
+            Err(e) => return Err(e),
+            Ok(_) => break,
+        }
+    }
+    Ok(Backing::Owned(buf))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ pub enum WeightBytes {
     Mapped {
         /// The file.
         file: GgufFile,
-        /// Absolute offset.
+        /// Offset in the model's address space (a split model's parts end to end).
         start: usize,
         /// Length in bytes.
         len: usize,
@@ -30,10 +30,7 @@ impl WeightBytes {
     fn bytes(&self) -> &[u8] {
         match self {
             WeightBytes::Owned(v) => v,
-            WeightBytes::Mapped { file, start, len } => file
-                .bytes()
-                .get(*start..start.saturating_add(*len))
-                .unwrap_or(&[]),
+            WeightBytes::Mapped { file, start, len } => file.range(*start, *len),
         }
     }
 }

@@ -301,7 +301,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState
     let assignment = strata_parallel::Assignment {
         plan,
         model_path: path,
-        model_bytes: file.bytes().len() as u64,
+        model_bytes: file.file_len(),
         threads: s.threads,
         n_ctx: context,
         max_seqs: slots,

@@ -168,7 +168,7 @@ impl Rank {
             .ranks
             .get(me)
             .ok_or_else(|| Error::Protocol(format!("the plan has no rank {me}")))?;
-        let len = file.bytes().len() as u64;
+        let len = file.file_len();
         if len != a.model_bytes {
             return Err(Error::Protocol(format!(
                 "this rank's model file has {len} bytes, rank 0's has {}: not the same model",
@@ -789,7 +789,7 @@ pub fn local_pair(
     let a = &Assignment {
         plan,
         model_path: model_path.to_path_buf(),
-        model_bytes: file.bytes().len() as u64,
+        model_bytes: file.file_len(),
         threads: 1,
         n_ctx,
         max_seqs,

@@ -54,6 +54,47 @@ fn gemma3_greedy_tokens_and_logits_match_llama_cpp() {
     check_against_llama_cpp("gemma3-270m", 1e-3);
 }
 
+/// SmolLM2 as the split set `llama-gguf-split --split --split-max-tensors N` makes of it
+/// (`fixtures/split/smollm2-135m-instruct.json` holds N and the SHA-256 of every part it wrote):
+/// strata's own splitter writes the same bytes, and the set, opened by its first part, answers
+/// what llama.cpp answers on the whole file.
+#[test]
+fn smollm2_split_by_llama_gguf_split_matches_llama_cpp() {
+    use sha2::{Digest, Sha256};
+    use strata_gguf::split::{part_name, split_by_tensors};
+    let whole = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
+    let p = format!(
+        "{}/../../fixtures/split/smollm2-135m-instruct.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let per_part = fx["split_max_tensors"].as_u64().unwrap() as usize;
+    let digests: Vec<&str> = fx["parts_sha256"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let parts = split_by_tensors(&whole, per_part);
+    assert_eq!(parts.len(), digests.len());
+    let dir = tempfile::tempdir().unwrap();
+    let n = parts.len() as u32;
+    for (i, (bytes, want)) in parts.iter().zip(&digests).enumerate() {
+        let got = format!("{:x}", Sha256::digest(bytes));
+        assert_eq!(&got, want, "part {} differs from llama-gguf-split's", i + 1);
+        std::fs::write(dir.path().join(part_name("smollm2", i as u32 + 1, n)), bytes).unwrap();
+    }
+    drop(parts);
+    let first = dir.path().join(part_name("smollm2", 1, n));
+    assert_eq!(GgufFile::open(&first).unwrap().paths().len(), n as usize);
+    check_model_against(
+        &first,
+        "smollm2-135m-instruct",
+        &fixture("smollm2-135m-instruct"),
+        1e-3,
+    );
+}
+
 fn check_against_llama_cpp(id: &str, logit_tolerance: f32) {
     check_against_llama_cpp_fixture(id, id, logit_tolerance);
 }
