@@ -40,7 +40,7 @@ pub struct ChatRequest {
     /// `{"type":"text"|"json_object"|"json_schema", …}`.
     pub response_format: Option<Value>,
     /// Keeps the request's cached prompt blocks apart from those of requests without the same
-    /// salt (vLLM's field; see [`crate::server::partition`]).
+    /// salt (vLLM's field; see [`crate::tenancy`]).
     #[serde(default)]
     pub cache_salt: Option<String>,
 }

@@ -264,9 +264,20 @@ fn human_count(n: u64) -> String {
 
 fn list(store: &Store, json: bool) -> anyhow::Result<()> {
     let models = store.list();
+    let found = store.elsewhere().list();
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut out, &models)?;
+        // The store's models, then those other tools downloaded (with their `source`).
+        let mut all: Vec<serde_json::Value> = models
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        for f in &found {
+            let mut v = serde_json::to_value(f)?;
+            v["present"] = serde_json::Value::Bool(true);
+            all.push(v);
+        }
+        serde_json::to_writer_pretty(&mut out, &all)?;
         writeln!(out)?;
     } else {
         write!(out, "{}", table(&models))?;
@@ -275,8 +286,31 @@ fn list(store: &Store, json: bool) -> anyhow::Result<()> {
             "store: {}  (* = default, + = imported)",
             store.root().display()
         )?;
+        if !found.is_empty() {
+            writeln!(
+                out,
+                "\ndownloaded by other tools (run in place by these ids):"
+            )?;
+            write!(out, "{}", found_table(&found))?;
+        }
     }
     Ok(())
+}
+
+/// The models other tools downloaded: id, tool, size and where the file is.
+fn found_table(found: &[strata_store::Found]) -> String {
+    let rows: Vec<[String; 4]> = found
+        .iter()
+        .map(|f| {
+            [
+                f.id.clone(),
+                f.source.to_string(),
+                human_size(f.size),
+                f.path.display().to_string(),
+            ]
+        })
+        .collect();
+    aligned(&["ID", "FROM", "SIZE", "PATH"], &rows)
 }
 
 /// The `list` table: one row per model, columns padded to their widest cell.
@@ -300,8 +334,13 @@ fn table(models: &[ModelStatus]) -> String {
             ]
         })
         .collect();
+    aligned(&header, &rows)
+}
+
+/// `rows` under `header`, each column padded to its widest cell.
+fn aligned<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
     let mut widths = header.map(str::len);
-    for row in &rows {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
@@ -316,8 +355,8 @@ fn table(models: &[ModelStatus]) -> String {
         text.push_str(line.join("  ").trim_end());
         text.push('\n');
     };
-    push_row(&header);
-    for row in &rows {
+    push_row(header);
+    for row in rows {
         push_row(&row.each_ref().map(String::as_str));
     }
     text

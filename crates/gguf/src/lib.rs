@@ -211,12 +211,7 @@ impl GgufFile {
     /// The part holding byte `start` of the address space, and the offset within it.
     fn locate(&self, start: usize) -> Option<(&Part, usize)> {
         let start = start as u64;
-        let part = self
-            .inner
-            .parts
-            .iter()
-            .rev()
-            .find(|p| p.base <= start)?;
+        let part = self.inner.parts.iter().rev().find(|p| p.base <= start)?;
         Some((part, (start - part.base) as usize))
     }
 

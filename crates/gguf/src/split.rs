@@ -105,7 +105,10 @@ impl SplitSet {
         if (named_no, named_count) != (no + 1, count) {
             return Err(split_error(
                 path,
-                format!("named part {named_no} of {named_count}, but its header says part {} of {count}", no + 1),
+                format!(
+                    "named part {named_no} of {named_count}, but its header says part {} of {count}",
+                    no + 1
+                ),
             ));
         }
         if no != 0 {
@@ -177,10 +180,13 @@ impl SplitSet {
                     return Err(split_error(&path, "is not a part of a split model"));
                 }
             }
-            let inner = Arc::try_unwrap(f.inner).map_err(|_| {
-                split_error(&path, "was opened elsewhere while the set was read")
-            })?;
-            let len = inner.parts.iter().map(|p| p.backing.bytes().len() as u64).sum::<u64>();
+            let inner = Arc::try_unwrap(f.inner)
+                .map_err(|_| split_error(&path, "was opened elsewhere while the set was read"))?;
+            let len = inner
+                .parts
+                .iter()
+                .map(|p| p.backing.bytes().len() as u64)
+                .sum::<u64>();
             for mut t in inner.header.tensors.iter().cloned() {
                 t.offset += base;
                 tensors.push(t);
@@ -231,7 +237,6 @@ impl SplitSet {
     }
 }
 
-
 /// `file` split into parts of at most `per_part` tensors each, byte for byte as
 /// `llama-gguf-split --split --split-max-tensors PER_PART` writes them: the first part carries
 /// the metadata, every part ends its metadata with the three split keys, each tensor's data is
@@ -255,9 +260,11 @@ pub fn split_by_tensors(file: &GgufFile, per_part: usize) -> Vec<Vec<u8>> {
                     }
                 }
             }
+            // In llama-gguf-split's order: it sets the count last, once it knows it, and
+            // setting a key again moves it to the end.
             w.kv(KEY_NO, Value::U16(i as u16));
-            w.kv(KEY_COUNT, Value::U16(count));
             w.kv(KEY_TENSORS, Value::I32(tensors.len() as i32));
+            w.kv(KEY_COUNT, Value::U16(count));
             for t in *chunk {
                 w.tensor(&t.name, &t.dims, t.ggml_type, file.tensor_data(t).to_vec());
             }
@@ -304,7 +311,12 @@ mod tests {
             parse_name("DeepSeek-V3.1-Q4_K_M-00003-of-00008.gguf"),
             Some(("DeepSeek-V3.1-Q4_K_M", 3, 8))
         );
-        for bad in ["m-0002-of-00008.gguf", "m-00009-of-00008.gguf", "-00001-of-00002.gguf", "m.gguf"] {
+        for bad in [
+            "m-0002-of-00008.gguf",
+            "m-00009-of-00008.gguf",
+            "-00001-of-00002.gguf",
+            "m.gguf",
+        ] {
             assert_eq!(parse_name(bad), None, "{bad}");
         }
     }
@@ -315,7 +327,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let paths = write(dir.path(), "m", &split_by_tensors(&whole, 4));
         assert_eq!(paths.len(), 3);
-        for read in [GgufFile::open(&paths[0]).unwrap(), GgufFile::open_header(&paths[0]).unwrap()] {
+        for read in [
+            GgufFile::open(&paths[0]).unwrap(),
+            GgufFile::open_header(&paths[0]).unwrap(),
+        ] {
             assert_eq!(read.paths().len(), 3);
             assert_eq!(read.metadata().get_u32("llama.block_count").unwrap(), 7);
             let names: Vec<&str> = read.tensors().iter().map(|t| t.name.as_str()).collect();
@@ -326,7 +341,10 @@ mod tests {
         for (a, b) in read.tensors().iter().zip(whole.tensors()) {
             assert_eq!(read.tensor_data(a), whole.tensor_data(b), "{}", a.name);
         }
-        let sizes: u64 = paths.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        let sizes: u64 = paths
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
         assert_eq!(read.file_len(), sizes);
     }
 
@@ -336,7 +354,10 @@ mod tests {
         let paths = write(dir.path(), "m", &split_by_tensors(&model(10), 4));
         // A later part names the first.
         let e = GgufFile::open(&paths[1]).unwrap_err().to_string();
-        assert!(e.contains("m-00001-of-00003.gguf") && e.contains("part 2 of 3"), "{e}");
+        assert!(
+            e.contains("m-00001-of-00003.gguf") && e.contains("part 2 of 3"),
+            "{e}"
+        );
         // A part of another set of the same shape.
         let other = tempfile::tempdir().unwrap();
         let theirs = write(other.path(), "m", &split_by_tensors(&model(9), 4));

@@ -547,7 +547,7 @@ impl Control {
     }
 
     /// Who holds this node's id besides it, and held it first, once this node has seen one: it
-    /// must stop (see [`Claimant`]).
+    /// must stop (the member first seen with an id keeps it).
     pub fn displaced_by(&self) -> Option<String> {
         lock(&self.view).displaced_by.clone()
     }

@@ -96,6 +96,14 @@ pub enum Error {
         /// The SHA-256 of the model that holds it.
         sha256: String,
     },
+    /// A model another tool downloaded (`hf:`, `ollama:`, `lmstudio:`) cannot be found or used.
+    #[error("{spec}: {why}")]
+    Elsewhere {
+        /// The id as given.
+        spec: String,
+        /// What is wrong, and what to do.
+        why: String,
+    },
     /// Neither `$STRATA_HOME` nor `$HOME` is set, so there is no default store location.
     #[error("no model store location: set STRATA_HOME (or HOME, for ~/.cache/strata)")]
     NoHome,

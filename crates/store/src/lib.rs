@@ -10,9 +10,13 @@
 //! the caller read from the file), after which it is a catalog model like the built-in ones,
 //! except that it can never be downloaded, only copied from a node that has it.
 //!
-//! This is the bottom layer, beside `strata-gguf`: it must never depend on the tokenizer,
-//! kernels, engine, net or cluster crates, nor read GGUF contents. Model files are opaque bytes
-//! here.
+//! [`Elsewhere`] finds the models other tools downloaded (the Hugging Face cache, Ollama's
+//! store, LM Studio's folder), which [`Store::resolve`] hands out by their `hf:`, `ollama:` and
+//! `lmstudio:` ids, read in place.
+//!
+//! This is the bottom layer, beside `strata-gguf` (whose split-set file names it reads): it
+//! must never depend on the tokenizer, kernels, engine, net or cluster crates, nor read GGUF
+//! contents. Model files are opaque bytes here.
 
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![deny(unused_must_use, unsafe_op_in_unsafe_fn)]
@@ -20,6 +24,7 @@
 mod card;
 mod catalog;
 mod digest;
+mod elsewhere;
 mod error;
 mod fetch;
 mod import;
@@ -31,6 +36,7 @@ mod testutil;
 
 pub use card::{IMPORT_CARD_FILE, ModelCard, Source, WheelPart};
 pub use catalog::{Catalog, DEFAULT_MODEL_ID, default_model_id};
+pub use elsewhere::{Elsewhere, Found, SCHEMES, is_elsewhere};
 pub use error::{Error, Result};
 pub use fetch::{Fetcher, PipFetcher, WheelDir};
 pub use import::{ImportMeta, ImportMethod, Imported, check_import_id, default_import_id};

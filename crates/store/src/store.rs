@@ -23,6 +23,7 @@ use serde::Serialize;
 use crate::card::{IMPORT_CARD_FILE, ModelCard};
 use crate::catalog::{Catalog, DEFAULT_MODEL_ID};
 use crate::digest::check_file;
+use crate::elsewhere::{Elsewhere, is_elsewhere};
 use crate::error::{Error, IoContext, Result};
 use crate::fetch::{Fetcher, PipFetcher};
 use crate::import::with_imports;
@@ -37,6 +38,8 @@ pub struct Store {
     /// Whether an import may hard-link its file (else it always copies). Always true outside
     /// tests, which turn it off to exercise the copy on a single file system.
     pub(crate) link_imports: bool,
+    /// Where other tools keep the models they downloaded (`hf:`, `ollama:`, `lmstudio:` ids).
+    elsewhere: Elsewhere,
 }
 
 impl fmt::Debug for Store {
@@ -90,13 +93,26 @@ impl Store {
             root,
             fetcher: Arc::new(PipFetcher::from_env()),
             link_imports: true,
+            elsewhere: Elsewhere::default(),
         }
     }
 
-    /// The shared store: `$STRATA_HOME` if set, else `$HOME/.cache/strata`.
+    /// The shared store: `$STRATA_HOME` if set, else `$HOME/.cache/strata`; models other tools
+    /// downloaded are found where those tools keep them ([`Elsewhere::from_env`]).
     pub fn from_env() -> Result<Store> {
         let root = root_from_env(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))?;
-        Ok(Store::new(root))
+        Ok(Store::new(root).with_elsewhere(Elsewhere::from_env()))
+    }
+
+    /// Finds models other tools downloaded in `elsewhere`'s folders.
+    pub fn with_elsewhere(mut self, elsewhere: Elsewhere) -> Store {
+        self.elsewhere = elsewhere;
+        self
+    }
+
+    /// Where other tools' models are looked for.
+    pub fn elsewhere(&self) -> &Elsewhere {
+        &self.elsewhere
     }
 
     /// Replaces the fetcher (e.g. [`WheelDir`](crate::WheelDir) on an offline machine).
@@ -182,15 +198,23 @@ impl Store {
 
     /// Resolves a user's model spec, pulling a catalog model if needed.
     ///
-    /// A spec is a local file if it names an existing path, contains a path separator, or ends
-    /// in `.gguf`; such a file must exist. Anything else is a catalog id. The path rules come
-    /// first so that `./model.gguf` can never be mistaken for an id, and a typo in a path is
-    /// reported as a missing file rather than as an unknown model.
+    /// A spec with a scheme (`hf:`, `ollama:`, `lmstudio:`) is a model another tool downloaded,
+    /// read where it is ([`Elsewhere`]). Otherwise a spec is a local file if it names an
+    /// existing path, contains a path separator, or ends in `.gguf`; such a file must exist.
+    /// Anything else is a catalog id. The path rules come first so that `./model.gguf` can never
+    /// be mistaken for an id, and a typo in a path is reported as a missing file rather than as
+    /// an unknown model.
     pub fn resolve_with(
         &self,
         spec: &str,
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<ResolvedModel> {
+        if let Some(found) = self.elsewhere.resolve(spec) {
+            return Ok(ResolvedModel {
+                path: found?,
+                card: None,
+            });
+        }
         if !is_path_spec(spec) {
             let card = self.catalog.card(spec)?;
             let path = self.ensure_with(spec, on_event)?;
@@ -303,14 +327,16 @@ pub(crate) fn root_from_env(
     }
 }
 
-/// Whether a user's model spec names a local file rather than a catalog id: it contains a path
-/// separator, ends in `.gguf`, or names an existing path. [`Store::resolve`] reads specs this
+/// Whether a user's model spec names a local file rather than a catalog id: it has no scheme
+/// of another tool's models (`hf:`, ...), and contains a path separator, ends in `.gguf`, or
+/// names an existing path. [`Store::resolve`] reads specs this
 /// way, and so must anyone who decides by the spec where a model comes from.
 pub fn is_path_spec(spec: &str) -> bool {
-    spec.contains('/')
-        || spec.contains(MAIN_SEPARATOR)
-        || spec.to_ascii_lowercase().ends_with(".gguf")
-        || (!spec.is_empty() && Path::new(spec).exists())
+    !is_elsewhere(spec)
+        && (spec.contains('/')
+            || spec.contains(MAIN_SEPARATOR)
+            || spec.to_ascii_lowercase().ends_with(".gguf")
+            || (!spec.is_empty() && Path::new(spec).exists()))
 }
 
 #[cfg(test)]

@@ -266,3 +266,86 @@ fn the_prompt_can_come_from_a_file_or_standard_input() {
     assert_eq!(from_stdin.stdout, direct.stdout);
     assert!(!direct.stdout.is_empty());
 }
+
+/// Models other tools downloaded run in place by their ids: SmolLM2 as a split set in a
+/// Hugging Face cache (`hf:owner/repo:Q4_1`, its parts linked into blobs as the hub's clients
+/// lay them out) and as an Ollama blob (`ollama:smollm2:135m`) answer what the catalog model
+/// answers, and `strata models list` shows both.
+#[test]
+fn models_other_tools_downloaded_run_in_place_by_their_ids() {
+    let catalog = strata_store::Store::from_env()
+        .expect("store")
+        .ensure("smollm2-135m-instruct")
+        .expect("default model");
+    let home = tempfile::tempdir().unwrap();
+    let whole = strata_gguf::GgufFile::open(&catalog).unwrap();
+    let parts = strata_gguf::split::split_by_tensors(&whole, 100);
+    let repo = home.path().join("hub/models--someone--SmolLM2-GGUF");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    let snap = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snap).unwrap();
+    let n = parts.len() as u32;
+    for (i, bytes) in parts.iter().enumerate() {
+        let blob = repo.join(format!("blobs/{i:064x}"));
+        std::fs::write(&blob, bytes).unwrap();
+        let name = strata_gguf::split::part_name("SmolLM2-135M-Q4_1", i as u32 + 1, n);
+        std::os::unix::fs::symlink(&blob, snap.join(name)).unwrap();
+    }
+    drop(parts);
+    let ollama = home.path().join("ollama");
+    let hex = "5e".repeat(32);
+    std::fs::create_dir_all(ollama.join("manifests/registry.ollama.ai/library/smollm2")).unwrap();
+    std::fs::create_dir_all(ollama.join("blobs")).unwrap();
+    std::fs::write(
+        ollama.join("manifests/registry.ollama.ai/library/smollm2/135m"),
+        format!(
+            r#"{{"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{hex}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    std::fs::hard_link(&catalog, ollama.join(format!("blobs/sha256-{hex}")))
+        .or_else(|_| {
+            std::fs::copy(&catalog, ollama.join(format!("blobs/sha256-{hex}"))).map(|_| ())
+        })
+        .unwrap();
+    let run = |model: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["run", "-m", model, "--threads", "2", "--max-tokens", "12"])
+            .args(["--numerics", "avx2", "Name three rivers."])
+            .env("HF_HUB_CACHE", home.path().join("hub"))
+            .env("OLLAMA_MODELS", &ollama)
+            .env("LMSTUDIO_MODELS", home.path().join("none"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let reference = run("smollm2-135m-instruct");
+    assert!(!reference.trim().is_empty());
+    assert_eq!(run("hf:someone/SmolLM2-GGUF:q4_1"), reference);
+    assert_eq!(run("ollama:smollm2:135m"), reference);
+    let list = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["models", "list"])
+        .env("HF_HUB_CACHE", home.path().join("hub"))
+        .env("OLLAMA_MODELS", &ollama)
+        .env("LMSTUDIO_MODELS", home.path().join("none"))
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.contains("hf:someone/SmolLM2-GGUF:Q4_1"), "{list}");
+    assert!(list.contains("ollama:smollm2:135m"), "{list}");
+    // A tag the repository does not have says what it has.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "-m", "hf:someone/SmolLM2-GGUF:Q8_0", "hi"])
+        .env("HF_HUB_CACHE", home.path().join("hub"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Q4_1"), "{err}");
+}

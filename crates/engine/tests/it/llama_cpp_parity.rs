@@ -82,7 +82,11 @@ fn smollm2_split_by_llama_gguf_split_matches_llama_cpp() {
     for (i, (bytes, want)) in parts.iter().zip(&digests).enumerate() {
         let got = format!("{:x}", Sha256::digest(bytes));
         assert_eq!(&got, want, "part {} differs from llama-gguf-split's", i + 1);
-        std::fs::write(dir.path().join(part_name("smollm2", i as u32 + 1, n)), bytes).unwrap();
+        std::fs::write(
+            dir.path().join(part_name("smollm2", i as u32 + 1, n)),
+            bytes,
+        )
+        .unwrap();
     }
     drop(parts);
     let first = dir.path().join(part_name("smollm2", 1, n));
