@@ -266,8 +266,13 @@ impl HttpArgs {
     }
 }
 
-/// The id clients name: the catalog id, or the file name without `.gguf`.
+/// The id clients name: the catalog id, a model another tool downloaded as that tool names it
+/// (`qwen3:8b` for `ollama:qwen3:8b`, `owner/repo:Q4_K_M` for `hf:owner/repo:Q4_K_M`), or the
+/// file name without `.gguf`.
 fn model_id(spec: &str) -> String {
+    if let Some(scheme) = strata_store::SCHEMES.iter().find(|s| spec.starts_with(**s)) {
+        return spec[scheme.len()..].to_string();
+    }
     let p = Path::new(spec);
     if spec.ends_with(".gguf") || p.components().count() > 1 {
         p.file_stem()
@@ -407,6 +412,8 @@ mod tests {
         assert_eq!(model_id("smollm2-135m-instruct"), "smollm2-135m-instruct");
         assert_eq!(model_id("./models/tiny.gguf"), "tiny");
         assert_eq!(model_id("/x/y/z.gguf"), "z");
+        assert_eq!(model_id("ollama:qwen3:8b"), "qwen3:8b");
+        assert_eq!(model_id("hf:owner/repo:Q4_K_M"), "owner/repo:Q4_K_M");
     }
 
     #[test]
