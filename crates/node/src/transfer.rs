@@ -172,6 +172,20 @@ pub(crate) fn allowed_path(spec: &str, dirs: &[PathBuf]) -> Result<PathBuf> {
     if !real.is_file() {
         return Err(Error::Instance(format!("{spec}: not a regular file")));
     }
+    // A split set's other parts are opened beside its first: each must lie inside too (a part
+    // that is a link leading out is refused as the first would be).
+    if let Some(name) = real.file_name().and_then(|n| n.to_str())
+        && let Some((prefix, 1, count)) = strata_gguf::split::parse_name(name)
+    {
+        let dir = real.parent().unwrap_or(Path::new("/"));
+        for n in 2..=count {
+            let part = dir.join(strata_gguf::split::part_name(prefix, n, count));
+            let inside = leads_to(&part).is_some_and(|r| dirs.iter().any(|d| r.starts_with(d)));
+            if !inside {
+                return Err(refused());
+            }
+        }
+    }
     Ok(real)
 }
 
@@ -533,5 +547,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!missing.contains("outside"), "{missing}");
+    }
+
+    #[test]
+    fn every_part_of_a_split_set_must_lie_inside_the_allowed_directories() {
+        let root = tempfile::tempdir().unwrap();
+        let allowed = root.path().join("models");
+        let outside = root.path().join("elsewhere");
+        std::fs::create_dir_all(&allowed).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let dirs = [std::fs::canonicalize(&allowed).unwrap()];
+        let first = dirs[0].join("m-00001-of-00002.gguf");
+        std::fs::write(&first, b"GGUF").unwrap();
+        std::fs::write(dirs[0].join("m-00002-of-00002.gguf"), b"GGUF").unwrap();
+        let spec = first.to_str().unwrap();
+        assert!(allowed_path(spec, &dirs).is_ok());
+        // The second part a link leading out: refused as a path outside is.
+        std::fs::remove_file(dirs[0].join("m-00002-of-00002.gguf")).unwrap();
+        std::fs::write(outside.join("secret"), b"x").unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("secret"),
+            dirs[0].join("m-00002-of-00002.gguf"),
+        )
+        .unwrap();
+        let e = allowed_path(spec, &dirs).unwrap_err().to_string();
+        assert!(e.contains("outside the directories"), "{e}");
     }
 }
