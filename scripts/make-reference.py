@@ -17,6 +17,7 @@ Synthetic models of any family (random weights, real tokenizer):
     python3 scripts/make-reference.py --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0.json
     python3 scripts/make-reference.py --synth qwen3 q4_k_m > fixtures/reference/synth-qwen3-q4_k_m.json
     python3 scripts/make-reference.py --synth olmo2-swa q8_0 > fixtures/reference/synth-olmo2-swa-q8_0.json
+    python3 scripts/make-reference.py --synth llama-hd64 iq4_xs_mix > fixtures/reference/synth-llama-hd64-iq4_xs_mix.json
 
 writes the family's model (a SYNTH variant such as `olmo2-swa` names its architecture and extra
 synth flags) in f32 with `strata synth` (dimensions and seed from SYNTH below, the
@@ -93,6 +94,18 @@ SYNTH = {
     "olmoe": dict(layers=4, embd=256, ff=256, heads=8, kv_heads=8, head_dim=None, seed=7,
                   experts=8, experts_used=3),
     # OLMo 3 (llama.cpp's `olmo2` with a sliding window on three layers of four, YaRN on the rest).
+    # The shape of the defects found on llama.cpp-written files: 64-wide heads, two query heads
+    # per KV head, FFN 512 (with llama-quantize's IQ4_XS mix, `iq4_xs_mix`).
+    "llama-hd64": dict(arch="llama", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
+                       head_dim=None, seed=7),
+    "qwen2-hd64": dict(arch="qwen2", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
+                       head_dim=None, seed=7),
+    # Phi-3 as the 4k-context checkpoints' files are: fused attn_qkv and ffn_up, no LongRoPE
+    # factors, six tensors a layer; and with separate attn_q/k/v, which llama.cpp also loads.
+    "phi3-4k": dict(arch="phi3", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
+                    head_dim=None, seed=7, no_longrope=True),
+    "phi3-split": dict(arch="phi3", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
+                       head_dim=None, seed=7, split_qkv=True),
     "olmo2-swa": dict(arch="olmo2", layers=4, embd=256, ff=768, heads=8, kv_heads=2,
                       head_dim=None, seed=7, sliding_window=16),
 }
@@ -108,7 +121,10 @@ FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1"
           "iq4_xs": 30, "bf16": 32}
 MIXES = {"q3_k_m": (12, "q3_k"), "q4_k_m": (15, "q4_k"), "q5_k_m": (17, "q5_k"),
          # MXFP4 experts, every other matrix Q8_0 (how gpt-oss files are quantised).
-         "mxfp4_moe": (38, "q8_0")}
+         "mxfp4_moe": (38, "q8_0"),
+         # What `llama-quantize IN OUT IQ4_XS` writes: IQ4_XS, with the LM head (or the tied
+         # embedding) in Q6_K and, by the model's shape, some attn_v / ffn_down in Q5_K.
+         "iq4_xs_mix": (30, "iq4_xs")}
 GGML_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
               10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 20: "iq4_nl",
               23: "iq4_xs", 30: "bf16", 39: "mxfp4"}
@@ -147,7 +163,9 @@ def make_synth(variant, ty, workdir):
     f32 = os.path.join(workdir, f"{variant}-f32.gguf")
     args = [strata, "synth", "--type", "f32", "-o", f32]
     for k, v in dims.items():
-        if v is not None:
+        if v is True:
+            args += ["--" + k.replace("_", "-")]
+        elif v is not None and v is not False:
             args += ["--" + k.replace("_", "-"), str(v)]
     subprocess.run(args, check=True, stdout=sys.stderr)
     if ty == "f32":

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use strata_engine::Arch;
-use strata_engine::synth::SynthSpec;
+use strata_engine::synth::{SynthLayout, SynthSpec};
 use strata_gguf::{GgmlType, GgufFile};
 
 /// `strata synth`.
@@ -69,6 +69,12 @@ pub(crate) struct SynthArgs {
     /// Experts each token uses (default 2).
     #[arg(long)]
     experts_used: Option<usize>,
+    /// phi3: separate attn_q/k/v instead of the fused attn_qkv.
+    #[arg(long)]
+    split_qkv: bool,
+    /// phi3: no LongRoPE factors or scaling keys (as Phi-3-mini-4k's files).
+    #[arg(long)]
+    no_longrope: bool,
 }
 
 fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
@@ -122,7 +128,11 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
             (n, u) => Some((n.unwrap_or(8), u.unwrap_or(2))),
         },
     };
-    let bytes = strata_engine::synth::synth(&spec, &base)?;
+    let layout = SynthLayout {
+        split_qkv: a.split_qkv,
+        no_longrope: a.no_longrope,
+    };
+    let bytes = strata_engine::synth::synth_with(&spec, layout, &base)?;
     let tmp = a.output.with_extension("gguf.partial");
     let mut f =
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

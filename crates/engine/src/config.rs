@@ -447,15 +447,9 @@ impl ModelConfig {
             cfg.rope_attn_factor = yarn_attn_factor(y, cfg.rope_freq_scale, rope_attn_factor);
         }
         models::family(kind).finish(&mut cfg);
-        // Every layer has at least seven tensors; a count beyond that is a corrupt header, and
-        // must be refused before anything is sized by it.
-        if cfg.n_layer == 0 || cfg.n_layer > file.tensors().len() / 7 {
-            return Err(Error::InvalidModel(format!(
-                "block count {} does not match the file's {} tensors",
-                cfg.n_layer,
-                file.tensors().len()
-            )));
-        }
+        // Before anything is sized by the block count: the family's own tensor lists bound it
+        // and name what a layer lacks.
+        models::check_layers(file, &cfg)?;
         if cfg.n_ff == 0 || n_embd == 0 {
             return Err(Error::InvalidModel(format!(
                 "width {n_embd} and FFN width {} must be positive",

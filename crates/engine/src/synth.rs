@@ -347,8 +347,29 @@ pub fn byte_vocabulary() -> Vec<u8> {
     w.to_bytes()
 }
 
+/// Choices a converter makes for some families beyond the dimensions. The default is what
+/// llama.cpp's `convert_hf_to_gguf.py` writes for the family's long-context checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynthLayout {
+    /// Phi-3: separate `attn_q`, `attn_k` and `attn_v` rather than the fused `attn_qkv`
+    /// (llama.cpp loads either).
+    pub split_qkv: bool,
+    /// Phi-3: no LongRoPE factors and no `rope.scaling.*` keys, as the 4k-context
+    /// checkpoints' files have (six tensors a layer, three outside them).
+    pub no_longrope: bool,
+}
+
 /// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
 pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
+    synth_with(spec, SynthLayout::default(), tokenizer_from)
+}
+
+/// [`synth`] with the tensors laid out as `layout` says.
+pub fn synth_with(
+    spec: &SynthSpec,
+    layout: SynthLayout,
+    tokenizer_from: &GgufFile,
+) -> Result<Vec<u8>> {
     let s = spec;
     let (e, ff, nh, nkv) = (s.embd, s.ff, s.heads, s.kv_heads);
     let bad = |why: &str| Err(Error::InvalidModel(format!("cannot synthesise: {why}")));
@@ -417,7 +438,8 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             }),
         )
         .kv(&k("rope.dimension_count"), Value::U32(rope_dims as u32));
-    if s.arch == Arch::Phi3 {
+    let longrope = s.arch == Arch::Phi3 && !layout.no_longrope;
+    if longrope {
         // LongRoPE: factors for within and beyond the original context, and its magnitude.
         w.kv(&k("rope.scaling.attn_factor"), Value::F32(1.190_238))
             .kv(&k("rope.scaling.original_context_length"), Value::U32(4096));
@@ -616,7 +638,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
         // llama.cpp requires these families' own LM head.
         matrix(&mut w, "output.weight", e, vocab);
     }
-    if s.arch == Arch::Phi3 {
+    if longrope {
         vector(&mut w, "rope_factors_short.weight", &[hd / 2], 1.5, 0.5);
         vector(&mut w, "rope_factors_long.weight", &[hd / 2], 8.0, 4.0);
     }
@@ -643,7 +665,7 @@ pub fn synth(spec: &SynthSpec, tokenizer_from: &GgufFile) -> Result<Vec<u8>> {
             matrix(&mut w, &n("attn_kv_a_mqa.weight"), e, m.kv_lora + m.rope);
             matrix(&mut w, &n("attn_k_b.weight"), m.nope, m.kv_lora);
             matrix(&mut w, &n("attn_v_b.weight"), m.kv_lora, m.v_head);
-        } else if s.arch == Arch::Phi3 {
+        } else if s.arch == Arch::Phi3 && !layout.split_qkv {
             // One fused tensor: Q's rows, then K's, then V's.
             matrix(&mut w, &n("attn_qkv.weight"), e, (nh + 2 * nkv) * hd);
         } else {

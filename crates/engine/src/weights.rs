@@ -319,97 +319,6 @@ fn opt_slice(
     Ok(Some(vector(file, name, len)?[range].to_vec()))
 }
 
-/// Every tensor name a model of `cfg` may hold; anything else is a feature this engine does not
-/// implement (an output bias, experts, LongRoPE factors), and running without it would give
-/// wrong answers, so the load is refused naming it.
-fn check_known_tensors(file: &GgufFile, cfg: &ModelConfig) -> Result<()> {
-    let family = crate::models::family(cfg.kind).tensors();
-    let mut per_layer: Vec<&str> = vec!["attn_output.weight", "attn_output.bias"];
-    if family.mla {
-        per_layer.extend([
-            "attn_q.weight",
-            "attn_q_a.weight",
-            "attn_q_a_norm.weight",
-            "attn_q_b.weight",
-            "attn_kv_a_mqa.weight",
-            "attn_kv_a_norm.weight",
-            "attn_k_b.weight",
-            "attn_v_b.weight",
-        ]);
-    } else {
-        per_layer.extend([
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_q.bias",
-            "attn_k.bias",
-            "attn_v.bias",
-            "attn_qkv.weight",
-            "attn_qkv.bias",
-        ]);
-    }
-    if !family.no_pre_norms {
-        per_layer.extend(["attn_norm.weight", family.ffn_norm_tensor()]);
-    }
-    if family.sinks {
-        per_layer.push("attn_sinks.weight");
-    }
-    if family.qk_norm || family.qk_norm_rows {
-        per_layer.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
-    }
-    if family.post_norms {
-        per_layer.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
-    }
-    let dense: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
-    let experts: &[&str] = &[
-        "ffn_gate_inp.weight",
-        "ffn_gate_exps.weight",
-        "ffn_up_exps.weight",
-        "ffn_down_exps.weight",
-        "ffn_gate_inp.bias",
-        "ffn_gate_exps.bias",
-        "ffn_up_exps.bias",
-        "ffn_down_exps.bias",
-        "exp_probs_b.bias",
-        "ffn_gate_inp_shexp.weight",
-        "ffn_gate_shexp.weight",
-        "ffn_up_shexp.weight",
-        "ffn_down_shexp.weight",
-    ];
-    // Layers before a mixture family's `dense_lead` have the dense FFN.
-    let ffn_of = |l: usize| match cfg.moe {
-        Some(m) if family.moe && m.is_moe_layer(l) => experts,
-        _ => dense,
-    };
-    for t in file.tensors() {
-        let name = t.name.as_str();
-        let known = match name {
-            "token_embd.weight"
-            | "output_norm.weight"
-            | "output.weight"
-            | "rope_freqs.weight"
-            | "rope_factors_long.weight"
-            | "rope_factors_short.weight" => true,
-            _ => name
-                .strip_prefix("blk.")
-                .and_then(|rest| rest.split_once('.'))
-                .is_some_and(|(l, what)| {
-                    l.parse::<usize>().is_ok_and(|l| {
-                        l < cfg.n_layer && (per_layer.contains(&what) || ffn_of(l).contains(&what))
-                    })
-                }),
-        };
-        if !known {
-            return Err(Error::InvalidModel(format!(
-                "tensor {name} is not part of strata's {} model (a feature this engine does not \
-                 implement, or a corrupt file)",
-                cfg.arch
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Loads an output projection (name, columns, the shard's columns) as the shard combines it.
 type OutProj<'a> = dyn Fn(&str, usize, Range<usize>) -> Result<QMatrix> + 'a;
 
@@ -666,7 +575,7 @@ fn moe_ffn(file: &GgufFile, l: usize, cfg: &ModelConfig, spec: &ShardSpec) -> Re
 impl Weights {
     pub(crate) fn load(file: &GgufFile, cfg: &ModelConfig, spec: &ShardSpec) -> Result<Weights> {
         spec.validate(cfg)?;
-        check_known_tensors(file, cfg)?;
+        crate::models::check_known_tensors(file, cfg)?;
         let family = crate::models::family(cfg.kind).tensors();
         let hd = cfg.head_dim;
         let e = cfg.n_embd;

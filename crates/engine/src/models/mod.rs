@@ -27,6 +27,9 @@ mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 mod smollm3;
+mod tensors;
+
+pub(crate) use tensors::{check_known_tensors, check_layers};
 
 use crate::blocks::Blocks;
 use crate::config::Hparams;

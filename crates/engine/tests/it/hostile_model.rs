@@ -591,12 +591,12 @@ fn deepseek2_metadata_and_tensors_are_checked_naming_them() {
             Some("blk.1.exp_probs_b.bias"),
             "blk.1.exp_probs_b.bias has [3] elements, expected 8",
         ),
-        // A dense layer's FFN where experts belong.
+        // A dense layer's FFN where experts belong: the layer lacks the router.
         (
             vec![("deepseek2.leading_dense_block_count", Value::U32(0))],
             vec![],
             None,
-            "blk.0.ffn_gate.weight is not part of strata's deepseek2 model",
+            "layer 0 lacks ffn_gate_inp.weight (a deepseek2 layer needs it)",
         ),
     ];
     for (edits, dims, drop, want) in cases {

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use strata_engine::synth::{SynthSpec, synth, tensor_digest};
+use strata_engine::synth::{SynthLayout, SynthSpec, synth_with, tensor_digest};
 use strata_engine::{Arch, GenerateRequest, Generator, SamplingParams};
 use strata_gguf::{GgmlType, GgufFile};
 use strata_kernels::attn::Flavour;
@@ -142,7 +142,12 @@ fn check_synthetic(name: &str) {
         }),
     };
     let base = GgufFile::open(&model_path("smollm2-135m-instruct")).unwrap();
-    let bytes = synth(&spec, &base).unwrap();
+    let flag = |k: &str| sy[k].as_bool().unwrap_or(false);
+    let layout = SynthLayout {
+        split_qkv: flag("split_qkv"),
+        no_longrope: flag("no_longrope"),
+    };
+    let bytes = synth_with(&spec, layout, &base).unwrap();
     let path =
         std::env::temp_dir().join(format!("strata-parity-{name}-{}.gguf", std::process::id()));
     std::fs::write(&path, &bytes).unwrap();
@@ -454,4 +459,17 @@ fn synthetic_deepseek2_q8_0_matches_llama_cpp() {
 #[test]
 fn synthetic_deepseek2_q4_k_m_matches_llama_cpp() {
     check_synthetic("synth-deepseek2-q4_k_m");
+}
+
+/// Phi-3 as the 4k-context checkpoints' files are: six tensors a layer (fused `attn_qkv` and
+/// `ffn_up`), no LongRoPE factors. A block-count check of seven tensors a layer refused them.
+#[test]
+fn synthetic_phi3_with_six_tensors_a_layer_loads_and_matches_llama_cpp() {
+    check_synthetic("synth-phi3-4k-q8_0");
+}
+
+/// Phi-3 with separate `attn_q`, `attn_k` and `attn_v`, which llama.cpp loads too.
+#[test]
+fn synthetic_phi3_with_separate_qkv_matches_llama_cpp() {
+    check_synthetic("synth-phi3-split-q4_k_m");
 }
