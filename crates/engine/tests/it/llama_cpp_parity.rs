@@ -461,6 +461,35 @@ fn synthetic_deepseek2_q4_k_m_matches_llama_cpp() {
     check_synthetic("synth-deepseek2-q4_k_m");
 }
 
+#[test]
+fn synthetic_llama_iq4_xs_matches_llama_cpp() {
+    check_synthetic("synth-llama-iq4_xs");
+}
+
+#[test]
+fn synthetic_qwen2_iq4_xs_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-iq4_xs");
+}
+
+/// The shape and type of a reported IQ4_XS mismatch: 64-wide heads, FFN 512, and the mix
+/// `llama-quantize ... IQ4_XS` writes (the tied embedding in Q6_K).
+#[test]
+fn synthetic_llama_iq4_xs_mix_with_64_wide_heads_matches_llama_cpp() {
+    check_synthetic("synth-llama-hd64-iq4_xs_mix");
+}
+
+#[test]
+fn synthetic_qwen2_iq4_xs_mix_with_64_wide_heads_matches_llama_cpp() {
+    check_synthetic("synth-qwen2-hd64-iq4_xs_mix");
+}
+
+/// The same against llama.cpp built with AVX-512 and VNNI, whose tiled K-quant kernel (taken by
+/// prompts of 8 or more tokens) is its VNNI one.
+#[test]
+fn synthetic_qwen2_iq4_xs_mix_matches_an_avx512_build_of_llama_cpp() {
+    check_synthetic("synth-qwen2-hd64-iq4_xs_mix-avx512");
+}
+
 /// Phi-3 as the 4k-context checkpoints' files are: six tensors a layer (fused `attn_qkv` and
 /// `ffn_up`), no LongRoPE factors. A block-count check of seven tensors a layer refused them.
 #[test]
