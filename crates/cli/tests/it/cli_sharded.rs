@@ -270,6 +270,23 @@ fn synthetic_families_shard_like_one_process() {
     }
 }
 
+/// Phi-3 as the 4k checkpoints' files are (fused `attn_qkv` and `ffn_up`, no LongRoPE) and
+/// with separate Q/K/V: tensor-parallel ranks take their share of each part of a fused tensor,
+/// not a slice of its rows, and give exactly the single-process output.
+#[test]
+fn phi3_fused_and_separate_qkv_shard_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [
+        ("phi3-4k", &["--type", "q8_0", "--no-longrope"][..]),
+        ("phi3-split", &["--type", "q4_k", "--split-qkv"][..]),
+    ] {
+        let mut extra = extra.to_vec();
+        extra.extend(["--seed", "7"]);
+        let path = dir.path().join(format!("{name}.gguf"));
+        check_synth_shards(&path, "phi3", &extra, "24", &[TENSOR_SHM, PIPELINE_TCP]);
+    }
+}
+
 /// Mistral 3 (YaRN, attention temperature) and OLMo 2 (Q/K norms over whole rows, which a
 /// tensor-parallel rank computes from all-gathered Q and K rows) shard like one process; the
 /// uneven and three-way splits leave a rank with query heads but no KV head of its own, and
