@@ -32,8 +32,10 @@ enum ModelsCmd {
         json: bool,
     },
     /// Download a model, check its SHA-256 and install it (re-checks it if already present).
+    /// `hf:OWNER/REPO[:QUANT][@REVISION]` pulls from the Hugging Face hub into its cache,
+    /// fetching only what is not there yet.
     Pull {
-        /// Model id, as shown by `strata models list`.
+        /// Model id, as shown by `strata models list`, or an `hf:` id.
         id: String,
     },
     /// Re-hash a downloaded model and compare with its catalog SHA-256.
@@ -70,6 +72,22 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
     let mut store = Store::from_env()?;
     match args.cmd {
         ModelsCmd::List { json } => list(&store, json),
+        ModelsCmd::Pull { id } if id.starts_with(strata_hub::SCHEME) => {
+            let mut progress = TerminalProgress::stderr();
+            let pulled = store.pull_hub(&id, &mut |event| progress.handle(event));
+            progress.finish();
+            let pulled = pulled.with_context(|| format!("pulling {id}"))?;
+            let first = pulled.paths.first().context("the hub listed no file")?;
+            eprintln!(
+                "{id}: {} in {} file(s) at commit {}, {} downloaded",
+                strata_hub::human(pulled.size),
+                pulled.paths.len(),
+                pulled.commit,
+                strata_hub::human(pulled.fetched)
+            );
+            println!("{}", first.display());
+            Ok(())
+        }
         ModelsCmd::Pull { id } => {
             let card = card(&store, &id, "pull")?;
             let mut progress = TerminalProgress::stderr();

@@ -27,6 +27,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
+    /// A file holding a Hugging Face token, for gated and private `hf:` models (read ahead of
+    /// HF_TOKEN; a token is never taken on the command line, where `ps` would show it).
+    #[arg(long, global = true, value_name = "FILE")]
+    hf_token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,6 +90,13 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
+    if let Some(path) = cli.hf_token_file.clone() {
+        if let Err(e) = strata_hub::token_from_env(Some(&path)) {
+            eprintln!("error: --hf-token-file: {e}");
+            return ExitCode::from(2);
+        }
+        strata_hub::use_token_file(path);
+    }
     if matches!(
         cli.cmd,
         Command::Serve(_) | Command::Node(_) | Command::Worker(_)

@@ -21,6 +21,8 @@
 
 use std::path::{Path, PathBuf};
 
+use strata_hub::{HubCache, HubRef, pick};
+
 use crate::error::{Error, Result};
 
 /// The id prefixes of models found elsewhere.
@@ -100,23 +102,11 @@ impl Elsewhere {
     }
 
     fn hf(&self, rest: &str) -> std::result::Result<PathBuf, String> {
-        let (rest, rev) = match rest.rsplit_once('@') {
-            Some((r, v)) if !v.is_empty() => (r, v),
-            _ => (rest, "main"),
-        };
-        let (repo, pick) = split_repo(rest)?;
+        let r = HubRef::parse(rest)?;
         let Some(hub) = &self.hf_hub else {
             return Err("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into());
         };
-        let dir = hub.join(format!("models--{}", repo.replace('/', "--")));
-        let snapshot = hf_snapshot(&dir, rev).ok_or_else(|| {
-            format!(
-                "{repo}@{rev} is not in the Hugging Face cache at {}; download it first (for \
-                 example `huggingface-cli download {repo}`)",
-                hub.display()
-            )
-        })?;
-        pick_file(&snapshot, pick, &format!("{repo}@{rev}"))
+        HubCache::new(hub).find(&r)
     }
 
     fn ollama(&self, rest: &str) -> std::result::Result<PathBuf, String> {
@@ -152,17 +142,22 @@ impl Elsewhere {
     }
 
     fn lmstudio(&self, rest: &str) -> std::result::Result<PathBuf, String> {
-        let (repo, pick) = split_repo(rest)?;
+        let r = HubRef::parse(rest)
+            .ok()
+            .filter(|r| r.revision == "main" && !rest.contains('@'))
+            .ok_or_else(|| {
+                format!("expected lmstudio:PUBLISHER/REPO[:QUANT] or lmstudio:PUBLISHER/REPO/FILE.gguf, got lmstudio:{rest}")
+            })?;
         let dirs: Vec<PathBuf> = self
             .lmstudio
             .iter()
-            .map(|d| d.join(&repo))
+            .map(|d| d.join(&r.repo))
             .filter(|d| d.is_dir())
             .collect();
         let Some(dir) = dirs.first() else {
-            return Err(format!("{repo} is not in LM Studio's models folder"));
+            return Err(format!("{} is not in LM Studio's models folder", r.repo));
         };
-        pick_file(dir, pick, &repo)
+        pick::find_in(dir, &r.pick, &r.repo)
     }
 
     /// Every model found in the three folders, by id within each (unreadable entries are
@@ -183,205 +178,6 @@ impl Elsewhere {
             add(list_lmstudio(dir));
         }
         out
-    }
-}
-
-/// What a spec's `OWNER/REPO[:QUANT]` or `OWNER/REPO/PATH.gguf` asks for.
-enum Pick<'a> {
-    /// The only GGUF, or the one carrying a quantisation tag.
-    Quant(Option<&'a str>),
-    /// A file by its path in the repository.
-    File(&'a str),
-}
-
-fn split_repo(rest: &str) -> std::result::Result<(String, Pick<'_>), String> {
-    let bad = || "expected OWNER/REPO[:QUANT] or OWNER/REPO/FILE.gguf".to_string();
-    let mut it = rest.splitn(3, '/');
-    let (Some(owner), Some(repo_q)) = (it.next(), it.next()) else {
-        return Err(bad());
-    };
-    if let Some(file) = it.next() {
-        if owner.is_empty()
-            || repo_q.is_empty()
-            || file.split('/').any(|s| s == ".." || s.is_empty())
-        {
-            return Err(bad());
-        }
-        return Ok((format!("{owner}/{repo_q}"), Pick::File(file)));
-    }
-    let (repo, quant) = match repo_q.split_once(':') {
-        Some((r, q)) if !q.is_empty() => (r, Some(q)),
-        _ => (repo_q, None),
-    };
-    let ok = |s: &str| !s.is_empty() && s != ".." && s != ".";
-    if !ok(owner) || !ok(repo) {
-        return Err(bad());
-    }
-    Ok((format!("{owner}/{repo}"), Pick::Quant(quant)))
-}
-
-/// The snapshot folder of revision `rev` (a ref's name, or a commit) of a cached repository.
-fn hf_snapshot(dir: &Path, rev: &str) -> Option<PathBuf> {
-    if rev.contains('/') || rev.contains("..") {
-        return None;
-    }
-    let commit = std::fs::read_to_string(dir.join("refs").join(rev))
-        .map(|c| c.trim().to_string())
-        .unwrap_or_else(|_| rev.to_string());
-    let snap = dir.join("snapshots").join(commit);
-    snap.is_dir().then_some(snap)
-}
-
-/// The GGUF files under `dir` (relative paths, sorted), following the links the hub's cache
-/// keeps in snapshots.
-fn ggufs(dir: &Path) -> Vec<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut Vec<String>, depth: usize) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let r = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
-            let p = e.path();
-            if p.is_dir() && depth < 4 {
-                walk(&p, &r, out, depth + 1);
-            } else if name.to_ascii_lowercase().ends_with(".gguf") && p.is_file() {
-                out.push(r);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, "", &mut out, 0);
-    out.sort();
-    out
-}
-
-/// One model among a folder's GGUFs: a file, or every part of a split set (named by the first).
-#[derive(Debug)]
-struct Model {
-    /// The first (or only) file, relative.
-    first: String,
-    /// Its quantisation tag as written in the name, if any.
-    quant: Option<String>,
-    /// All its files, relative.
-    files: Vec<String>,
-}
-
-/// The models among `files`: split sets grouped, later parts under their first.
-fn models(files: &[String]) -> Vec<Model> {
-    let mut out: Vec<Model> = Vec::new();
-    for f in files {
-        let name = f.rsplit('/').next().unwrap_or(f);
-        match strata_gguf::split::parse_name(name) {
-            Some((prefix, 1, _)) => out.push(Model {
-                first: f.clone(),
-                quant: quant_tag(prefix),
-                files: vec![f.clone()],
-            }),
-            Some((prefix, _, _)) => {
-                let dir = &f[..f.len() - name.len()];
-                if let Some(m) = out.iter_mut().find(|m| {
-                    m.first.starts_with(dir)
-                        && strata_gguf::split::parse_name(m.first.rsplit('/').next().unwrap_or(""))
-                            .is_some_and(|(p, _, _)| p == prefix)
-                }) {
-                    m.files.push(f.clone());
-                }
-            }
-            None => out.push(Model {
-                first: f.clone(),
-                quant: quant_tag(name.trim_end_matches(".gguf").trim_end_matches(".GGUF")),
-                files: vec![f.clone()],
-            }),
-        }
-    }
-    out
-}
-
-/// The quantisation names llama.cpp writes into file names (upper case).
-const QUANTS: &[&str] = &[
-    "F32", "F16", "BF16", "Q8_0", "Q8_K_XL", "Q6_K", "Q6_K_XL", "Q5_K_M", "Q5_K_S", "Q5_K_XL",
-    "Q5_K", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_K_XL", "Q4_K", "Q4_1", "Q4_0", "Q3_K_XL",
-    "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q3_K", "Q2_K_XL", "Q2_K_L", "Q2_K_S", "Q2_K", "IQ4_XS",
-    "IQ4_NL", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
-    "IQ1_S", "IQ1_M", "MXFP4", "TQ1_0", "TQ2_0",
-];
-
-/// The quantisation tag a file name (without `.gguf`) carries: a run delimited by `-`, `.`,
-/// `_` or the name's ends that is a known quantisation name (`Qwen3-8B-Q4_K_M`, `model.q8_0`,
-/// `UD-Q4_K_XL`), the longest when several match, as the name writes it.
-pub(crate) fn quant_tag(stem: &str) -> Option<String> {
-    let up = stem.to_ascii_uppercase();
-    let bytes = up.as_bytes();
-    let delimiter = |i: usize| matches!(bytes.get(i), Some(b'-' | b'.' | b'_'));
-    let mut best: Option<(usize, usize)> = None;
-    for q in QUANTS.iter().copied() {
-        for (start, _) in up.match_indices(q) {
-            let end = start + q.len();
-            let bounded =
-                (start == 0 || delimiter(start - 1)) && (end == up.len() || delimiter(end));
-            if bounded && best.is_none_or(|(s, e)| q.len() > e - s) {
-                best = Some((start, end));
-            }
-        }
-    }
-    best.map(|(s, e)| stem[s..e].to_string())
-}
-
-/// The file of `dir` that `pick` asks for (see the module docs), `what` naming the folder's
-/// model in errors.
-fn pick_file(dir: &Path, pick: Pick<'_>, what: &str) -> std::result::Result<PathBuf, String> {
-    if let Pick::File(f) = pick {
-        let p = dir.join(f);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("{what} has no file {f}"))
-        };
-    }
-    let Pick::Quant(quant) = pick else {
-        unreachable!("a file pick returned above")
-    };
-    let all = models(&ggufs(dir));
-    if all.is_empty() {
-        return Err(format!("{what} holds no GGUF file"));
-    }
-    let tags = || {
-        all.iter()
-            .map(|m| m.quant.clone().unwrap_or_else(|| m.first.clone()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let chosen: Vec<&Model> = match quant {
-        None => all.iter().collect(),
-        Some(q) => all
-            .iter()
-            .filter(|m| {
-                m.quant
-                    .as_deref()
-                    .is_some_and(|t| t.eq_ignore_ascii_case(q))
-            })
-            .collect(),
-    };
-    match (chosen.as_slice(), quant) {
-        ([one], _) => Ok(dir.join(&one.first)),
-        ([], Some(q)) => Err(format!("{what} has no {q} GGUF (it has: {})", tags())),
-        (_, Some(q)) => Err(format!(
-            "{what} has several {q} GGUFs: {}; name one as {what}/FILE.gguf",
-            chosen
-                .iter()
-                .map(|m| m.first.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        (_, None) => Err(format!(
-            "{what} has several GGUFs; add one of their quantisation tags (:{})",
-            tags().replace(", ", ", :")
-        )),
     }
 }
 
@@ -408,7 +204,11 @@ fn list_hf(hub: &Path) -> Vec<Found> {
         let Some((owner, repo)) = repo.split_once("--") else {
             continue;
         };
-        let Some(snap) = hf_snapshot(&dir, "main") else {
+        let cache = HubCache::new(hub);
+        let Some(snap) = cache
+            .commit_of(&format!("{owner}/{repo}"), "main")
+            .map(|c| cache.snapshot(&format!("{owner}/{repo}"), &c))
+        else {
             continue;
         };
         out.extend(repo_models(
@@ -423,7 +223,7 @@ fn list_hf(hub: &Path) -> Vec<Found> {
 /// The models of a repository-like folder `dir`, each by the id `base` with its quantisation
 /// tag (or its file, when several have none): what `hf:` and `lmstudio:` specs name.
 fn repo_models(base: &str, source: &'static str, dir: &Path) -> Vec<Found> {
-    let found = models(&ggufs(dir));
+    let found = pick::models(&pick::ggufs_in(dir));
     let only = found.len() == 1;
     found
         .iter()

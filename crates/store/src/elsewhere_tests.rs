@@ -37,23 +37,6 @@ fn resolved(e: &Elsewhere, spec: &str) -> Result<String> {
 }
 
 #[test]
-fn quantisation_tags_are_read_from_names_as_llama_cpp_writes_them() {
-    for (name, tag) in [
-        ("Qwen3-8B-Q4_K_M", Some("Q4_K_M")),
-        ("qwen3-8b-q4_k_m", Some("q4_k_m")),
-        ("model.Q8_0", Some("Q8_0")),
-        ("DeepSeek-V3.1-UD-Q4_K_XL", Some("Q4_K_XL")),
-        ("Llama-3.2-1B-Instruct-IQ4_XS", Some("IQ4_XS")),
-        ("gemma-3-270m-it-BF16", Some("BF16")),
-        ("model-f16", Some("f16")),
-        ("notaquant-BQ4_0X", None),
-        ("plain", None),
-    ] {
-        assert_eq!(quant_tag(name).as_deref(), tag, "{name}");
-    }
-}
-
-#[test]
 fn a_hub_repository_resolves_by_tag_with_split_sets_as_one_model() {
     let (_t, e) = hub(&[
         "Qwen3-8B-Q4_K_M.gguf",

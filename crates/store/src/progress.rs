@@ -8,7 +8,7 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -58,6 +58,31 @@ pub enum PullEvent<'a> {
         /// Total bytes (the card's size).
         total: u64,
     },
+    /// Asking the Hugging Face hub what a reference names.
+    Resolving {
+        /// `owner/repo@revision`.
+        what: &'a str,
+    },
+    /// The files a hub reference names: how many, their bytes, and the bytes not yet here.
+    Plan {
+        /// Number of files (parts of a split set).
+        files: usize,
+        /// Bytes in all.
+        bytes: u64,
+        /// Bytes still to fetch.
+        missing: u64,
+    },
+    /// Downloading one file of a hub repository; [`PullEvent::Progress`] follows with its
+    /// bytes held so far.
+    Downloading {
+        /// The file's path in the repository.
+        file: &'a str,
+    },
+    /// Hashing a downloaded file against the hub's SHA-256; [`PullEvent::Progress`] follows.
+    Checking {
+        /// The file's path in the repository.
+        file: &'a str,
+    },
     /// The file passed its checks and is at its final path.
     Installed {
         /// The installed file.
@@ -85,6 +110,8 @@ struct Lines {
     label: String,
     /// The last percentage reported.
     reported: Option<u64>,
+    /// When and at which byte count the current step's first count came, for its rate.
+    since: Option<(Instant, u64)>,
 }
 
 impl TerminalProgress {
@@ -103,6 +130,7 @@ impl TerminalProgress {
                 lines: Some(Lines {
                     label: label.to_string(),
                     reported: None,
+                    since: None,
                 }),
                 ..Self::with_target(ProgressDrawTarget::hidden())
             }
@@ -134,10 +162,17 @@ impl TerminalProgress {
         }
         let words = step_words(event);
         match event {
-            PullEvent::WaitingForLock { .. } | PullEvent::Fetching { .. } => {
+            PullEvent::WaitingForLock { .. }
+            | PullEvent::Fetching { .. }
+            | PullEvent::Resolving { .. }
+            | PullEvent::Plan { .. } => {
                 self.spin(words.unwrap_or_default());
             }
-            PullEvent::Verifying { .. } | PullEvent::Extracting { .. } => {
+            PullEvent::Verifying { .. }
+            | PullEvent::Extracting { .. }
+            | PullEvent::Downloading { .. }
+            | PullEvent::Checking { .. } => {
+                self.bar.reset();
                 self.bar.set_message(words.unwrap_or_default());
             }
             PullEvent::Progress { done, total } => {
@@ -189,6 +224,25 @@ fn step_words(event: PullEvent<'_>) -> Option<String> {
             let name = member.rsplit('/').next().unwrap_or(member);
             format!("extracting {name} (part {part}/{parts})")
         }
+        PullEvent::Resolving { what } => format!("asking the hub for {what}"),
+        PullEvent::Plan {
+            files,
+            bytes,
+            missing,
+        } => {
+            let parts = if files == 1 {
+                String::new()
+            } else {
+                format!(" in {files} parts")
+            };
+            format!(
+                "{}{parts}, {} to download",
+                strata_hub::human(bytes),
+                strata_hub::human(missing)
+            )
+        }
+        PullEvent::Downloading { file } => format!("downloading {file}"),
+        PullEvent::Checking { file } => format!("checking the SHA-256 of {file}"),
         PullEvent::Progress { .. }
         | PullEvent::AlreadyPresent { .. }
         | PullEvent::Installed { .. } => {
@@ -201,13 +255,18 @@ impl Lines {
     /// The line to log for `event`, if any.
     fn line(&mut self, event: PullEvent<'_>) -> Option<String> {
         match event {
-            PullEvent::WaitingForLock { .. } => step_words(event),
+            PullEvent::WaitingForLock { .. }
+            | PullEvent::Resolving { .. }
+            | PullEvent::Plan { .. } => step_words(event),
             PullEvent::Verifying { .. }
             | PullEvent::Fetching { .. }
-            | PullEvent::Extracting { .. } => {
+            | PullEvent::Extracting { .. }
+            | PullEvent::Downloading { .. }
+            | PullEvent::Checking { .. } => {
                 let words = step_words(event)?;
                 self.label = words.clone();
                 self.reported = None;
+                self.since = None;
                 Some(words)
             }
             PullEvent::Progress { done, total } => {
@@ -217,8 +276,17 @@ impl Lines {
                     return None;
                 }
                 self.reported = Some(due);
+                let (t0, d0) = *self.since.get_or_insert((Instant::now(), done));
+                let secs = t0.elapsed().as_secs_f64();
+                let rate = if secs > 0.5 && done > d0 {
+                    let per_s = (done - d0) as f64 / secs;
+                    let eta = (total.saturating_sub(done)) as f64 / per_s;
+                    format!(", {}/s, eta {eta:.0} s", strata_hub::human(per_s as u64))
+                } else {
+                    String::new()
+                };
                 Some(format!(
-                    "{}: {pct} % of {:.1} MiB",
+                    "{}: {pct} % of {:.1} MiB{rate}",
                     self.label,
                     total as f64 / (1u64 << 20) as f64
                 ))
@@ -264,6 +332,7 @@ mod tests {
         let mut l = Lines {
             label: "copying m from node b".into(),
             reported: None,
+            since: None,
         };
         let total = 1000u64;
         let mut got = Vec::new();

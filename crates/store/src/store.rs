@@ -19,6 +19,7 @@ use std::path::{MAIN_SEPARATOR, Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
+use strata_hub::{FileEvent, Hub, HubEvent, HubRef};
 
 use crate::card::{IMPORT_CARD_FILE, ModelCard};
 use crate::catalog::{Catalog, DEFAULT_MODEL_ID};
@@ -40,6 +41,8 @@ pub struct Store {
     pub(crate) link_imports: bool,
     /// Where other tools keep the models they downloaded (`hf:`, `ollama:`, `lmstudio:` ids).
     elsewhere: Elsewhere,
+    /// The Hugging Face hub `hf:` ids not in its cache are pulled from (none: cache only).
+    hub: Option<Hub>,
 }
 
 impl fmt::Debug for Store {
@@ -94,14 +97,98 @@ impl Store {
             fetcher: Arc::new(PipFetcher::from_env()),
             link_imports: true,
             elsewhere: Elsewhere::default(),
+            hub: None,
         }
     }
 
     /// The shared store: `$STRATA_HOME` if set, else `$HOME/.cache/strata`; models other tools
-    /// downloaded are found where those tools keep them ([`Elsewhere::from_env`]).
+    /// downloaded are found where those tools keep them ([`Elsewhere::from_env`]), and `hf:`
+    /// ids not in the hub cache are pulled from the hub `HF_ENDPOINT` names
+    /// ([`Hub::from_env`], with the token it finds).
     pub fn from_env() -> Result<Store> {
+        Store::from_env_with_token(None)
+    }
+
+    /// [`from_env`](Self::from_env), reading the hub token from `token_file` (a
+    /// `--hf-token-file`) rather than from `HF_TOKEN` or the hub CLI's login.
+    pub fn from_env_with_token(token_file: Option<&Path>) -> Result<Store> {
         let root = root_from_env(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))?;
-        Ok(Store::new(root).with_elsewhere(Elsewhere::from_env()))
+        let hub = Hub::from_env(token_file)?;
+        Ok(Store::new(root)
+            .with_elsewhere(Elsewhere::from_env())
+            .with_hub(hub))
+    }
+
+    /// Pulls `hf:` ids from `hub` (its cache should be the one [`Elsewhere`] reads).
+    pub fn with_hub(mut self, hub: Option<Hub>) -> Store {
+        self.hub = hub;
+        self
+    }
+
+    /// The hub `hf:` ids are pulled from, if any.
+    pub fn hub(&self) -> Option<&Hub> {
+        self.hub.as_ref()
+    }
+
+    /// Pulls the model an `hf:` id names into the hub cache (fetching only what is missing
+    /// there) and returns what it holds.
+    pub fn pull_hub(
+        &self,
+        spec: &str,
+        on_event: &mut dyn FnMut(PullEvent<'_>),
+    ) -> Result<strata_hub::Pulled> {
+        let rest = spec
+            .strip_prefix(strata_hub::SCHEME)
+            .ok_or_else(|| Error::Elsewhere {
+                spec: spec.to_string(),
+                why: "not a Hugging Face id (hf:OWNER/REPO[:QUANT])".into(),
+            })?;
+        let r = HubRef::parse(rest).map_err(|why| Error::Elsewhere {
+            spec: spec.to_string(),
+            why,
+        })?;
+        let Some(hub) = &self.hub else {
+            return Err(Error::Elsewhere {
+                spec: spec.to_string(),
+                why: "no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into(),
+            });
+        };
+        let mut current: Option<String> = None;
+        let mut step = |file: &str, checking: bool, on: &mut dyn FnMut(PullEvent<'_>)| {
+            let key = format!("{checking}{file}");
+            if current.as_deref() != Some(&key) {
+                on(if checking {
+                    PullEvent::Checking { file }
+                } else {
+                    PullEvent::Downloading { file }
+                });
+                current = Some(key);
+            }
+        };
+        Ok(hub.pull(&r, &mut |e| match e {
+            HubEvent::Resolving { what } => on_event(PullEvent::Resolving { what }),
+            HubEvent::Plan {
+                files,
+                bytes,
+                missing,
+            } => on_event(PullEvent::Plan {
+                files,
+                bytes,
+                missing,
+            }),
+            HubEvent::File(FileEvent::WaitingForLock { file }) => {
+                on_event(PullEvent::WaitingForLock { id: file })
+            }
+            HubEvent::File(FileEvent::Downloading { file, done, total }) => {
+                step(file, false, on_event);
+                on_event(PullEvent::Progress { done, total });
+            }
+            HubEvent::File(FileEvent::Verifying { file, done, total }) => {
+                step(file, true, on_event);
+                on_event(PullEvent::Progress { done, total });
+            }
+            _ => {}
+        })?)
     }
 
     /// Finds models other tools downloaded in `elsewhere`'s folders.
@@ -210,10 +297,26 @@ impl Store {
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<ResolvedModel> {
         if let Some(found) = self.elsewhere.resolve(spec) {
-            return Ok(ResolvedModel {
-                path: found?,
-                card: None,
-            });
+            let path = match found {
+                Ok(path) => path,
+                // Not in the hub cache (or not all of it): the hub has it, or says why not.
+                Err(missing) if spec.starts_with(strata_hub::SCHEME) && self.hub.is_some() => {
+                    if HubRef::parse(&spec[strata_hub::SCHEME.len()..]).is_err() {
+                        return Err(missing);
+                    }
+                    let pulled = self.pull_hub(spec, on_event)?;
+                    pulled
+                        .paths
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| Error::Elsewhere {
+                            spec: spec.to_string(),
+                            why: "the hub listed no file for it".into(),
+                        })?
+                }
+                Err(e) => return Err(e),
+            };
+            return Ok(ResolvedModel { path, card: None });
         }
         if !is_path_spec(spec) {
             let card = self.catalog.card(spec)?;
