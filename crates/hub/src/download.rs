@@ -320,12 +320,18 @@ fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
                 message: format!("asked for bytes from {at}, got another Content-Range"),
             });
         }
-        match copy_body(s, &mut resp, &mut at, b) {
-            Ok(()) if at >= b => return Ok(()),
-            Ok(()) => {
-                tracing::debug!(file = %s.job.entry.path, at, end = b, "body ended early; resuming");
-            }
-            Err(e) => return Err(e),
+        let from = at;
+        copy_body(s, &mut resp, &mut at, b)?;
+        if at >= b {
+            return Ok(());
+        }
+        tracing::debug!(file = %s.job.entry.path, at, end = b, "body ended early; resuming");
+        if at > from {
+            // Progress since the last failure: a long download may be cut (or see its
+            // signed URL expire) many times, and each time it moved on counts afresh.
+            failures = 0;
+            wait = retry.first_wait;
+            refreshed = false;
         }
         failures += 1;
         if failures >= retry.attempts {

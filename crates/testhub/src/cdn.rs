@@ -157,6 +157,8 @@ impl FileBody {
             return None;
         }
         if self.cut.is_some_and(|c| self.sent >= c) {
+            // Let the bytes before the cut reach the client, as they do when a link drops.
+            tokio::time::sleep(Duration::from_millis(30)).await;
             self.end = self.pos;
             let cut = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "cut");
             return Some((Err(cut), self));
