@@ -255,11 +255,9 @@ fn worker(s: &Shared<'_>) {
         let Some((a, b)) = s.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
             return;
         };
-        let outcome = fetch_range(s, a, b).and_then(|()| {
-            s.file.sync_data().at("syncing", s.partial)?;
-            let mut held = s.held.lock().map_err(|_| poisoned(s))?;
-            held.insert(a, b);
-            held.save(s.record)
+        let outcome = fetch_range(s, a, b).and_then(|done| match done {
+            true => hold(s, a, b),
+            false => Ok(()),
         });
         if let Err(e) = outcome {
             s.failed.store(true, Ordering::Relaxed);
@@ -279,8 +277,10 @@ fn poisoned(s: &Shared<'_>) -> Error {
 }
 
 /// Fetches `[a, b)` into the partial file, resuming within the range after a cut connection
-/// and asking the hub again for the URL if the CDN's signed one expired.
-fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
+/// and asking the hub again for the URL if the CDN's signed one expired. `Ok(false)` when it
+/// stopped early because another stream failed (what it wrote is
+/// recorded).
+fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<bool> {
     let retry = s.client.retry;
     let mut at = a;
     let mut wait = retry.first_wait;
@@ -288,7 +288,10 @@ fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
     let mut refreshed = false;
     while at < b {
         if s.failed.load(Ordering::Relaxed) {
-            return Ok(());
+            if at > a {
+                hold(s, a, at)?;
+            }
+            return Ok(false);
         }
         let located = s.located.lock().map_err(|_| poisoned(s))?.clone();
         let mut resp = s
@@ -321,9 +324,9 @@ fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
             });
         }
         let from = at;
-        copy_body(s, &mut resp, &mut at, b)?;
+        copy_body(s, &mut resp, a, &mut at, b)?;
         if at >= b {
-            return Ok(());
+            return Ok(true);
         }
         tracing::debug!(file = %s.job.entry.path, at, end = b, "body ended early; resuming");
         if at > from {
@@ -343,7 +346,7 @@ fn fetch_range(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
         std::thread::sleep(wait);
         wait = (wait * 2).min(retry.max_wait);
     }
-    Ok(())
+    Ok(true)
 }
 
 fn content_range_starts_at(resp: &ureq::http::Response<ureq::Body>, at: u64) -> bool {
@@ -356,17 +359,36 @@ fn content_range_starts_at(resp: &ureq::http::Response<ureq::Body>, at: u64) -> 
         == Some(at)
 }
 
-/// Copies the body into the file from `*at` towards `end`, advancing `*at`; a transport error
-/// mid-body ends the copy early (the caller resumes), a file error fails it.
+/// Bytes a stream writes between updates of the record, so that a killed pull loses at most
+/// this much per stream rather than a whole range.
+const RECORD_EVERY: u64 = 8 << 20;
+
+/// Adds `[a, b)`, written, to the record of bytes held.
+fn hold(s: &Shared<'_>, a: u64, b: u64) -> Result<()> {
+    s.file.sync_data().at("syncing", s.partial)?;
+    let mut held = s.held.lock().map_err(|_| poisoned(s))?;
+    held.insert(a, b);
+    held.save(s.record)
+}
+
+/// Copies the body into the file from `*at` towards `end`, advancing `*at` and recording
+/// `[start, *at)` as held every [`RECORD_EVERY`] bytes; a transport error mid-body ends the
+/// copy early (the caller resumes), a file error fails it.
 fn copy_body(
     s: &Shared<'_>,
     resp: &mut ureq::http::Response<ureq::Body>,
+    start: u64,
     at: &mut u64,
     end: u64,
 ) -> Result<()> {
     let mut reader = resp.body_mut().as_reader();
     let mut buf = vec![0u8; 256 << 10];
+    let mut recorded = *at;
     while *at < end {
+        if *at - recorded >= RECORD_EVERY {
+            hold(s, start, *at)?;
+            recorded = *at;
+        }
         let want = ((end - *at) as usize).min(buf.len());
         let n = match reader.read(&mut buf[..want]) {
             Ok(0) => return Ok(()),

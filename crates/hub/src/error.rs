@@ -133,13 +133,13 @@ pub enum Error {
     },
 }
 
-/// `n` bytes as a person reads them (`1.5 GB`).
+/// `n` bytes as a person reads them, in binary units (`1.5 GiB`).
 pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
         u += 1;
     }
     if u == 0 {

@@ -134,6 +134,16 @@ pub fn token_from_env(token_file: Option<&Path>) -> Result<Option<Token>> {
         .and_then(|t| Token::new(&t)))
 }
 
+/// Whether `HF_HUB_OFFLINE` is set to a true value (`1`, `true`, `yes`, `on`).
+pub fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
 impl Hub {
     /// A hub at `endpoint` with an optional token, writing to `cache`.
     pub fn new(endpoint: &str, token: Option<Token>, cache: HubCache) -> Hub {
@@ -145,8 +155,12 @@ impl Hub {
     }
 
     /// The hub `HF_ENDPOINT` names (else the public one), with the token [`token_from_env`]
-    /// finds and the cache [`HubCache::from_env`] names; `None` without a cache location.
+    /// finds and the cache [`HubCache::from_env`] names; `None` without a cache location, or
+    /// when `HF_HUB_OFFLINE` says to use the cache alone (as the hub's own clients do).
     pub fn from_env(token_file: Option<&Path>) -> Result<Option<Hub>> {
+        if offline() {
+            return Ok(None);
+        }
         let endpoint = std::env::var("HF_ENDPOINT")
             .ok()
             .filter(|e| !e.trim().is_empty())

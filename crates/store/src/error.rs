@@ -106,7 +106,7 @@ pub enum Error {
     },
     /// Finding or fetching a model on the Hugging Face hub failed (the message names the
     /// repository or file and what to do).
-    #[error("{0}")]
+    #[error(transparent)]
     Hub(#[from] strata_hub::Error),
     /// Neither `$STRATA_HOME` nor `$HOME` is set, so there is no default store location.
     #[error("no model store location: set STRATA_HOME (or HOME, for ~/.cache/strata)")]

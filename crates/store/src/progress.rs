@@ -286,9 +286,9 @@ impl Lines {
                     String::new()
                 };
                 Some(format!(
-                    "{}: {pct} % of {:.1} MiB{rate}",
+                    "{}: {pct} % of {}{rate}",
                     self.label,
-                    total as f64 / (1u64 << 20) as f64
+                    strata_hub::human(total)
                 ))
             }
             PullEvent::AlreadyPresent { path } => {

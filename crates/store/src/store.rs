@@ -150,7 +150,11 @@ impl Store {
         let Some(hub) = &self.hub else {
             return Err(Error::Elsewhere {
                 spec: spec.to_string(),
-                why: "no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into(),
+                why: if strata_hub::offline() {
+                    "HF_HUB_OFFLINE is set: only the hub cache is read".into()
+                } else {
+                    "no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)".into()
+                },
             });
         };
         let mut current: Option<String> = None;

@@ -344,6 +344,7 @@ fn models_other_tools_downloaded_run_in_place_by_their_ids() {
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["run", "-m", "hf:someone/SmolLM2-GGUF:Q8_0", "hi"])
         .env("HF_HUB_CACHE", home.path().join("hub"))
+        .env("HF_HUB_OFFLINE", "1")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
