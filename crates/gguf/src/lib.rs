@@ -19,7 +19,7 @@ mod writer;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub use error::{Error, Result};
 pub use metadata::{Array, Metadata, Value};
@@ -88,6 +88,9 @@ struct Part {
 struct Inner {
     parts: Vec<Part>,
     header: parse::Header,
+    /// Every `(start, len)` [`GgufFile::range`] handed out, when the file was opened to record
+    /// them ([`GgufFile::open_recording`]).
+    reads: Option<Mutex<Vec<(u64, u64)>>>,
 }
 
 /// An opened, validated GGUF model: one file, or every part of a llama.cpp split set (see
@@ -110,6 +113,44 @@ impl GgufFile {
     /// with, never to run. Tensor data reads as empty.
     pub fn open_header(path: &Path) -> Result<GgufFile> {
         Self::open_parts(path, false)
+    }
+
+    /// [`open`](Self::open), remembering every byte range read through the file from now on
+    /// ([`reads`](Self::reads)). Loading a shard from a file whose tensor data is not all there
+    /// yet (a sparse partial download: holes read as zeros) tells which bytes the shard needs.
+    pub fn open_recording(path: &Path) -> Result<GgufFile> {
+        let mut f = Self::open(path)?;
+        if let Some(inner) = Arc::get_mut(&mut f.inner) {
+            inner.reads = Some(Mutex::new(Vec::new()));
+        }
+        Ok(f)
+    }
+
+    /// The byte ranges read since [`open_recording`](Self::open_recording), in the model's
+    /// address space, sorted and merged; empty for a file not opened to record.
+    pub fn reads(&self) -> Vec<(u64, u64)> {
+        let Some(reads) = &self.inner.reads else {
+            return Vec::new();
+        };
+        let mut all: Vec<(u64, u64)> = reads
+            .lock()
+            .map(|r| r.iter().map(|&(s, n)| (s, s + n)).collect())
+            .unwrap_or_default();
+        all.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+        for (a, b) in all {
+            match out.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
+    }
+
+    /// Where each file of the model starts in its address space (0 for the first; a split
+    /// set's later parts after the sizes of those before).
+    pub fn part_starts(&self) -> Vec<u64> {
+        self.inner.parts.iter().map(|p| p.base).collect()
     }
 
     fn open_parts(path: &Path, whole: bool) -> Result<GgufFile> {
@@ -141,6 +182,7 @@ impl GgufFile {
                     base: 0,
                 }],
                 header,
+                reads: None,
             }),
         })
     }
@@ -199,6 +241,11 @@ impl GgufFile {
     /// `len` bytes from `start` in the model's address space (a split set's parts one after
     /// another); empty when the range leaves the part it starts in, which no tensor's does.
     pub fn range(&self, start: usize, len: usize) -> &[u8] {
+        if let Some(reads) = &self.inner.reads
+            && let Ok(mut r) = reads.lock()
+        {
+            r.push((start as u64, len as u64));
+        }
         let Some((part, at)) = self.locate(start) else {
             return &[];
         };
@@ -246,6 +293,18 @@ impl GgufFile {
             .iter()
             .map(|p| p.backing.bytes().len() as u64)
             .sum()
+    }
+}
+
+/// Where the tensor data of a GGUF file starts, from a prefix of it: `Ok(None)` while the
+/// prefix is too short to hold the whole header (metadata and tensor list), an error for bytes
+/// that are no GGUF header. What a download fetches first to plan from.
+pub fn header_len(prefix: &[u8]) -> Result<Option<u64>> {
+    match parse::parse_header(prefix, false) {
+        Ok(h) => Ok(Some(h.data_offset)),
+        // A count the bytes so far cannot hold may be one the rest of the file does.
+        Err(Error::Truncated { .. } | Error::ImplausibleCount { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

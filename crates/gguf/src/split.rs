@@ -232,7 +232,11 @@ impl SplitSet {
         };
         header.tensors = tensors;
         Ok(GgufFile {
-            inner: Arc::new(Inner { parts, header }),
+            inner: Arc::new(Inner {
+                parts,
+                header,
+                reads: None,
+            }),
         })
     }
 }

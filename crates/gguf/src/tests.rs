@@ -199,3 +199,32 @@ fn a_header_without_its_tensors_opens_for_planning_only() {
     assert!(GgufFile::open_header(&path).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_header_length_is_known_from_a_prefix() {
+    let bytes = small_file();
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let end = f.data_offset();
+    assert_eq!(header_len(&bytes).unwrap(), Some(end));
+    assert_eq!(header_len(&bytes[..end as usize]).unwrap(), Some(end));
+    assert_eq!(header_len(&bytes[..40]).unwrap(), None);
+    assert!(header_len(b"not a gguf file at all, clearly").is_err());
+}
+
+#[test]
+fn a_recording_file_remembers_the_ranges_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, small_file()).unwrap();
+    let f = GgufFile::open_recording(&path).unwrap();
+    assert!(f.reads().is_empty());
+    let w = f.require_tensor("w").unwrap().clone();
+    let q = f.require_tensor("q").unwrap().clone();
+    f.tensor_data(&q);
+    f.range(w.offset as usize, 8);
+    f.tensor_data(&w);
+    // w and q lie end to end (32 bytes, aligned): one merged range.
+    assert_eq!(f.reads(), vec![(w.offset, q.offset + q.n_bytes)]);
+    assert!(GgufFile::open(&path).unwrap().reads().is_empty());
+    assert_eq!(f.part_starts(), vec![0]);
+}

@@ -89,10 +89,67 @@ pub(crate) fn fetch(
     transfer: Transfer,
     on_event: &mut dyn FnMut(FileEvent<'_>),
 ) -> Result<(PathBuf, u64)> {
+    let size = job.entry.size;
+    let got = fetch_ranges(client, cache, job, transfer, &[(0, size)], on_event)?;
+    Ok((got.path, got.fetched))
+}
+
+/// A file of a repository as far as it is here.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// The complete blob, or the sparse partial file.
+    pub path: PathBuf,
+    /// Whether every byte is here and checked.
+    pub complete: bool,
+    /// The byte ranges here (the whole file when complete).
+    pub ranges: RangeSet,
+    /// Bytes this call fetched.
+    pub fetched: u64,
+}
+
+/// What is here of `job`'s file, fetching nothing.
+pub(crate) fn held(cache: &HubCache, job: &Job<'_>) -> Result<Held> {
+    let entry = job.entry;
+    let blob = cache.blob(job.repo, entry.etag());
+    let mut whole = RangeSet::new();
+    whole.insert(0, entry.size);
+    if is_complete(&blob, entry.size) {
+        return Ok(Held {
+            path: blob,
+            complete: true,
+            ranges: whole,
+            fetched: 0,
+        });
+    }
+    let partial = sibling(&blob, ".strata-partial");
+    let record = sibling(&blob, ".strata-partial.ranges");
+    let ranges = match std::fs::metadata(&partial) {
+        Ok(md) if md.len() == entry.size => RangeSet::load(&record)?,
+        _ => RangeSet::new(),
+    };
+    Ok(Held {
+        path: partial,
+        complete: false,
+        ranges,
+        fetched: 0,
+    })
+}
+
+/// Makes the bytes `want` (half-open ranges) of `job`'s file present in the cache, fetching
+/// those not yet held into the sparse partial file. When that leaves every byte of the file
+/// held, the file is checked and becomes the complete blob, as [`fetch`] makes it.
+pub(crate) fn fetch_ranges(
+    client: &Client,
+    cache: &HubCache,
+    job: &Job<'_>,
+    transfer: Transfer,
+    want: &[(u64, u64)],
+    on_event: &mut dyn FnMut(FileEvent<'_>),
+) -> Result<Held> {
     let entry = job.entry;
     let blob = cache.blob(job.repo, entry.etag());
     if is_complete(&blob, entry.size) {
-        return Ok((blob, 0));
+        return held(cache, job);
     }
     let lock_path = cache.lock(job.repo, entry.etag());
     if let Some(dir) = lock_path.parent() {
@@ -112,16 +169,19 @@ pub(crate) fn fetch(
         }
         Err(TryLockError::Error(e)) => return Err(e).at("locking", &lock_path),
     }
-    if is_complete(&blob, entry.size) {
-        return Ok((blob, 0));
+    let before = held(cache, job)?;
+    if before.complete {
+        return Ok(before);
     }
-    let partial = sibling(&blob, ".strata-partial");
-    let record = sibling(&blob, ".strata-partial.ranges");
-    let held = match std::fs::metadata(&partial) {
-        Ok(md) if md.len() == entry.size => RangeSet::load(&record)?,
-        _ => RangeSet::new(),
-    };
-    let gaps = held.gaps(0, entry.size);
+    let (partial, record, held_ranges) = (
+        before.path,
+        sibling(&blob, ".strata-partial.ranges"),
+        before.ranges,
+    );
+    let mut gaps = Vec::new();
+    for &(a, b) in want {
+        gaps.extend(held_ranges.gaps(a.min(entry.size), b.min(entry.size)));
+    }
     let need: u64 = gaps.iter().map(|(a, b)| b - a).sum();
     let dir = blob.parent().unwrap_or(cache.root()).to_path_buf();
     std::fs::create_dir_all(&dir).at("creating", &dir)?;
@@ -144,7 +204,8 @@ pub(crate) fn fetch(
         .open(&partial)
         .at("opening", &partial)?;
     file.set_len(entry.size).at("sizing", &partial)?;
-    let fetched = if need > 0 {
+    let held_before = held_ranges.len();
+    let (fetched, now) = if need > 0 {
         let located = client.locate(job.repo, job.commit, &entry.path)?;
         let state = Shared {
             client,
@@ -153,27 +214,44 @@ pub(crate) fn fetch(
             partial: &partial,
             record: &record,
             located: Mutex::new(located),
-            held: Mutex::new(held),
+            held: Mutex::new(held_ranges),
             queue: Mutex::new(chunks(&gaps, transfer.chunk)),
             received: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
         };
-        run_workers(&state, transfer.streams, entry.size - need, on_event)?;
-        state.received.load(Ordering::Relaxed)
+        run_workers(&state, transfer.streams, held_before, on_event)?;
+        let now = state.held.into_inner().map_err(|_| Error::Protocol {
+            url: entry.path.clone(),
+            message: "a download thread panicked".into(),
+        })?;
+        (state.received.load(Ordering::Relaxed), now)
     } else {
-        0
+        (0, held_ranges)
     };
-    verify(&file, job, &partial, on_event).inspect_err(|e| {
-        if matches!(e, Error::HashMismatch { .. }) {
-            let _ = std::fs::remove_file(&partial);
-            let _ = std::fs::remove_file(&record);
-        }
-    })?;
-    drop(file);
-    std::fs::rename(&partial, &blob).at("renaming", &partial)?;
-    let _ = std::fs::remove_file(&record);
-    Ok((blob, fetched))
+    if now.gaps(0, entry.size).is_empty() {
+        verify(&file, job, &partial, on_event).inspect_err(|e| {
+            if matches!(e, Error::HashMismatch { .. }) {
+                let _ = std::fs::remove_file(&partial);
+                let _ = std::fs::remove_file(&record);
+            }
+        })?;
+        drop(file);
+        std::fs::rename(&partial, &blob).at("renaming", &partial)?;
+        let _ = std::fs::remove_file(&record);
+        return Ok(Held {
+            path: blob,
+            complete: true,
+            ranges: now,
+            fetched,
+        });
+    }
+    Ok(Held {
+        path: partial,
+        complete: false,
+        ranges: now,
+        fetched,
+    })
 }
 
 fn is_complete(blob: &Path, size: u64) -> bool {

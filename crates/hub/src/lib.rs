@@ -24,15 +24,17 @@ mod error;
 pub mod pick;
 mod ranges;
 mod reference;
+mod sparse;
 
 use std::path::{Path, PathBuf};
 
 pub use cache::HubCache;
 pub use client::{Entry, Retry, Token};
-pub use download::{FileEvent, Transfer};
+pub use download::{FileEvent, Held, Transfer};
 pub use error::{Error, Result, human};
 pub use ranges::RangeSet;
 pub use reference::{HubRef, SCHEME};
+pub use sparse::Sparse;
 
 use client::Client;
 use error::IoContext;

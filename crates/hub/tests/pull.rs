@@ -397,3 +397,59 @@ fn a_full_disk_is_refused_before_writing() {
         .unwrap_or(0);
     assert_eq!(written, 0, "nothing was written");
 }
+
+/// A GGUF of two 4 MiB f32 tensors behind a header with a long vocabulary.
+fn two_tensor_gguf() -> Vec<u8> {
+    use strata_gguf::{Array, GgmlType, GgufWriter, Value};
+    let vocab: Vec<String> = (0..60_000).map(|i| format!("token-{i:06}")).collect();
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::String("llama".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(vocab)))
+        .tensor("a", &[1024, 1024], GgmlType::F32, noise(5, 4 << 20))
+        .tensor("b", &[1024, 1024], GgmlType::F32, noise(6, 4 << 20));
+    w.to_bytes()
+}
+
+#[test]
+fn a_shard_fetches_the_headers_then_only_its_ranges() {
+    let f = fixture(|b| b);
+    let bytes = two_tensor_gguf();
+    std::fs::create_dir_all(f.root().join("o/t")).unwrap();
+    std::fs::write(f.root().join("o/t/t-F32.gguf"), &bytes).unwrap();
+    f.hub.reset().unwrap();
+    let hub = f.client(None);
+    let r = reference("hf:o/t");
+
+    let sparse = hub.headers(&r, &mut |_| {}).unwrap();
+    let header = strata_gguf::GgufFile::open_header(&sparse.view).unwrap();
+    assert!(!sparse.complete());
+    let data = header.data_offset();
+    assert!(data > 1 << 20, "the header outgrew the first fetch: {data}");
+    // The header, and at most as much again (prefixes grow by doubling until it parses).
+    let prefix = sparse.bytes_held();
+    assert!(
+        prefix >= data && prefix <= 2 * data,
+        "{prefix} for a {data}-byte header"
+    );
+    assert_eq!(f.hub.stats().cdn_bytes(), prefix);
+
+    // Only tensor b.
+    let b = header.tensor("b").unwrap().clone();
+    let want = vec![vec![(b.offset, b.offset + b.n_bytes)]];
+    let got = hub.fetch_ranges(&sparse, &want, &mut |_| {}).unwrap();
+    assert_eq!(got.fetched(), b.n_bytes);
+    assert_eq!(f.hub.stats().cdn_bytes(), prefix + b.n_bytes);
+    let file = strata_gguf::GgufFile::open(&got.view).unwrap();
+    assert!(file.tensor_data(&b) == &bytes[b.offset as usize..(b.offset + b.n_bytes) as usize]);
+    // Asking again fetches nothing.
+    let again = hub.fetch_ranges(&got, &want, &mut |_| {}).unwrap();
+    assert_eq!(again.fetched(), 0);
+
+    // The whole pull takes only the rest, checks the file and makes it a blob.
+    let pulled = pull(&hub, "hf:o/t").unwrap();
+    assert_eq!(pulled.fetched, bytes.len() as u64 - prefix - b.n_bytes);
+    assert_same(&pulled.paths[0], &bytes);
+    let view = hub.headers(&r, &mut |_| {}).unwrap();
+    assert!(view.complete());
+    assert_same(&view.view, &bytes);
+}

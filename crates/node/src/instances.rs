@@ -109,8 +109,12 @@ pub fn plan(
     names: &BTreeMap<String, String>,
     peers: &Peers,
 ) -> Result<(Placement, ModelFacts)> {
-    let path = resolve(&req.model, peers)?;
-    let file = GgufFile::open(&path)?;
+    // A hub model not here yet is planned from its headers: each node then fetches only
+    // its shard (see `shard_fetch`).
+    let file = match crate::shard_fetch::header_file(&req.model)? {
+        Some(header) => header,
+        None => GgufFile::open(&resolve(&req.model, peers)?)?,
+    };
     let facts = ModelFacts::from_gguf(&file)?;
     // Nodes may be named by id or by name.
     let nodes = req.nodes.as_ref().map(|list| {
@@ -232,7 +236,15 @@ pub struct Rank0Start<'a> {
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
-    let path = resolve(&s.spec.request.model, &s.peers)?;
+    let model = &s.spec.request.model;
+    let shard = match s.placement.nodes.len() {
+        1 => None,
+        _ => crate::shard_fetch::shard_file(model, s.placement, 0, s.peers.arrival.as_ref())?,
+    };
+    let path = match shard {
+        Some(path) => path,
+        None => resolve(model, &s.peers)?,
+    };
     // The leader fills in the model's default when it places a request without one.
     let context = s
         .spec

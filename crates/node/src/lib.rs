@@ -20,6 +20,7 @@ pub mod key;
 pub mod linkprobe;
 pub mod process;
 pub mod profile;
+mod shard_fetch;
 pub(crate) mod transfer;
 
 pub use control::{Control, ControlConfig, LinkReport, NodeState, Snapshot};

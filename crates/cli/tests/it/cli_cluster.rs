@@ -25,7 +25,7 @@ pub(crate) struct Net {
     prefix: String,
     hosts: usize,
     nodes: Vec<Option<Child>>,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -147,7 +147,7 @@ impl Net {
         self.spawn(host, key, &[], &[tcp, args].concat());
     }
 
-    fn spawn(&mut self, host: usize, key: &Path, env: &[(&str, &Path)], args: &[&str]) {
+    pub(crate) fn spawn(&mut self, host: usize, key: &Path, env: &[(&str, &Path)], args: &[&str]) {
         let state = self.dir.path().join(format!("state{host}"));
         let log = std::fs::File::create(self.dir.path().join(format!("node{host}.log")))
             .expect("log file");
@@ -194,7 +194,7 @@ impl Net {
     }
 
     /// `strata ARGS` inside `host`'s namespace (talking to the node there).
-    fn cli(&self, host: usize, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn cli(&self, host: usize, args: &[&str]) -> Result<String, String> {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns(host), STRATA])
             .args(args)
@@ -411,7 +411,7 @@ fn nodes_find_each_other_keep_strangers_out_and_survive_losses() {
 
 impl Net {
     /// `curl` inside `host`'s namespace against its node's API; returns (HTTP status, body).
-    fn http(&self, host: usize, path: &str, body: &str) -> (u16, String) {
+    pub(crate) fn http(&self, host: usize, path: &str, body: &str) -> (u16, String) {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns(host), "curl", "-s", "-m", "120"])
             .args([
@@ -458,7 +458,7 @@ impl Net {
     }
 
     /// `strata load MODEL --json ARGS` on `host`.
-    fn load_model(&self, host: usize, model: &str, args: &[&str]) -> Value {
+    pub(crate) fn load_model(&self, host: usize, model: &str, args: &[&str]) -> Value {
         let mut all = vec!["load", model, "--json"];
         all.extend_from_slice(args);
         let out = self.cli(host, &all).unwrap_or_else(|e| {
@@ -496,7 +496,12 @@ fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
     complete_model(net, host, "smollm2-135m-instruct", max_tokens)
 }
 
-fn complete_model(net: &Net, host: usize, model: &str, max_tokens: usize) -> (u16, String) {
+pub(crate) fn complete_model(
+    net: &Net,
+    host: usize,
+    model: &str,
+    max_tokens: usize,
+) -> (u16, String) {
     let body = format!(
         r#"{{"model":"{model}","prompt":"The three most important inventions of the last century are","max_tokens":{max_tokens},"temperature":0}}"#
     );
@@ -547,7 +552,7 @@ fn complete_json(net: &Net, host: usize) -> String {
 }
 
 /// The text of a whole completion answer.
-fn answer_text(code: u16, body: &str) -> String {
+pub(crate) fn answer_text(code: u16, body: &str) -> String {
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(body).expect("json");
     v["choices"][0]["text"].as_str().expect("text").to_string()

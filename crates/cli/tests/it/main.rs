@@ -5,6 +5,7 @@ mod cli_bench;
 mod cli_cluster;
 mod cli_dashboard;
 mod cli_hardening;
+mod cli_hub_cluster;
 mod cli_models_hub;
 mod cli_models_import;
 mod cli_plan;

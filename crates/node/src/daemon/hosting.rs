@@ -91,10 +91,11 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             let arrival = Arc::clone(&host.arrival);
             shared.state().hosted.insert(k.clone(), host);
             // Resolving may mean copying the model from a peer: off the async threads.
-            let (shared, model, world) = (
+            let (shared, model, world, placement) = (
                 Arc::clone(shared),
                 spec.request.model.clone(),
                 p.nodes.len(),
+                p.clone(),
             );
             let peers = transfer::Peers {
                 arrival: Some(arrival),
@@ -103,9 +104,18 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             let span = tracing::info_span!("instance", id = %k.0, epoch = k.1, rank);
             std::thread::spawn(move || {
                 let _span = span.enter();
-                let started = transfer::resolve(&model, &peers).and_then(|path| {
-                    instances::start_worker(&path, rank, world, coordinator, &token)
-                });
+                let shard = crate::shard_fetch::shard_file(
+                    &model,
+                    &placement,
+                    rank,
+                    peers.arrival.as_ref(),
+                );
+                let started = match shard {
+                    Ok(Some(path)) => Ok(path),
+                    Ok(None) => transfer::resolve(&model, &peers),
+                    Err(e) => Err(e),
+                }
+                .and_then(|path| instances::start_worker(&path, rank, world, coordinator, &token));
                 let started = started.map(|c| Arc::new(Mutex::new(c)));
                 {
                     let mut st = shared.state();
