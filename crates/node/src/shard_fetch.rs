@@ -14,7 +14,7 @@ use strata_gguf::GgufFile;
 use strata_hub::{HubEvent, HubRef, Sparse};
 use strata_store::Store;
 
-use crate::transfer::{Arrival, ArrivalSlot};
+use crate::transfer::{ArrivalSlot, update_arrival};
 use crate::{Error, Result};
 
 /// The hub reference `spec` names and the store whose hub fetches it, when `spec` is an `hf:`
@@ -45,22 +45,20 @@ fn hub_error(spec: &str, e: strata_hub::Error) -> Error {
 
 /// Records a hub event as the instance's arrival step.
 fn note(slot: Option<&ArrivalSlot>, ev: &HubEvent<'_>) {
-    let Some(slot) = slot else { return };
-    let mut a = slot
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let now = a.get_or_insert_with(Arrival::default);
-    match *ev {
-        HubEvent::Resolving { .. } => now.step = "asking the hub for the model".into(),
-        HubEvent::File(strata_hub::FileEvent::Downloading { file, done, total }) => {
-            now.step = format!("fetching this node's shard of {file}");
-            (now.done, now.total) = (done, total);
+    update_arrival(slot, |now| {
+        match *ev {
+            HubEvent::Resolving { .. } => now.step = "asking the hub for the model".into(),
+            HubEvent::File(strata_hub::FileEvent::Downloading { file, done, total }) => {
+                now.step = format!("fetching this node's shard of {file}");
+                (now.done, now.total) = (done, total);
+            }
+            HubEvent::File(strata_hub::FileEvent::Verifying { .. }) => {
+                now.step = "verifying".into();
+            }
+            _ => {}
         }
-        HubEvent::File(strata_hub::FileEvent::Verifying { .. }) => {
-            now.step = "verifying".into();
-        }
-        _ => {}
-    }
+        false
+    });
 }
 
 /// For planning: the model's headers, fetched alone when `spec` is a hub model not whole in
@@ -109,11 +107,7 @@ pub(crate) fn shard_file(
         complete = got.complete(),
         "this rank's shard of the model is here"
     );
-    if let Some(slot) = arrival {
-        *slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-    }
+    update_arrival(arrival, |_| true);
     Ok(Some(got.view))
 }
 

@@ -58,26 +58,38 @@ pub struct Arrival {
 /// A shared, updatable [`Arrival`].
 pub(crate) type ArrivalSlot = std::sync::Arc<std::sync::Mutex<Option<Arrival>>>;
 
-/// Records `ev` in `slot` (the step it starts, or the bytes it has done).
-fn note(slot: Option<&ArrivalSlot>, step: &str, ev: &strata_store::PullEvent<'_>) {
-    use strata_store::PullEvent as E;
+/// Updates the arrival in `slot`, when anyone watches: `f` gets it (started if there was
+/// none) and returns whether it is over.
+pub(crate) fn update_arrival(slot: Option<&ArrivalSlot>, f: impl FnOnce(&mut Arrival) -> bool) {
     let Some(slot) = slot else { return };
     let mut a = slot
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let now = a.get_or_insert_with(Arrival::default);
-    match *ev {
-        E::WaitingForLock { .. } => now.step = "waiting for another pull of it".into(),
-        E::Verifying { .. } => now.step = "verifying".into(),
-        E::Fetching { part, parts, .. } => {
-            now.step = format!("{step} (part {part}/{parts})");
-            (now.done, now.total) = (0, 0);
-        }
-        E::Extracting { part, parts, .. } => now.step = format!("extracting (part {part}/{parts})"),
-        E::Progress { done, total } => (now.done, now.total) = (done, total),
-        E::AlreadyPresent { .. } | E::Installed { .. } => *a = None,
-        _ => {}
+    if f(a.get_or_insert_with(Arrival::default)) {
+        *a = None;
     }
+}
+
+/// Records `ev` in `slot` (the step it starts, or the bytes it has done).
+fn note(slot: Option<&ArrivalSlot>, step: &str, ev: &strata_store::PullEvent<'_>) {
+    use strata_store::PullEvent as E;
+    update_arrival(slot, |now| {
+        match *ev {
+            E::WaitingForLock { .. } => now.step = "waiting for another pull of it".into(),
+            E::Verifying { .. } => now.step = "verifying".into(),
+            E::Fetching { part, parts, .. } => {
+                now.step = format!("{step} (part {part}/{parts})");
+                (now.done, now.total) = (0, 0);
+            }
+            E::Extracting { part, parts, .. } => {
+                now.step = format!("extracting (part {part}/{parts})")
+            }
+            E::Progress { done, total } => (now.done, now.total) = (done, total),
+            E::AlreadyPresent { .. } | E::Installed { .. } => return true,
+            _ => {}
+        }
+        false
+    });
 }
 
 impl std::fmt::Debug for Peers {

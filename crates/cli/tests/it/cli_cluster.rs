@@ -251,6 +251,22 @@ impl Net {
         }
     }
 
+    /// Waits until hosts 1 and 2 each see two nodes and the link between them.
+    pub(crate) fn wait_for_two_nodes(&self) {
+        self.wait_for(
+            "both nodes see two nodes and their link",
+            Duration::from_secs(30),
+            || {
+                (1..=2).all(|h| {
+                    self.status(h).is_some_and(|s| {
+                        s["topology"]["nodes"].as_array().map_or(0, Vec::len) == 2
+                            && s["topology"]["links"].as_array().map_or(0, Vec::len) == 1
+                    })
+                })
+            },
+        );
+    }
+
     pub(crate) fn dump_logs(&self) {
         for h in 1..=self.hosts + 1 {
             if let Ok(log) = std::fs::read_to_string(self.dir.path().join(format!("node{h}.log"))) {
@@ -608,18 +624,7 @@ fn a_mixture_of_experts_splits_by_expert_across_two_nodes() {
         &[("STRATA_HOME", &store2), ("STRATA_PYTHON", &no_pip)],
         &[],
     );
-    net.wait_for(
-        "both nodes see two nodes and their link",
-        Duration::from_secs(30),
-        || {
-            (1..=2).all(|h| {
-                net.status(h).is_some_and(|s| {
-                    s["topology"]["nodes"].as_array().map_or(0, Vec::len) == 2
-                        && s["topology"]["links"].as_array().map_or(0, Vec::len) == 1
-                })
-            })
-        },
-    );
+    net.wait_for_two_nodes();
     let plan = net.load_model(
         1,
         "moe-test",

@@ -7,7 +7,6 @@
 use std::net::IpAddr;
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use strata_testhub::TestHub;
 
@@ -91,18 +90,7 @@ fn each_node_fetches_only_its_shard_of_a_hub_model() {
             &["--transport", "tcp"],
         );
     }
-    net.wait_for(
-        "both nodes see two nodes and their link",
-        Duration::from_secs(30),
-        || {
-            (1..=2).all(|h| {
-                net.status(h).is_some_and(|s| {
-                    s["topology"]["nodes"].as_array().map_or(0, Vec::len) == 2
-                        && s["topology"]["links"].as_array().map_or(0, Vec::len) == 1
-                })
-            })
-        },
-    );
+    net.wait_for_two_nodes();
 
     let id = format!("hf:{REPO}:Q4_1");
     let loaded = net.load_model(1, &id, &["--nodes", "host1,host2", "--strategy", "tensor"]);
