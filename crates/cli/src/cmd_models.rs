@@ -38,7 +38,8 @@ enum ModelsCmd {
         /// Model id, as shown by `strata models list`, or an `hf:` id.
         id: String,
     },
-    /// Re-hash a downloaded model and compare with its catalog SHA-256.
+    /// Re-hash a downloaded model and compare with its catalog SHA-256 (for an hf: id, with
+    /// the hub's hash of each file; a node's shard, held in part, is reported as such).
     Verify {
         /// Model id.
         id: String,
@@ -97,6 +98,7 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        ModelsCmd::Verify { id } if id.starts_with(strata_hub::SCHEME) => verify_hub(&id),
         ModelsCmd::Verify { id } => {
             card(&store, &id, "verify")?;
             let path = store.verify(&id)?;
@@ -393,6 +395,55 @@ fn human_size(bytes: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Checks the files of a hub model in the Hugging Face cache against the hub's hashes: one line
+/// per file; an error if any differs.
+fn verify_hub(id: &str) -> anyhow::Result<()> {
+    let r = strata_hub::HubRef::parse(&id[strata_hub::SCHEME.len()..])
+        .map_err(|why| anyhow::anyhow!("{id}: {why}"))?;
+    let cache = strata_hub::HubCache::from_env()
+        .context("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)")?;
+    let mut progress = TerminalProgress::stderr();
+    let mut current = String::new();
+    let checks = cache.verify(&r, &mut |file, done, total| {
+        if current != file {
+            current = file.to_string();
+            progress.handle(strata_store::PullEvent::Checking { file });
+        }
+        progress.handle(strata_store::PullEvent::Progress { done, total });
+    });
+    progress.finish();
+    let checks = checks.with_context(|| format!("verifying {id}"))?;
+    let mut bad = Vec::new();
+    for c in &checks {
+        match &c.check {
+            strata_hub::Check::Verified { hash } => {
+                let kind = if hash.len() == 64 {
+                    "sha256"
+                } else {
+                    "git-sha1"
+                };
+                println!("ok {} {kind} {hash}", c.path);
+            }
+            strata_hub::Check::Partial { held } => println!(
+                "partial {}: {held} of {} bytes here (a shard); not hashable, as the hub \
+                 publishes whole-file hashes only",
+                c.path, c.size
+            ),
+            strata_hub::Check::Mismatch { expected, got } => {
+                println!("MISMATCH {} expected {expected} got {got}", c.path);
+                bad.push(format!("{} ({})", c.path, c.blob.display()));
+            }
+        }
+    }
+    if !bad.is_empty() {
+        anyhow::bail!(
+            "{id}: {} differ from the hub's hash; delete them and pull again",
+            bad.join(", ")
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

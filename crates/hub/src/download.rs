@@ -502,36 +502,18 @@ fn verify(
     on_event: &mut dyn FnMut(FileEvent<'_>),
 ) -> Result<()> {
     let entry = job.entry;
-    let mut sha256 = sha2::Sha256::new();
-    let mut sha1 = sha1::Sha1::new();
-    if entry.sha256.is_none() {
-        sha1.update(format!("blob {}\0", entry.size).as_bytes());
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    let mut last = 0u64;
-    while at < entry.size {
-        let want = ((entry.size - at) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..want], at)
-            .at("reading", partial)?;
-        if entry.sha256.is_some() {
-            sha256.update(&buf[..want]);
-        } else {
-            sha1.update(&buf[..want]);
-        }
-        at += want as u64;
-        if at - last >= 64 << 20 || at == entry.size {
-            last = at;
-            on_event(FileEvent::Verifying {
-                file: &entry.path,
-                done: at,
-                total: entry.size,
-            });
-        }
-    }
-    let (got, expected) = match &entry.sha256 {
-        Some(h) => (hex(&sha256.finalize()), h.clone()),
-        None => (hex(&sha1.finalize()), entry.oid.to_ascii_lowercase()),
+    let lfs = entry.sha256.is_some();
+    let got = digest(file, entry.size, lfs, &mut |done| {
+        on_event(FileEvent::Verifying {
+            file: &entry.path,
+            done,
+            total: entry.size,
+        })
+    })
+    .at("reading", partial)?;
+    let expected = match &entry.sha256 {
+        Some(h) => h.clone(),
+        None => entry.oid.to_ascii_lowercase(),
     };
     if got != expected {
         return Err(Error::HashMismatch {
@@ -541,6 +523,44 @@ fn verify(
         });
     }
     Ok(())
+}
+
+/// The hub's identity of `size` bytes of `file`: their SHA-256 (an LFS file's), else their
+/// git blob id (SHA-1 of `blob <size>\0` and the bytes), hex. `progress` gets the bytes hashed
+/// every 64 MiB and at the end.
+pub(crate) fn digest(
+    file: &File,
+    size: u64,
+    lfs: bool,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<String> {
+    let mut sha256 = sha2::Sha256::new();
+    let mut sha1 = sha1::Sha1::new();
+    if !lfs {
+        sha1.update(format!("blob {size}\0").as_bytes());
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    let mut last = 0u64;
+    while at < size {
+        let want = ((size - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..want], at)?;
+        if lfs {
+            sha256.update(&buf[..want]);
+        } else {
+            sha1.update(&buf[..want]);
+        }
+        at += want as u64;
+        if at - last >= 64 << 20 || at == size {
+            last = at;
+            progress(at);
+        }
+    }
+    Ok(if lfs {
+        hex(&sha256.finalize())
+    } else {
+        hex(&sha1.finalize())
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {

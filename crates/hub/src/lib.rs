@@ -25,6 +25,7 @@ pub mod pick;
 mod ranges;
 mod reference;
 mod sparse;
+mod verify;
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,7 @@ pub use error::{Error, Result, human};
 pub use ranges::RangeSet;
 pub use reference::{HubRef, SCHEME};
 pub use sparse::Sparse;
+pub use verify::{Check, FileCheck};
 
 use client::Client;
 use error::IoContext;

@@ -444,6 +444,14 @@ fn a_shard_fetches_the_headers_then_only_its_ranges() {
     // Asking again fetches nothing.
     let again = hub.fetch_ranges(&got, &want, &mut |_| {}).unwrap();
     assert_eq!(again.fetched(), 0);
+    // A file held in part says how much is here; there is no hash to check it against.
+    let checks = hub.cache().verify(&r, &mut |_, _, _| {}).unwrap();
+    assert_eq!(
+        checks[0].check,
+        strata_hub::Check::Partial {
+            held: prefix + b.n_bytes
+        }
+    );
 
     // The whole pull takes only the rest, checks the file and makes it a blob.
     let pulled = pull(&hub, "hf:o/t").unwrap();
@@ -452,4 +460,16 @@ fn a_shard_fetches_the_headers_then_only_its_ranges() {
     let view = hub.headers(&r, &mut |_| {}).unwrap();
     assert!(view.complete());
     assert_same(&view.view, &bytes);
+    let checks = hub.cache().verify(&r, &mut |_, _, _| {}).unwrap();
+    assert!(matches!(&checks[0].check, strata_hub::Check::Verified { hash } if hash.len() == 64));
+    // A flipped byte in the blob is found.
+    let blob = checks[0].blob.clone();
+    let mut corrupt = bytes.clone();
+    corrupt[bytes.len() / 2] ^= 1;
+    std::fs::write(&blob, &corrupt).unwrap();
+    let checks = hub.cache().verify(&r, &mut |_, _, _| {}).unwrap();
+    assert!(matches!(
+        checks[0].check,
+        strata_hub::Check::Mismatch { .. }
+    ));
 }

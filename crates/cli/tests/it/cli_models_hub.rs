@@ -182,6 +182,24 @@ fn a_killed_pull_resumes_and_the_split_model_runs_like_the_catalog_one() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
+    // Every part checks against the hub's SHA-256, offline.
+    let out = w
+        .strata(&["models", "verify", &id])
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parts = report
+        .lines()
+        .filter(|l| l.starts_with("ok ") && l.contains(" sha256 "))
+        .count();
+    assert!(parts >= 2 && report.lines().count() == parts, "{report}");
+
     // In the cache now: running it asks the hub nothing and answers as the catalog model does.
     w.hub.reset().unwrap();
     let reference = w.answer(w.catalog.to_str().unwrap());
