@@ -135,6 +135,68 @@ pub(crate) fn held(cache: &HubCache, job: &Job<'_>) -> Result<Held> {
     })
 }
 
+/// Writes `bytes` at `at` into `job`'s partial file (made if missing) and records them as
+/// held: bytes that came from elsewhere than the hub (a cluster peer's copy of the range).
+/// Nothing happens to a file already complete.
+pub(crate) fn put(cache: &HubCache, job: &Job<'_>, at: u64, bytes: &[u8]) -> Result<()> {
+    let entry = job.entry;
+    let end = at.saturating_add(bytes.len() as u64);
+    if end > entry.size {
+        return Err(Error::Protocol {
+            url: format!("{}/{}", job.repo, entry.path),
+            message: format!("bytes {at}..{end} lie past the end ({})", entry.size),
+        });
+    }
+    let blob = cache.blob(job.repo, entry.etag());
+    if is_complete(&blob, entry.size) {
+        return Ok(());
+    }
+    let _lock = lock_blob(cache, job, &mut |_| {})?;
+    let now = held(cache, job)?;
+    if now.complete {
+        return Ok(());
+    }
+    if let Some(dir) = now.path.parent() {
+        std::fs::create_dir_all(dir).at("creating", dir)?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&now.path)
+        .at("opening", &now.path)?;
+    file.set_len(entry.size).at("sizing", &now.path)?;
+    file.write_all_at(bytes, at).at("writing", &now.path)?;
+    file.sync_data().at("syncing", &now.path)?;
+    let mut ranges = now.ranges;
+    ranges.insert(at, end);
+    ranges.save(&sibling(&blob, ".strata-partial.ranges"))
+}
+
+/// What the cache holds of the file `etag` of `repo` (a peer asks by these): its path and
+/// ranges, or `None`.
+pub(crate) fn holding(
+    cache: &HubCache,
+    repo: &str,
+    etag: &str,
+) -> Result<Option<(PathBuf, RangeSet)>> {
+    let blob = cache.blob(repo, etag);
+    if let Ok(md) = std::fs::metadata(&blob)
+        && md.is_file()
+    {
+        let mut whole = RangeSet::new();
+        whole.insert(0, md.len());
+        return Ok(Some((blob, whole)));
+    }
+    let partial = sibling(&blob, ".strata-partial");
+    if !partial.is_file() {
+        return Ok(None);
+    }
+    let ranges = RangeSet::load(&sibling(&blob, ".strata-partial.ranges"))?;
+    Ok(Some((partial, ranges)))
+}
+
 /// Makes the bytes `want` (half-open ranges) of `job`'s file present in the cache, fetching
 /// those not yet held into the sparse partial file. When that leaves every byte of the file
 /// held, the file is checked and becomes the complete blob, as [`fetch`] makes it.
@@ -151,24 +213,7 @@ pub(crate) fn fetch_ranges(
     if is_complete(&blob, entry.size) {
         return held(cache, job);
     }
-    let lock_path = cache.lock(job.repo, entry.etag());
-    if let Some(dir) = lock_path.parent() {
-        std::fs::create_dir_all(dir).at("creating", dir)?;
-    }
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .at("opening", &lock_path)?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            on_event(FileEvent::WaitingForLock { file: &entry.path });
-            lock.lock().at("locking", &lock_path)?;
-        }
-        Err(TryLockError::Error(e)) => return Err(e).at("locking", &lock_path),
-    }
+    let _lock = lock_blob(cache, job, on_event)?;
     let before = held(cache, job)?;
     if before.complete {
         return Ok(before);
@@ -252,6 +297,36 @@ pub(crate) fn fetch_ranges(
         ranges: now,
         fetched,
     })
+}
+
+/// Takes the lock the hub's clients take on a blob they write (`.locks/...`), waiting (and
+/// saying so) while another process holds it; the lock lasts as long as the file returned.
+fn lock_blob(
+    cache: &HubCache,
+    job: &Job<'_>,
+    on_event: &mut dyn FnMut(FileEvent<'_>),
+) -> Result<File> {
+    let lock_path = cache.lock(job.repo, job.entry.etag());
+    if let Some(dir) = lock_path.parent() {
+        std::fs::create_dir_all(dir).at("creating", dir)?;
+    }
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .at("opening", &lock_path)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            on_event(FileEvent::WaitingForLock {
+                file: &job.entry.path,
+            });
+            lock.lock().at("locking", &lock_path)?;
+        }
+        Err(TryLockError::Error(e)) => return Err(e).at("locking", &lock_path),
+    }
+    Ok(lock)
 }
 
 fn is_complete(blob: &Path, size: u64) -> bool {

@@ -131,6 +131,21 @@ impl Hub {
         )
     }
 
+    /// Writes bytes of file `i` of `model` that came from elsewhere (a cluster peer) at `at`,
+    /// recording them as held.
+    pub fn put_range(&self, model: &Sparse, i: usize, at: u64, bytes: &[u8]) -> Result<()> {
+        let entry = model
+            .files
+            .get(i)
+            .ok_or_else(|| Error::NoSuchModel(format!("{}: no file {i}", model.repo)))?;
+        let job = Job {
+            repo: &model.repo,
+            commit: &model.commit,
+            entry,
+        };
+        download::put(&self.cache, &job, at, bytes)
+    }
+
     /// One file's header, fetched in growing prefixes until it parses.
     fn header_of(&self, job: &Job<'_>, on_event: &mut dyn FnMut(FileEvent<'_>)) -> Result<Held> {
         let size = job.entry.size;
@@ -218,4 +233,19 @@ fn read_prefix(path: &std::path::Path, n: u64) -> Result<Vec<u8>> {
         .read_to_end(&mut buf)
         .at("reading", path)?;
     Ok(buf)
+}
+
+impl crate::HubCache {
+    /// What the cache holds of the file whose hub identity is `etag` in `repo` (`owner/name`):
+    /// the path of its bytes and the ranges there, or `None`. What a node answers a peer
+    /// asking for ranges; names that are not a repository and a hex identity are refused.
+    pub fn holding(&self, repo: &str, etag: &str) -> Result<Option<(PathBuf, crate::RangeSet)>> {
+        let hex = matches!(etag.len(), 40 | 64) && etag.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex || HubRef::parse(repo).map(|r| r.repo != repo).unwrap_or(true) {
+            return Err(Error::BadReference(format!(
+                "{repo:?} / {etag:?}: not a repository and a file identity"
+            )));
+        }
+        download::holding(self, repo, etag)
+    }
 }

@@ -444,6 +444,34 @@ fn a_shard_fetches_the_headers_then_only_its_ranges() {
     // Asking again fetches nothing.
     let again = hub.fetch_ranges(&got, &want, &mut |_| {}).unwrap();
     assert_eq!(again.fetched(), 0);
+    // Another cache takes b's bytes from this one (as a peer's node does) and then needs
+    // nothing more from the hub for them.
+    let etag = got.files[0].etag().to_string();
+    let (path, have) = hub.cache().holding("o/t", &etag).unwrap().unwrap();
+    assert!(have.gaps(b.offset, b.offset + b.n_bytes).is_empty());
+    assert!(hub.cache().holding("o/../t", &etag).is_err());
+    assert!(hub.cache().holding("o/t", "../../x").is_err());
+    let other = Hub::new(
+        &f.hub.endpoint(),
+        None,
+        HubCache::new(f.dir.path().join("other-cache")),
+    );
+    let theirs = other.headers(&r, &mut |_| {}).unwrap();
+    let mut piece = vec![0u8; b.n_bytes as usize];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &std::fs::File::open(&path).unwrap(),
+        &mut piece,
+        b.offset,
+    )
+    .unwrap();
+    other.put_range(&theirs, 0, b.offset, &piece).unwrap();
+    let before = f.hub.stats().cdn_bytes();
+    let theirs = other.fetch_ranges(&theirs, &want, &mut |_| {}).unwrap();
+    assert_eq!(theirs.fetched(), 0);
+    assert_eq!(f.hub.stats().cdn_bytes(), before);
+    let file = strata_gguf::GgufFile::open(&theirs.view).unwrap();
+    assert!(file.tensor_data(&b) == &bytes[b.offset as usize..(b.offset + b.n_bytes) as usize]);
+
     // A file held in part says how much is here; there is no hash to check it against.
     let checks = hub.cache().verify(&r, &mut |_, _, _| {}).unwrap();
     assert_eq!(

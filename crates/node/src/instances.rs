@@ -211,6 +211,9 @@ pub fn watch(child: &Arc<std::sync::Mutex<Child>>) {
 pub struct Rank0Start<'a> {
     /// The instance.
     pub spec: &'a InstanceSpec,
+    /// The model's path when it is already here (a shard fetched before the workers were
+    /// told where to join); `None` to resolve the model.
+    pub model_path: Option<std::path::PathBuf>,
     /// Its placement.
     pub placement: &'a Placement,
     /// The listener workers join (already bound, so its address could be published).
@@ -236,14 +239,9 @@ pub struct Rank0Start<'a> {
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
 pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
-    let model = &s.spec.request.model;
-    let shard = match s.placement.nodes.len() {
-        1 => None,
-        _ => crate::shard_fetch::shard_file(model, s.placement, 0, s.peers.arrival.as_ref())?,
-    };
-    let path = match shard {
+    let path = match s.model_path.clone() {
         Some(path) => path,
-        None => resolve(model, &s.peers)?,
+        None => resolve(&s.spec.request.model, &s.peers)?,
     };
     // The leader fills in the model's default when it places a request without one.
     let context = s

@@ -369,6 +369,16 @@ impl Read for Replies {
     }
 }
 
+/// Answers a peer's query with `{"error": e}` (the whole answer).
+pub(crate) fn reply_error(q: &zenoh::query::Query, e: &str) {
+    let _ = q
+        .reply(
+            q.key_expr().clone(),
+            serde_json::json!({ "error": e }).to_string(),
+        )
+        .wait();
+}
+
 /// Answers a peer's request for a model: the size and card, then the file, if it is an
 /// installed catalog model, built-in or imported (blocking; run it off the async threads).
 pub(crate) fn serve(q: &zenoh::query::Query) {
@@ -393,12 +403,7 @@ pub(crate) fn serve(q: &zenoh::query::Query) {
     })();
     let (mut f, len, card) = match file {
         Ok(x) => x,
-        Err(e) => {
-            let _ = q
-                .reply(key, serde_json::json!({ "error": e }).to_string())
-                .wait();
-            return;
-        }
+        Err(e) => return reply_error(q, &e),
     };
     let head = serde_json::json!({ "size": len, "card": card });
     if q.reply(key.clone(), head.to_string()).wait().is_err() {

@@ -104,12 +104,7 @@ pub(super) fn host(shared: &Arc<Shared>, snap: &Snapshot, table: &[InstanceSpec]
             let span = tracing::info_span!("instance", id = %k.0, epoch = k.1, rank);
             std::thread::spawn(move || {
                 let _span = span.enter();
-                let shard = crate::shard_fetch::shard_file(
-                    &model,
-                    &placement,
-                    rank,
-                    peers.arrival.as_ref(),
-                );
+                let shard = crate::shard_fetch::shard_file(&model, &placement, rank, &peers);
                 let started = match shard {
                     Ok(Some(path)) => Ok(path),
                     Ok(None) => transfer::resolve(&model, &peers),
@@ -191,7 +186,9 @@ pub(super) fn start_rank0(
         }
     };
     let coordinator = listener.local_addr().ok().map(|a| a.to_string());
-    let host = Host::new(spec, 0, coordinator, "starting".into());
+    // The workers learn where to join once this rank's shard of a hub model is here, so the
+    // ranges they share with it come from this node rather than the hub a second time.
+    let host = Host::new(spec, 0, None, "starting".into());
     let arrival = Arc::clone(&host.arrival);
     shared.state().hosted.insert(k.clone(), host);
     let shared = Arc::clone(shared);
@@ -200,21 +197,32 @@ pub(super) fn start_rank0(
     let span = tracing::info_span!("instance", id = %spec.id, epoch = spec.epoch, rank = 0);
     std::thread::spawn(move || {
         let _span = span.enter();
-        let result = instances::start_rank0(instances::Rank0Start {
-            spec: &spec,
-            placement: &p,
-            listener,
-            token,
-            threads: shared.threads,
-            emulate: shared.emulate,
-            transport: shared.transport,
-            keys: None,
-            shared_prefix_cache: shared.shared_prefix_cache,
-            served: shared.served_names.clone(),
-            peers: transfer::Peers {
-                arrival: Some(arrival),
-                ..peers_of(&shared)
-            },
+        let peers = transfer::Peers {
+            arrival: Some(arrival),
+            ..peers_of(&shared)
+        };
+        let shard = match p.nodes.len() {
+            1 => Ok(None),
+            _ => crate::shard_fetch::shard_file(&spec.request.model, &p, 0, &peers),
+        };
+        if let Some(h) = shared.state().hosted.get_mut(&k) {
+            h.info.coordinator = coordinator;
+        }
+        let result = shard.and_then(|model_path| {
+            instances::start_rank0(instances::Rank0Start {
+                spec: &spec,
+                model_path,
+                placement: &p,
+                listener,
+                token,
+                threads: shared.threads,
+                emulate: shared.emulate,
+                transport: shared.transport,
+                keys: None,
+                shared_prefix_cache: shared.shared_prefix_cache,
+                served: shared.served_names.clone(),
+                peers,
+            })
         });
         let mut guard = shared.state();
         let st = &mut *guard;

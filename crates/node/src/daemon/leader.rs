@@ -118,6 +118,10 @@ pub(super) async fn rpc_loop(
             tokio::task::spawn_blocking(move || transfer::serve(&q));
             continue;
         }
+        if op == "hubrange" {
+            tokio::task::spawn_blocking(move || crate::shard_fetch::serve_ranges(&q));
+            continue;
+        }
         // Its own task: a leader that has just started waits to hear its members before it
         // changes the table, and forwarded requests must not wait behind that.
         tokio::spawn(answer_leader_request(Arc::clone(&shared), q, op));
