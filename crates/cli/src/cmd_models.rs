@@ -178,6 +178,20 @@ fn import(store: &mut Store, path: &Path, id: Option<String>) -> anyhow::Result<
             id
         }
     };
+    // The store keeps one file per model: a part of a split set would arrive without the
+    // others and fail at load.
+    if let Some((_, no, count)) = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(strata_gguf::split::parse_name)
+    {
+        anyhow::bail!(
+            "{} is part {no} of a {count}-part split model, and the store imports single files: \
+             run it in place (-m {}), or merge it first (llama-gguf-split --merge)",
+            path.display(),
+            path.display()
+        );
+    }
     let meta = inspect(path).with_context(|| format!("{} cannot be imported", path.display()))?;
     let imported = store
         .import(path, &id, meta)

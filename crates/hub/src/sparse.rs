@@ -22,7 +22,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::{FileEvent, Hub, HubEvent, HubRef};
 
 /// The first bytes fetched of a file to find its header's end; doubled while too short.
-const FIRST_HEADER_BYTES: u64 = 1 << 20;
+const FIRST_HEADER_BYTES: u64 = 256 << 10;
 
 /// A hub model as far as it is here.
 #[derive(Debug, Clone)]

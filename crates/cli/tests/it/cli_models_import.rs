@@ -222,6 +222,18 @@ fn refused_imports_are_one_line_errors_and_leave_nothing_in_the_store() {
     );
     assert!(err.contains("unsupported architecture \"zzzzz\""), "{err}");
 
+    // A part of a split set: the store would hold it without the others.
+    let part = dir.path().join("m-00001-of-00002.gguf");
+    std::fs::copy(&good, &part).unwrap();
+    let err = fails(
+        &strata(&home, &["models", "import", part.to_str().unwrap()]),
+        "import of a split part",
+    );
+    assert!(
+        err.contains("part 1 of a 2-part split model") && err.contains("-m "),
+        "{err}"
+    );
+
     // A good file under a built-in id, a bad id, and a missing file.
     let good = good.to_str().unwrap();
     for (args, needle) in [
