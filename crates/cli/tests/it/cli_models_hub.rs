@@ -315,3 +315,63 @@ fn a_hub_that_keeps_failing_is_one_clear_line() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("404"), "{err}");
 }
+
+#[test]
+fn serve_pulls_a_hub_model_and_answers_for_it() {
+    use std::io::{BufRead, BufReader};
+    let w = world();
+    let id = format!("hf:{COPY}:Q4_1");
+    let mut child = w
+        .strata(&[
+            "serve",
+            "--model",
+            &id,
+            "--api-addr",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let url = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("strata serve exited before serving:\n{}", seen.join("\n"));
+        };
+        if let Some(at) = line.find("http://") {
+            break line[at..].split_whitespace().next().unwrap().to_string();
+        }
+        seen.push(line);
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let curl = |path: &str, body: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-m", "60", "-H", "content-type: application/json"]);
+        if let Some(b) = body {
+            c.args(["-d", b]);
+        }
+        let out = c.arg(format!("{url}{path}")).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let models: serde_json::Value = serde_json::from_str(&curl("/v1/models", None)).unwrap();
+    let name = models["data"][0]["id"].as_str().unwrap().to_string();
+    assert!(name.contains("SmolLM2-copy"), "{models}");
+    let body = serde_json::json!({
+        "model": name, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+    });
+    let answer: serde_json::Value =
+        serde_json::from_str(&curl("/v1/completions", Some(&body.to_string()))).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = answer["choices"][0]["text"].as_str().unwrap_or_default();
+    assert!(!text.is_empty(), "{answer}");
+    let total = std::fs::metadata(&w.catalog).unwrap().len();
+    assert!(
+        w.hub.stats().cdn_bytes() >= total * 9 / 10,
+        "serve fetched the model"
+    );
+}
