@@ -106,6 +106,19 @@ pub(crate) fn run(args: ModelsArgs) -> anyhow::Result<()> {
             println!("ok {id} sha256 {} {}", card.sha256, path.display());
             Ok(())
         }
+        ModelsCmd::Rm { id } if id.starts_with(strata_hub::SCHEME) => {
+            let r = strata_hub::HubRef::parse(&id[strata_hub::SCHEME.len()..])
+                .map_err(|why| anyhow::anyhow!("{id}: {why}"))?;
+            let cache = strata_hub::HubCache::from_env()
+                .context("no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)")?;
+            let gone = cache.remove(&r).with_context(|| format!("removing {id}"))?;
+            println!(
+                "removed {id}: {} file(s), {} freed",
+                gone.files,
+                strata_hub::human(gone.bytes)
+            );
+            Ok(())
+        }
         ModelsCmd::Rm { id } => {
             let imported = card(&store, &id, "rm")?.is_import();
             if store.remove(&id)? {

@@ -24,6 +24,7 @@ mod error;
 pub mod pick;
 mod ranges;
 mod reference;
+mod remove;
 mod sparse;
 mod verify;
 
@@ -35,6 +36,7 @@ pub use download::{FileEvent, Held, Transfer};
 pub use error::{Error, Result, human};
 pub use ranges::RangeSet;
 pub use reference::{HubRef, SCHEME};
+pub use remove::Removed;
 pub use sparse::Sparse;
 pub use verify::{Check, FileCheck};
 

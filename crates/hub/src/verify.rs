@@ -46,7 +46,8 @@ pub struct FileCheck {
     pub check: Check,
 }
 
-fn names_under(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+/// Every file's path under `dir`, relative, `/`-separated, links included.
+pub(crate) fn names_under(dir: &Path, prefix: &str, out: &mut Vec<String>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };

@@ -501,3 +501,32 @@ fn a_shard_fetches_the_headers_then_only_its_ranges() {
         strata_hub::Check::Mismatch { .. }
     ));
 }
+
+#[test]
+fn removing_a_model_keeps_the_rest_of_the_repository() {
+    let f = fixture(|b| b);
+    let hub = f.client(None);
+    let q4 = pull(&hub, "hf:o/r:Q4_K_M").unwrap();
+    let q8 = pull(&hub, "hf:o/r:Q8_0").unwrap();
+    let gone = hub.cache().remove(&reference("hf:o/r:Q8_0")).unwrap();
+    assert_eq!(gone.files, 3);
+    assert_eq!(gone.bytes, 3 * PART as u64);
+    assert!(
+        q8.paths
+            .iter()
+            .all(|p| std::fs::symlink_metadata(p).is_err())
+    );
+    assert!(hub.cache().find(&reference("hf:o/r:Q8_0")).is_err());
+    assert_same(&q4.paths[0], &f.original("o/r", "m-Q4_K_M.gguf"));
+    assert_eq!(
+        hub.cache().find(&reference("hf:o/r:Q4_K_M")).unwrap(),
+        q4.paths[0]
+    );
+    // The last model of the snapshot takes the snapshot and its ref with it.
+    hub.cache().remove(&reference("hf:o/r:Q4_K_M")).unwrap();
+    let repo = f.cache().join("models--o--r");
+    assert!(!repo.join("snapshots").join(&q4.commit).exists());
+    assert!(!repo.join("refs/main").exists());
+    assert_eq!(std::fs::read_dir(repo.join("blobs")).unwrap().count(), 0);
+    assert!(hub.cache().remove(&reference("hf:o/r:Q4_K_M")).is_err());
+}

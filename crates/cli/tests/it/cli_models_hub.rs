@@ -227,6 +227,13 @@ fn run_pulls_a_model_it_does_not_have_and_lists_it() {
     let list = String::from_utf8_lossy(&list.stdout);
     assert!(list.contains(&format!("hf:{COPY}:Q4_1")), "{list}");
 
+    // `models rm` takes it out of the hub cache again.
+    let out = w.output(&["models", "rm", &id]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("removed"), "{said}");
+    let list = w.output(&["models", "list"]);
+    assert!(!String::from_utf8_lossy(&list.stdout).contains(COPY));
+
     // Offline, the cache still serves it and a model not there is a clear error.
     let out = w
         .strata(&["run", "-m", &format!("hf:{REPO}:Q4_1"), "hi"])
