@@ -191,9 +191,10 @@ impl Hub {
             .repo_dir(&repo)
             .join(".strata-views")
             .join(&commit);
-        // The hub's clients take a repository folder without snapshots for a broken one.
-        let snapshots = self.cache.repo_dir(&repo).join("snapshots");
-        std::fs::create_dir_all(&snapshots).at("creating", &snapshots)?;
+        // The hub's clients take a ref to a commit without a snapshot folder for a broken
+        // cache: the commit's folder exists, holding links to complete files only.
+        let snapshot = self.cache.snapshot(&repo, &commit);
+        std::fs::create_dir_all(&snapshot).at("creating", &snapshot)?;
         for (entry, h) in files.iter().zip(&held) {
             let link = dir.join(&entry.path);
             if let Some(parent) = link.parent() {
