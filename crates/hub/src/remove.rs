@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::verify::names_under;
 use crate::{HubCache, HubRef, pick};
 
 /// What [`HubCache::remove`] took away.
@@ -16,6 +15,25 @@ pub struct Removed {
     pub files: usize,
     /// Bytes of blobs (and partial files) deleted: those no other snapshot links to.
     pub bytes: u64,
+}
+
+/// Every file's path under `dir`, relative, `/`-separated, links included.
+pub(crate) fn names_under(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
+        match e.file_type() {
+            Ok(t) if t.is_dir() => names_under(&e.path(), &rel, out),
+            _ => out.push(rel),
+        }
+    }
 }
 
 /// Every link under `dir` and where it leads.

@@ -5,7 +5,7 @@
 //! A file held in part (a node's shard) cannot be checked that way: the hub publishes whole-file
 //! hashes only. Its report says how much of it is here instead.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::download::digest;
 use crate::error::{Error, IoContext, Result};
@@ -46,25 +46,6 @@ pub struct FileCheck {
     pub check: Check,
 }
 
-/// Every file's path under `dir`, relative, `/`-separated, links included.
-pub(crate) fn names_under(dir: &Path, prefix: &str, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let rel = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
-        };
-        match e.file_type() {
-            Ok(t) if t.is_dir() => names_under(&e.path(), &rel, out),
-            _ => out.push(rel),
-        }
-    }
-}
-
 impl HubCache {
     /// Checks every file of the model `r` names that the cache holds, whole or in part.
     pub fn verify(
@@ -99,9 +80,7 @@ impl HubCache {
         } else {
             return Err(missing());
         };
-        let mut names = Vec::new();
-        names_under(&dir, "", &mut names);
-        let models = pick::models(&names);
+        let models = pick::models(&pick::ggufs_in(&dir));
         let model = pick::choose(&models, &r.pick, &what).map_err(Error::NoSuchModel)?;
         let mut out = Vec::new();
         for path in &model.files {

@@ -183,10 +183,7 @@ fn copy_from(
         .timeout(std::time::Duration::from_secs(3600))
         .wait()
         .map_err(Error::control)?;
-    let next = || -> Option<Vec<u8>> {
-        let r = replies.recv().ok()?;
-        Some(r.result().ok()?.payload().to_bytes().to_vec())
-    };
+    let next = || crate::transfer::next(&replies);
     let head = next().ok_or_else(|| Error::Instance("no answer".into()))?;
     let head: serde_json::Value =
         serde_json::from_slice(&head).map_err(|e| Error::Instance(e.to_string()))?;

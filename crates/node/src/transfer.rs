@@ -339,7 +339,10 @@ fn peer_import_card(head: &serde_json::Value, id: &str) -> Result<ModelCard> {
     Ok(card)
 }
 
-fn next(replies: &zenoh::handlers::FifoChannelHandler<zenoh::query::Reply>) -> Option<Vec<u8>> {
+/// The next reply's bytes, `None` when the replies end (or one is an error).
+pub(crate) fn next(
+    replies: &zenoh::handlers::FifoChannelHandler<zenoh::query::Reply>,
+) -> Option<Vec<u8>> {
     let r = replies.recv().ok()?;
     Some(r.result().ok()?.payload().to_bytes().to_vec())
 }

@@ -114,6 +114,24 @@ fn visible(state: &State, id: &str, headers: &HeaderMap, files: bool) -> Result<
     Ok(repo)
 }
 
+/// The answer a request of `kind` about `owner/name` gets before anything else: an injected
+/// fault, or the repository's refusal; else the repository. Files (`resolve`) may be gated
+/// where the listing is not.
+fn admit(
+    state: &State,
+    kind: Kind,
+    owner: &str,
+    name: &str,
+    headers: &HeaderMap,
+) -> Result<(String, Repo), Refusal> {
+    if let Some(r) = fault(state, kind) {
+        return Err(Box::new(r));
+    }
+    let id = format!("{owner}/{name}");
+    let repo = visible(state, &id, headers, kind == Kind::Resolve)?;
+    Ok((id, repo))
+}
+
 fn commit_of<'a>(repo: &'a Repo, rev: &str) -> Result<&'a str, Refusal> {
     repo.resolve(rev).ok_or_else(|| {
         Box::new(hub_error(
@@ -141,12 +159,8 @@ async fn info_at(
 }
 
 fn model_info(state: &State, owner: &str, name: &str, rev: &str, headers: &HeaderMap) -> Response {
-    if let Some(r) = fault(state, Kind::Api) {
-        return r;
-    }
-    let id = format!("{owner}/{name}");
-    let repo = match visible(state, &id, headers, false) {
-        Ok(r) => r,
+    let (id, repo) = match admit(state, Kind::Api, owner, name, headers) {
+        Ok(x) => x,
         Err(e) => return *e,
     };
     let commit = match commit_of(&repo, rev) {
@@ -210,12 +224,8 @@ fn tree(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Response {
-    if let Some(r) = fault(state, Kind::Api) {
-        return r;
-    }
-    let id = format!("{owner}/{name}");
-    let repo = match visible(state, &id, headers, false) {
-        Ok(r) => r,
+    let (id, repo) = match admit(state, Kind::Api, owner, name, headers) {
+        Ok(x) => x,
         Err(e) => return *e,
     };
     if let Err(e) = commit_of(&repo, rev) {
@@ -263,12 +273,8 @@ async fn resolve(
     method: Method,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = fault(&state, Kind::Resolve) {
-        return r;
-    }
-    let id = format!("{owner}/{name}");
-    let repo = match visible(&state, &id, &headers, true) {
-        Ok(r) => r,
+    let (_, repo) = match admit(&state, Kind::Resolve, &owner, &name, &headers) {
+        Ok(x) => x,
         Err(e) => return *e,
     };
     let commit = match commit_of(&repo, &rev) {
