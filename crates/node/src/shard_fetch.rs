@@ -11,21 +11,20 @@ use std::path::PathBuf;
 
 use strata_cluster::Placement;
 use strata_gguf::GgufFile;
-use strata_hub::{HubEvent, HubRef, Sparse};
+use strata_hub::{Hub, HubEvent, HubRef, Sparse};
 use strata_store::Store;
 use zenoh::Wait as _;
 
 use crate::transfer::{ArrivalSlot, Peers, update_arrival};
 use crate::{Error, Result};
 
-/// The hub reference `spec` names and the store whose hub fetches it, when `spec` is an `hf:`
-/// id this node can reach a hub for and whose files its cache does not hold whole.
-fn hub_source(spec: &str) -> Result<Option<(Store, HubRef)>> {
+/// The hub reference `spec` names and the hub that fetches it, when `spec` is an `hf:` id
+/// this node can reach a hub for and whose files its cache does not hold whole.
+fn hub_source(spec: &str) -> Result<Option<(Hub, HubRef)>> {
     let Some(rest) = spec.strip_prefix(strata_hub::SCHEME) else {
         return Ok(None);
     };
-    let store = Store::from_env()?;
-    let Some(hub) = store.hub() else {
+    let Some(hub) = Store::from_env()?.hub().cloned() else {
         return Ok(None);
     };
     let Ok(r) = HubRef::parse(rest) else {
@@ -34,7 +33,7 @@ fn hub_source(spec: &str) -> Result<Option<(Store, HubRef)>> {
     if hub.cache().find(&r).is_ok() {
         return Ok(None);
     }
-    Ok(Some((store, r)))
+    Ok(Some((hub, r)))
 }
 
 fn hub_error(spec: &str, e: strata_hub::Error) -> Error {
@@ -65,10 +64,7 @@ fn note(slot: Option<&ArrivalSlot>, ev: &HubEvent<'_>) {
 /// For planning: the model's headers, fetched alone when `spec` is a hub model not whole in
 /// the cache (`None` otherwise: plan from the file as usual).
 pub(crate) fn header_file(spec: &str) -> Result<Option<GgufFile>> {
-    let Some((store, r)) = hub_source(spec)? else {
-        return Ok(None);
-    };
-    let Some(hub) = store.hub() else {
+    let Some((hub, r)) = hub_source(spec)? else {
         return Ok(None);
     };
     let sparse = hub
@@ -87,17 +83,14 @@ pub(crate) fn shard_file(
     peers: &Peers,
 ) -> Result<Option<PathBuf>> {
     let arrival = peers.arrival.as_ref();
-    let Some((store, r)) = hub_source(spec)? else {
-        return Ok(None);
-    };
-    let Some(hub) = store.hub() else {
+    let Some((hub, r)) = hub_source(spec)? else {
         return Ok(None);
     };
     let sparse = hub
         .headers(&r, &mut |e| note(arrival, &e))
         .map_err(|e| hub_error(spec, e))?;
     let want = shard_ranges(&sparse, placement, rank)?;
-    let copied = from_peers(hub, &sparse, &want, peers);
+    let copied = from_peers(&hub, &sparse, &want, peers);
     let got = hub
         .fetch_ranges(&sparse, &want, &mut |e| note(arrival, &e))
         .map_err(|e| hub_error(spec, e))?;
@@ -129,12 +122,7 @@ struct RangeAsk {
 /// Copies from peers the ranges of `want` this node lacks and they hold (a range crosses the
 /// internet once: the rank that fetched it first serves it to the others). Failures are
 /// logged and leave the ranges to the hub. Returns the bytes copied.
-fn from_peers(
-    hub: &strata_hub::Hub,
-    sparse: &Sparse,
-    want: &[Vec<(u64, u64)>],
-    peers: &Peers,
-) -> u64 {
+fn from_peers(hub: &Hub, sparse: &Sparse, want: &[Vec<(u64, u64)>], peers: &Peers) -> u64 {
     let mut copied = 0;
     for (i, entry) in sparse.files.iter().enumerate() {
         let held = &sparse.held[i].ranges;
@@ -167,7 +155,7 @@ fn from_peers(
 
 /// Asks `peer` for `ask`'s ranges and writes what it sends; returns the ranges written.
 fn copy_from(
-    hub: &strata_hub::Hub,
+    hub: &Hub,
     sparse: &Sparse,
     i: usize,
     ask: &RangeAsk,

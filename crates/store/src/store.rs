@@ -106,14 +106,9 @@ impl Store {
     /// ids not in the hub cache are pulled from the hub `HF_ENDPOINT` names
     /// ([`Hub::from_env`], with the token it finds).
     pub fn from_env() -> Result<Store> {
-        Store::from_env_with_token(None)
-    }
-
-    /// [`from_env`](Self::from_env), reading the hub token from `token_file` (a
-    /// `--hf-token-file`) rather than from `HF_TOKEN` or the hub CLI's login.
-    pub fn from_env_with_token(token_file: Option<&Path>) -> Result<Store> {
         let root = root_from_env(std::env::var_os("STRATA_HOME"), std::env::var_os("HOME"))?;
-        let hub = Hub::from_env(token_file)?;
+        // A `--hf-token-file` reaches here through `strata_hub::use_token_file`.
+        let hub = Hub::from_env(None)?;
         Ok(Store::new(root)
             .with_elsewhere(Elsewhere::from_env())
             .with_hub(hub))
