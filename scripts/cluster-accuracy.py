@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The planner against `strata bench cluster`, over several runs of it.
+"""The planner against `strata-bench cluster`, over several runs of it.
 
 One `bench cluster` run compares every figure with the prediction its nodes' probes gave, but
 on a shared VM the same configuration measures 15-25 % apart in runs minutes apart (two busy
@@ -59,13 +59,13 @@ def main():
         for i in range(a.runs):
             path = os.path.join(out_dir, f"cluster-run-{i + 1}.json")
             print(f"run {i + 1} of {a.runs} -> {path}", file=sys.stderr)
-            subprocess.run([a.strata, "bench", "cluster", "-m", a.model, "--links", a.links,
+            subprocess.run([os.path.join(os.path.dirname(a.strata), "strata-bench"), "cluster", "-m", a.model, "--links", a.links,
                             "--strategies", a.strategies, "--no-llama", "--json", path],
                            check=True, stdout=subprocess.DEVNULL)
             docs.append(json.load(open(path)))
     runs = [dict(((k, (m, p)) for k, m, p in figures(d))) for d in docs]
     keys = [k for k, _, _ in figures(docs[0]) if all(k in r for r in runs)]
-    print(f"{len(docs)} runs of `strata bench cluster` ({docs[0].get('cpu', '?')}); "
+    print(f"{len(docs)} runs of `strata-bench cluster` ({docs[0].get('cpu', '?')}); "
           "tok/s, measured median [lowest-highest], predicted median, error of the medians, "
           "each run's error")
     print()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The planner against strata's own measurements on this machine.
 
-Runs (or reads) `strata bench scaling --json` and asks `strata plan --json` to predict every
+Runs (or reads) `strata-bench scaling --json` and asks `strata plan --json` to predict every
 configuration it measured: one process on 1 and 2 threads, two single-threaded ranks with
 each strategy over shared memory and TCP, and the emulated-latency sweep. Prints one Markdown
 table with the error of each prediction.
@@ -29,7 +29,7 @@ def plan(strata, model, *args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
-    ap.add_argument("--bench", help="a saved `strata bench scaling --json` (default: run it)")
+    ap.add_argument("--bench", help="a saved `strata-bench scaling --json` (default: run it)")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--bound", type=float, default=0.15)
     ap.add_argument("--save", help="write the bench scaling JSON it ran here (for --bench later)")
@@ -37,7 +37,7 @@ def main():
     if a.bench:
         bench = json.load(open(a.bench))
     else:
-        out = subprocess.run([a.strata, "bench", "scaling", "-m", a.model, "-r", "5", "--json"],
+        out = subprocess.run([os.path.join(os.path.dirname(a.strata), "strata-bench"), "scaling", "-m", a.model, "-r", "5", "--json"],
                              check=True, capture_output=True, text=True)
         bench = json.loads(out.stdout)
         if a.save:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws `strata bench cluster --json` results.
+"""Draws `strata-bench cluster --json` results.
 
 Usage: python3 scripts/plot-cluster.py RESULT.json [MORE.json ...] OUT_DIR
 Needs matplotlib. For each run writes OUT_DIR/cluster-<model>.png with two panels:
@@ -54,7 +54,7 @@ def plot(run, out):
     bx.set_title("Inter-token latency at the largest level")
     bx.legend()
     bx.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"strata bench cluster: {os.path.basename(run['model'])}, {run['threads_per_node']} "
+    fig.suptitle(f"strata-bench cluster: {os.path.basename(run['model'])}, {run['threads_per_node']} "
                  f"thread(s) per node, {run['cpu']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the plots of BENCHMARKS.md from `strata bench scaling --json` output.
+"""Draws the plots of BENCHMARKS.md from `strata-bench scaling --json` output.
 
 Usage: python3 scripts/plot-scaling.py [--prefix NAME] [--relative] RESULT.json [MORE.json ...] OUT_DIR
 Each JSON file is one run (e.g. SmolLM2 and a synthetic 1B model); needs matplotlib.

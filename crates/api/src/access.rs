@@ -14,9 +14,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiError;
-use crate::auth::Verdict;
 use crate::server::AppState;
 use crate::tenancy::Tenant;
+use strata_http::auth::Verdict;
 
 /// The name a request is counted under in `strata_http_requests_total`.
 fn endpoint(path: &str) -> &str {
@@ -47,7 +47,7 @@ fn endpoint(path: &str) -> &str {
 pub(crate) fn is_open(method: &Method, path: &str, headers: &HeaderMap) -> bool {
     let read = method == Method::GET || method == Method::HEAD;
     (read && matches!(path, "/" | "/health" | "/metrics" | "/openapi.json"))
-        || crate::dashboard::is_open(method, path, headers)
+        || strata_http::dashboard::is_open(method, path, headers)
 }
 
 /// The key check for every route that needs one, and the request counter for every route.
@@ -55,7 +55,7 @@ pub(crate) async fn guard(State(st): State<Arc<AppState>>, req: Request, next: N
     let path = req.uri().path().to_string();
     let resp = match &st.keys {
         Some(keys) if !is_open(req.method(), &path, req.headers()) => {
-            let auth = crate::auth::presented(req.headers());
+            let auth = strata_http::auth::presented(req.headers());
             match keys.check(auth.as_deref()) {
                 // The slot goes with the answer: a stream holds it until its last event.
                 Verdict::Allowed(grant, slot) => {
@@ -89,7 +89,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     fn keyed() -> Arc<AppState> {
-        let keys = crate::auth::Keys::parse("sk-alpha-123456 name=alice", None).unwrap();
+        let keys = strata_http::auth::Keys::parse("sk-alpha-123456 name=alice", None).unwrap();
         crate::testkit::tiny_state_with(crate::Shared::new(Some(keys), 1)).unwrap()
     }
 

@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 use strata_tokenizer::Tokenizer;
 
 use crate::call_format::CallFormat;
-use crate::scheduler::Constraint;
 use crate::tools::{self, Choice};
 use crate::types::Tool;
+use strata_scheduler::Constraint;
 
 /// JSON layout every constrained output uses: one space after `:` and `,`, no other
 /// whitespace, so a weak model cannot pad the output forever. Leniently: keywords the grammar

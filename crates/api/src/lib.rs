@@ -15,22 +15,15 @@
 #![warn(missing_docs)]
 
 mod access;
-pub mod auth;
-pub mod browser;
 pub(crate) mod call_format;
-pub mod dashboard;
-pub(crate) mod error;
 pub(crate) mod grammar;
 mod harmony;
-pub mod listen;
 mod messages;
-pub(crate) mod metrics;
 mod ollama;
 pub(crate) mod output;
 pub mod pull;
 pub(crate) mod responses;
 pub(crate) mod routing;
-pub(crate) mod scheduler;
 #[cfg(test)]
 mod schema_fuzz;
 pub(crate) mod schema_limits;
@@ -44,13 +37,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use error::{ApiError, Dialect};
+pub use strata_http::{ApiError, Dialect};
 /// Prompt tokens a scheduler round (a pipeline's pass) prefills while other sequences are
 /// generating; what a prompt arriving among live streams costs depends on it.
-pub use scheduler::LIVE_CHUNK;
+pub use strata_scheduler::LIVE_CHUNK;
 
 use strata_engine::{Batch, Model};
 use strata_gguf::GgufFile;
+use strata_http::{auth, listen};
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
 /// Why the server cannot start.
@@ -253,8 +247,8 @@ pub fn start_engine(
         .max(8);
     let shared = opts.shared;
     let label = shared.several.then_some(opts.model_id.as_str());
-    let metrics = Arc::new(metrics::Metrics::register(&shared.registry, label));
-    let scheduler = scheduler::Scheduler::start(
+    let metrics = Arc::new(strata_scheduler::Metrics::register(&shared.registry, label));
+    let scheduler = strata_scheduler::Scheduler::start(
         engine,
         Arc::clone(&tokenizer),
         opts.queue,
@@ -333,7 +327,7 @@ impl Shared {
         Shared {
             keys: keys.map(Arc::new),
             responses: Arc::default(),
-            registry: metrics::Metrics::registry(),
+            registry: strata_scheduler::Metrics::registry(),
             prepare: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),

@@ -26,7 +26,6 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
 use crate::output::Piece;
-use crate::scheduler::Event;
 use crate::server::{
     Answer, AppState, Ending, Prepared, Reply, body_bytes, prepare_chat_request, prepared,
     rendered_chat,
@@ -34,6 +33,7 @@ use crate::server::{
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
 };
+use strata_scheduler::Event;
 
 /// `POST /v1/messages` (and, without `max_tokens`, `count_tokens`).
 #[derive(Debug, Deserialize)]

@@ -26,7 +26,6 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
 use crate::output::Piece;
-use crate::scheduler::Event;
 use crate::server::{
     Answer, AppState, Ending, Prepared, Reply, body_bytes, prepare_chat_request,
     prepare_completion_request, prepared, run,
@@ -34,6 +33,7 @@ use crate::server::{
 use crate::types::{
     ChatRequest, CompletionRequest, FunctionCall, Message, Sampling, Tool, ToolCall, parse_body,
 };
+use strata_scheduler::Event;
 
 /// The Ollama version strata answers as: the API it follows.
 const OLLAMA_VERSION: &str = "0.12.0";

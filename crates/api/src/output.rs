@@ -9,8 +9,8 @@
 
 use crate::call_format::CallFormat;
 use crate::harmony::{Event, Kind, Messages};
-use crate::scheduler::TokenLogprob;
 use crate::tools::ParsedCall;
+use strata_scheduler::TokenLogprob;
 
 /// One thing to tell the client.
 #[derive(Debug, Clone, PartialEq)]

@@ -25,12 +25,12 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
 use crate::output::Piece;
-use crate::scheduler::Event;
 use crate::server::{Answer, AppState, Ending, Prepared, Reply, prepare_chat_request};
 use crate::tools::ParsedCall;
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
 };
+use strata_scheduler::Event;
 
 /// How many bytes of stored conversations are kept (serialised), at most.
 const STORE_BUDGET: usize = 64 << 20;

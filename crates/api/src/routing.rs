@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceExt as _;
 
-use crate::error::ApiError;
+use crate::ApiError;
 use crate::server::{self, AppState};
 
 /// The routes of `models` (at least one) behind one address.
@@ -73,7 +73,7 @@ async fn dispatch(State(served): State<Served>, req: Request) -> Response {
         pick(&served, id)
     } else if req.method() == Method::POST && names_model_in_body(&path) {
         // A request without a valid key goes where it is refused before its body is read.
-        let auth = crate::auth::presented(req.headers());
+        let auth = strata_http::auth::presented(req.headers());
         if first
             .keys
             .as_ref()

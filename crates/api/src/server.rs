@@ -21,15 +21,15 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
-use crate::auth::Keys;
 use crate::call_format::CallFormat;
 use crate::grammar::Grammars;
-use crate::metrics::Metrics;
 use crate::output::{Output, Piece};
-use crate::scheduler::{Constraint, Event, Finish, Job, Scheduler, SubmitError, TokenLogprob};
 use crate::tenancy::Tenant;
 use crate::tools::{self, Choice};
 use crate::types::{ChatRequest, CompletionRequest, Message, Sampling, parse_body};
+use strata_http::auth::Keys;
+use strata_scheduler::Metrics;
+use strata_scheduler::{Constraint, Event, Finish, Job, Scheduler, SubmitError, TokenLogprob};
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -154,14 +154,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
-        .merge(crate::dashboard::routes())
+        .merge(strata_http::dashboard::routes())
         .fallback(fallback)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::access::guard,
         ))
-        .layer(middleware::from_fn(crate::error::in_dialect))
+        .layer(middleware::from_fn(strata_http::in_dialect))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -169,8 +169,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// What answers here: the dashboard to a browser; to clients (Claude Code probes `HEAD /`
 /// before its first request) a line of JSON naming the service.
 async fn root(State(st): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
-    if crate::dashboard::wants_page(&headers) {
-        return crate::dashboard::index();
+    if strata_http::dashboard::wants_page(&headers) {
+        return strata_http::dashboard::index();
     }
     Json(json!({"service": "strata", "model": st.model_id})).into_response()
 }

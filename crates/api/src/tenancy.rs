@@ -13,13 +13,9 @@
 use sha2::{Digest, Sha256};
 use strata_engine::prefix::Partition;
 
-use crate::ApiError;
+use strata_http::ApiError;
 
-/// Who sent a request, as the key check named them: a request extension set by the server's
-/// key check (or a cluster node's, for the requests it runs or forwards), never by a header a
-/// client could write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub String);
+pub use strata_http::auth::Tenant;
 
 /// Longest `cache_salt` taken, in bytes.
 pub(crate) const MAX_SALT: usize = 256;

@@ -2,14 +2,14 @@
 //! found in string") names no range, so counts are parsed here and say what they take.
 
 /// A count of zero or more.
-pub(crate) fn count(s: &str) -> Result<usize, String> {
+pub fn count(s: &str) -> Result<usize, String> {
     s.trim()
         .parse::<usize>()
         .map_err(|_| format!("takes a whole number, 0 or more (got {s:?})"))
 }
 
 /// A count of one or more.
-pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
+pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!("takes a whole number, 1 or more (got {s:?})")),

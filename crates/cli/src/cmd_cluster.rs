@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::de::DeserializeOwned;
-use strata_api::auth::Keys;
+use strata_http::auth::Keys;
 use strata_node::daemon::{NodeOptions, Status};
 use strata_node::{ClusterKey, Profile, identity};
 
@@ -165,7 +165,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
 
 /// How to reach a node's API.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct NodeAddr {
+pub struct NodeAddr {
     /// The node's API (default: $STRATA_NODE, else http://127.0.0.1:8000).
     #[arg(long)]
     node: Option<String>,
@@ -176,7 +176,7 @@ pub(crate) struct NodeAddr {
 
 impl NodeAddr {
     /// The node at `url`, without a key.
-    pub(crate) fn at(url: &str) -> NodeAddr {
+    pub fn at(url: &str) -> NodeAddr {
         NodeAddr {
             node: Some(url.to_string()),
             api_key: None,
@@ -214,7 +214,7 @@ impl NodeAddr {
     }
 
     /// GET or POST `path` and parse the JSON answer; a non-2xx answer becomes its message.
-    pub(crate) fn call<T: DeserializeOwned>(
+    pub fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
@@ -593,7 +593,7 @@ pub(crate) fn load(a: LoadArgs) -> Result<()> {
 }
 
 /// Waits until rank 0 of the newest epoch of `instance` reports ready (or failed).
-pub(crate) fn wait_ready(node: &NodeAddr, instance: &str, limit: Duration) -> Result<()> {
+pub fn wait_ready(node: &NodeAddr, instance: &str, limit: Duration) -> Result<()> {
     let t = std::time::Instant::now();
     loop {
         let s: Status = node.call("GET", "/v1/cluster/status", None)?;

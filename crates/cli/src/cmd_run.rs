@@ -268,7 +268,7 @@ pub(crate) fn template_source(spec: &str) -> Result<String> {
     Ok(source)
 }
 
-pub(crate) fn resolve_model(spec: &str) -> Result<PathBuf> {
+pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     let store = Store::from_env()?;
     let mut progress = TerminalProgress::stderr();
     let resolved = store.resolve_with(spec, &mut |ev| progress.handle(ev));

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use strata_api::browser::BrowserPolicy;
-use strata_api::listen::{HttpOptions, Limits, default_max_connections};
-use strata_api::{ServeOptions, auth::Keys};
+use strata_api::ServeOptions;
+use strata_http::auth::Keys;
+use strata_http::browser::BrowserPolicy;
+use strata_http::listen::{HttpOptions, Limits, default_max_connections};
 
 use crate::cmd_run::resolve_model;
 

@@ -24,47 +24,47 @@ pub(crate) use strata_parallel::TOKEN_ENV;
 
 /// How a run is split across ranks.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct ShardOpts {
+pub struct ShardOpts {
     /// Number of ranks (processes); 1 runs in this process.
     #[arg(long, default_value_t = 1)]
-    pub(crate) ranks: usize,
+    pub ranks: usize,
     /// How ranks divide the model.
     #[arg(long, value_enum, default_value_t = StrategyArg::Tensor)]
-    pub(crate) strategy: StrategyArg,
+    pub strategy: StrategyArg,
     /// Ranks per pipeline stage with `--strategy hybrid`.
     #[arg(long, default_value_t = 2)]
-    pub(crate) tp_size: usize,
+    pub tp_size: usize,
     /// How tensor-parallel ranks combine results: `gather` is bit-identical to one process,
     /// `reduce` exchanges half as often.
     #[arg(long, value_enum, default_value_t = CombineArg::Gather)]
-    pub(crate) tp_combine: CombineArg,
+    pub tp_combine: CombineArg,
     /// The data plane between ranks.
     #[arg(long, value_enum, default_value_t = TransportArg::Shm)]
-    pub(crate) transport: TransportArg,
+    pub transport: TransportArg,
     /// Emulated one-way link latency added to every message (e.g. 300us, 1ms).
     #[arg(long, value_parser = parse_latency)]
-    pub(crate) link_latency: Option<Duration>,
+    pub link_latency: Option<Duration>,
     /// Emulated link bandwidth cap (e.g. 10gbit, 800MB/s).
     #[arg(long, value_parser = parse_bandwidth)]
-    pub(crate) link_bandwidth: Option<f64>,
+    pub link_bandwidth: Option<f64>,
     /// How long a rank may go without hearing from a peer (no data, no heartbeat; heartbeats
     /// flow several times a second) before the run stops with an error.
     #[arg(long, default_value = "1500ms", value_parser = parse_latency)]
-    pub(crate) link_timeout: Duration,
+    pub link_timeout: Duration,
     /// Compute threads per rank (default: the cores divided among the ranks).
     #[arg(long)]
-    pub(crate) threads_per_rank: Option<usize>,
+    pub threads_per_rank: Option<usize>,
     /// Relative weight of each rank (memory or speed), comma-separated; default equal.
     #[arg(long, value_delimiter = ',')]
-    pub(crate) rank_weights: Option<Vec<f64>>,
+    pub rank_weights: Option<Vec<f64>>,
     /// Rank 0 listens here and waits for workers started by hand with `strata worker`
     /// (token in $STRATA_TOKEN); without it, workers are started on this host.
     #[arg(long)]
-    pub(crate) listen: Option<SocketAddr>,
-    /// Sends the data plane unprotected: set only by `strata bench scaling
+    pub listen: Option<SocketAddr>,
+    /// Sends the data plane unprotected: set only by `strata-bench scaling
     /// --insecure-plaintext-comparison` to measure what sealing costs, never by a run.
     #[arg(skip)]
-    pub(crate) insecure_plaintext: bool,
+    pub insecure_plaintext: bool,
 }
 
 fn parse_latency(s: &str) -> std::result::Result<Duration, String> {
@@ -77,7 +77,7 @@ fn parse_bandwidth(s: &str) -> std::result::Result<f64, String> {
 
 /// `--strategy`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub(crate) enum StrategyArg {
+pub enum StrategyArg {
     /// Every rank on every layer (fast links).
     Tensor,
     /// Each rank a range of layers (slow links).
@@ -90,7 +90,7 @@ pub(crate) enum StrategyArg {
 
 /// `--tp-combine`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub(crate) enum CombineArg {
+pub enum CombineArg {
     /// Row-parallel projections and all-gathers (bit-identical to one process).
     Gather,
     /// Partial sums and all-reduces (fewer exchanges).
@@ -99,7 +99,7 @@ pub(crate) enum CombineArg {
 
 /// `--transport`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub(crate) enum TransportArg {
+pub enum TransportArg {
     /// Shared memory (ranks on one host).
     Shm,
     /// TCP.
@@ -222,8 +222,8 @@ impl Drop for Workers {
 }
 
 /// A running sharded instance: rank 0 (a sequence engine) and its workers.
-pub(crate) struct Session {
-    pub(crate) engine: ShardedBatch,
+pub struct Session {
+    pub engine: ShardedBatch,
     pub(crate) workers: Workers,
     pub(crate) tokenizer: std::sync::Arc<Tokenizer>,
     pub(crate) template: Option<ChatTemplate>,
@@ -231,7 +231,7 @@ pub(crate) struct Session {
 
 impl Session {
     /// Shuts every rank down and reaps the workers.
-    pub(crate) fn close(mut self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
         let sent = self.engine.shutdown();
         drop(self.engine);
         let report = self.workers.reap(Duration::from_secs(5));
@@ -243,7 +243,7 @@ impl Session {
     }
 
     /// Turns a failure of the run into one error that also says what happened to the workers.
-    pub(crate) fn fail(mut self, err: anyhow::Error) -> anyhow::Error {
+    pub fn fail(mut self, err: anyhow::Error) -> anyhow::Error {
         // Healthy workers are told to stop (best effort: after a broken link this may fail,
         // and the closed links stop them instead).
         let _ = self.engine.shutdown();
@@ -259,7 +259,7 @@ impl Session {
 }
 
 /// Starts a sharded instance of the model at `path` as rank 0.
-pub(crate) fn launch(
+pub fn launch(
     path: &std::path::Path,
     opts: &ShardOpts,
     n_ctx: Option<usize>,

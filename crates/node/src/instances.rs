@@ -228,7 +228,7 @@ pub struct Rank0Start<'a> {
     /// this host's).
     pub transport: strata_net::Transport,
     /// API keys for the instance's routes.
-    pub keys: Option<strata_api::auth::Keys>,
+    pub keys: Option<strata_http::auth::Keys>,
     /// One prefix-cache partition for every key ([`strata_api::tenancy`]).
     pub shared_prefix_cache: bool,
     /// Every model the cluster serves (the instance's "not found" lists them).

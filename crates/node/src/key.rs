@@ -69,7 +69,7 @@ impl ClusterKey {
 
     /// Reads a key file.
     pub fn load(path: &Path) -> Result<ClusterKey> {
-        strata_api::auth::check_private(path, "the cluster key file").map_err(Error::BadKey)?;
+        strata_http::auth::check_private(path, "the cluster key file").map_err(Error::BadKey)?;
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         ClusterKey::parse(&text).map_err(|e| match e {
             Error::BadKey(why) => Error::BadKey(format!("{}: {why}", path.display())),

@@ -2,7 +2,7 @@
 //! and `strata run`'s one sequence both drive it, as they drive the one-process [`Batch`]. Every
 //! live sequence goes through the ranks in one batched step, split into one micro-batch per
 //! pipeline stage so the stages work at once. It also times prefill and decode passes for
-//! `strata bench scaling`.
+//! `strata-bench scaling`.
 //!
 //! [`Batch`]: strata_engine::Batch
 

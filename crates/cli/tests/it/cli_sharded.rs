@@ -785,7 +785,7 @@ fn answers_through_the_api(
     let addr = listener.local_addr().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = rt.spawn(async move {
-        let http = strata_api::listen::HttpOptions::default();
+        let http = strata_http::listen::HttpOptions::default();
         strata_api::serve(listener, vec![state], &http, async {
             let _ = stopped.await;
         })

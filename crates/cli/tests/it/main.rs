@@ -1,7 +1,6 @@
 //! The CLI's end-to-end tests, one module per command or scenario, in one test binary: each
 //! binary links the whole dependency graph, so one instead of eight saves most of the build.
 
-mod cli_bench;
 mod cli_cluster;
 mod cli_dashboard;
 mod cli_hardening;

@@ -7,7 +7,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/", get(root))
-        .merge(strata_api::dashboard::routes())
+        .merge(strata_http::dashboard::routes())
         .route("/v1/cluster/status", get(status))
         .route("/v1/cluster/models", get(models))
         .route("/v1/cluster/whoami", get(whoami))
@@ -56,12 +56,12 @@ pub(super) fn authorize(
         ),
         Verdict::Allowed(_, slot) => return Ok(slot),
         Verdict::Unknown => error(StatusCode::UNAUTHORIZED, "a valid API key is required"),
-        Verdict::Limited(secs) => strata_api::ApiError::with_status(
+        Verdict::Limited(secs) => strata_http::ApiError::with_status(
             StatusCode::TOO_MANY_REQUESTS,
             format!("rate limit reached for this key; retry in {secs:.1} s"),
         )
         .retry_after(secs),
-        Verdict::Busy(limit) => strata_api::ApiError::key_busy(limit).retry_after(1.0),
+        Verdict::Busy(limit) => strata_http::ApiError::key_busy(limit).retry_after(1.0),
     };
     Err(Box::new(refused))
 }
@@ -71,7 +71,7 @@ pub(super) fn authorize(
 /// an unknown path included, would be handed to an instance, perhaps on another node.
 pub(super) fn is_open(method: &axum::http::Method, path: &str, headers: &HeaderMap) -> bool {
     let read = method == axum::http::Method::GET || method == axum::http::Method::HEAD;
-    (read && path == "/health") || strata_api::dashboard::is_open(method, path, headers)
+    (read && path == "/health") || strata_http::dashboard::is_open(method, path, headers)
 }
 
 /// Every route but those [`is_open`] lets through needs a key whenever the node has keys.
@@ -80,7 +80,7 @@ pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next:
     let Some(keys) = shared.keys.as_ref().filter(|_| !open) else {
         return next.run(req).await;
     };
-    let auth = strata_api::auth::presented(req.headers());
+    let auth = strata_http::auth::presented(req.headers());
     match authorize(keys, req.uri().path(), auth.as_deref()) {
         // The slot goes with the answer: a stream, forwarded from whichever node serves the
         // model, holds it until its last event.
@@ -89,8 +89,7 @@ pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next:
             // cached prompt blocks are its own.
             let mut req = req;
             if let Some(name) = keys.name_of(auth.as_deref()) {
-                req.extensions_mut()
-                    .insert(strata_api::tenancy::Tenant(name));
+                req.extensions_mut().insert(strata_http::auth::Tenant(name));
             }
             slot.hold(next.run(req).await)
         }
@@ -100,13 +99,13 @@ pub(super) async fn guard(State(shared): State<Arc<Shared>>, req: Request, next:
 
 /// An error in the API's shape (OpenAI's, or Anthropic's on its routes).
 pub(super) fn error(status: StatusCode, msg: &str) -> Response {
-    strata_api::ApiError::with_status(status, msg).into_response()
+    strata_http::ApiError::with_status(status, msg).into_response()
 }
 
 /// The dashboard to a browser; anything else goes to the instance served here, as before.
 pub(super) async fn root(State(shared): State<Arc<Shared>>, req: Request) -> Response {
-    if strata_api::dashboard::wants_page(req.headers()) {
-        return strata_api::dashboard::index();
+    if strata_http::dashboard::wants_page(req.headers()) {
+        return strata_http::dashboard::index();
     }
     to_instance(State(shared), req).await
 }
@@ -118,7 +117,7 @@ pub(super) async fn whoami(State(shared): State<Arc<Shared>>, headers: HeaderMap
         return Json(serde_json::json!({ "keys": false, "admin": true, "name": null }))
             .into_response();
     };
-    let auth = strata_api::auth::presented(&headers);
+    let auth = strata_http::auth::presented(&headers);
     // The guard has counted this request already, and refused unknown keys.
     match keys.grant(auth.as_deref()) {
         Some(g) => Json(serde_json::json!({

@@ -282,7 +282,7 @@ pub(super) async fn serve_forwarded(shared: Arc<Shared>, q: zenoh::query::Query)
             }
             if let Some(t) = &head.tenant {
                 req.extensions_mut()
-                    .insert(strata_api::tenancy::Tenant(t.clone()));
+                    .insert(strata_http::auth::Tenant(t.clone()));
             }
             match router.oneshot(req).await {
                 Ok(r) => r,
@@ -339,7 +339,7 @@ pub(super) async fn forward(
         instance: instance.map(str::to_string),
         tenant: parts
             .extensions
-            .get::<strata_api::tenancy::Tenant>()
+            .get::<strata_http::auth::Tenant>()
             .map(|t| t.0.clone()),
     };
     let head = serde_json::to_vec(&head).unwrap_or_default();

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_api::auth::{Keys, Role, Slot, Verdict};
 use strata_cluster as placement;
+use strata_http::auth::{Keys, Role, Slot, Verdict};
 
 use crate::control::{Control, ControlConfig, LinkReport, NodeState, Snapshot, now_ms};
 use crate::instances::{self, Hosted, InstanceSpec, LoadRequest, Running};
@@ -80,7 +80,7 @@ pub struct NodeOptions {
     /// key's cached prompt blocks are its own, see [`strata_api::tenancy`]).
     pub shared_prefix_cache: bool,
     /// Browser checks, deadlines and the connection cap of the HTTP API.
-    pub http: strata_api::listen::HttpOptions,
+    pub http: strata_http::listen::HttpOptions,
     /// An emulated link (`--emulate-link-latency`, `--emulate-link-bandwidth`): added to every
     /// data-plane message of the instances this node leads (their workers learn it at the
     /// handshake) and to the links this node measures and publishes, so the planner sees the
@@ -453,7 +453,7 @@ pub async fn run(
         }
     };
     let served =
-        strata_api::listen::serve(listener, router(Arc::clone(&shared)), &opts.http, stop).await;
+        strata_http::listen::serve(listener, router(Arc::clone(&shared)), &opts.http, stop).await;
     publisher.abort();
     prober.abort();
     watcher.abort();

@@ -426,6 +426,12 @@ impl Keys {
     }
 }
 
+/// Who sent a request, as the key check named them: a request extension set by the server's
+/// key check (or a cluster node's, for the requests it runs or forwards), never by a header a
+/// client could write. The API server partitions its prefix cache by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

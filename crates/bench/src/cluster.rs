@@ -1,4 +1,4 @@
-//! `strata bench cluster`: serving speed through the OpenAI API, on the path users take.
+//! `strata-bench cluster`: serving speed through the OpenAI API, on the path users take.
 //!
 //! It starts `strata node` processes on this machine (loopback ports, `--threads` each, so one
 //! node is one core when `--threads 1`), emulates the link between them in the data plane at
@@ -26,10 +26,10 @@ use strata_cluster::{StrategyChoice, Workload};
 use strata_node::daemon::Status;
 use strata_node::instances::{InstanceSpec, LoadRequest};
 
-use crate::cmd_bench::median;
-use crate::cmd_cluster::NodeAddr;
+use crate::engine::median;
+use strata::cmd_cluster::NodeAddr;
 
-/// `strata bench cluster`.
+/// `strata-bench cluster`.
 #[derive(Debug, Args)]
 pub(crate) struct ClusterArgs {
     /// Model id from the catalog or a path to a GGUF file.
@@ -77,7 +77,7 @@ pub(crate) struct ClusterArgs {
     #[arg(long)]
     work_dir: Option<PathBuf>,
     #[command(flatten)]
-    llama: crate::cmd_bench::LlamaOpts,
+    llama: crate::engine::LlamaOpts,
 }
 
 /// One level of concurrent clients.
@@ -210,7 +210,7 @@ fn start_nodes(
     link: &LinkSetting,
     model_dir: Option<&Path>,
 ) -> Result<Nodes> {
-    let exe = std::env::current_exe().context("finding the strata binary")?;
+    let exe = crate::strata_exe()?;
     let key = dir.join("cluster.key");
     let mut nodes = Nodes {
         children: Vec::new(),
@@ -629,7 +629,7 @@ fn prefill(url: &str, model: &str, words: usize, tag: &str) -> Result<(usize, f6
 /// Loads the model, waits until it serves, and returns its spec.
 fn load(node: &NodeAddr, req: &LoadRequest) -> Result<InstanceSpec> {
     let spec: InstanceSpec = serde_json::from_value(ask_load(node, req)?)?;
-    crate::cmd_cluster::wait_ready(node, &spec.id, Duration::from_secs(900))?;
+    strata::cmd_cluster::wait_ready(node, &spec.id, Duration::from_secs(900))?;
     Ok(spec)
 }
 
@@ -676,9 +676,9 @@ impl LevelWork {
     /// round holds); every later one arrives among live streams and runs a `LIVE_CHUNK` a
     /// round. A stream's decoding waits for the other clients' prompts (its own came before
     /// its first token). A pipeline runs those chunks as passes beside the groups' steps, but
-    /// crediting that overlap (a pass costing the streams `live / stages`) put the 4-client
-    /// predictions 15-30 points further off over three runs (BENCHMARKS, "Session 33"), so
-    /// its prompts are priced like everyone's.
+    /// crediting that overlap (a pass costing the streams `live / stages`) puts the 4-client
+    /// predictions 15-30 points further off in measurement, so its prompts are priced like
+    /// everyone's.
     fn predict(&self, steady: f64, whole: f64, live: f64) -> (f64, f64) {
         let c = self.clients.max(1);
         let first = if c == 1 {
@@ -893,7 +893,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
         .iter()
         .map(|s| strategy_choice(s, a.nodes))
         .collect::<Result<Vec<_>>>()?;
-    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let path = strata::cmd_run::resolve_model(&a.model)?;
     let file = strata_gguf::GgufFile::open(&path)?;
     let facts = strata_cluster::ModelFacts::from_gguf(&file)?;
     drop(file);
@@ -911,7 +911,7 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
     };
     let cpu = cpu_name();
     eprintln!(
-        "strata bench cluster: {} on {cpu}; work directory {}",
+        "strata-bench cluster: {} on {cpu}; work directory {}",
         a.model,
         dir.display()
     );
@@ -1022,12 +1022,11 @@ pub(crate) fn cluster(a: ClusterArgs) -> Result<()> {
 fn llama_rpc(a: &ClusterArgs, model: &Path) -> Option<serde_json::Value> {
     let exe = a.llama.find()?;
     let rpc = exe.with_file_name("ggml-rpc-server");
-    let alone =
-        crate::cmd_bench::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &[]);
+    let alone = crate::engine::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &[]);
     let split = if rpc.is_file() {
-        crate::cmd_bench_scaling::start_rpc_servers(&rpc, a.nodes).and_then(|(_servers, list)| {
+        crate::scaling::start_rpc_servers(&rpc, a.nodes).and_then(|(_servers, list)| {
             let extra = ["-rpc".to_string(), list, "-ngl".into(), "99".into()];
-            crate::cmd_bench::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &extra)
+            crate::engine::run_llama_bench(&exe, model, 1, a.prefill_tokens, a.tokens, 3, &extra)
         })
     } else {
         Err(anyhow::anyhow!("{} not found", rpc.display()))
@@ -1041,7 +1040,7 @@ fn llama_rpc(a: &ClusterArgs, model: &Path) -> Option<serde_json::Value> {
 
 fn print_table(a: &ClusterArgs, cpu: &str, rows: &[Row], llama: Option<&serde_json::Value>) {
     println!(
-        "strata bench cluster: {} on {cpu}; {} thread(s) per node; {} tokens per request, {} requests per client; planner's prediction in brackets, its error in %\n",
+        "strata-bench cluster: {} on {cpu}; {} thread(s) per node; {} tokens per request, {} requests per client; planner's prediction in brackets, its error in %\n",
         a.model, a.threads, a.tokens, a.rounds
     );
     println!(

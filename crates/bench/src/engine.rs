@@ -1,4 +1,4 @@
-//! `strata bench engine`: single-node prefill and decode speed, side by side with llama.cpp's
+//! `strata-bench engine`: single-node prefill and decode speed, side by side with llama.cpp's
 //! own `llama-bench` on the same GGUF in the same run, against the memory-bandwidth roofline.
 //!
 //! The tests mirror llama-bench's: `pp N` is one prefill of N random tokens from an empty cache,
@@ -12,53 +12,31 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand};
+use clap::Args;
 use serde_json::{Value, json};
 use strata_engine::Generator;
 
-/// `strata bench`.
-#[derive(Debug, Args)]
-pub(crate) struct BenchArgs {
-    #[command(subcommand)]
-    cmd: BenchCmd,
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCmd {
-    /// Single-node prefill and decode tok/s against llama.cpp and the memory roofline.
-    #[command(allow_negative_numbers = true)]
-    Engine(EngineArgs),
-    /// Sharded speed: 1 process vs 2 ranks (tensor, pipeline; shm, tcp), a link-latency sweep,
-    /// and llama.cpp's RPC backend.
-    #[command(allow_negative_numbers = true)]
-    Scaling(crate::cmd_bench_scaling::ScalingArgs),
-    /// Serving speed of a cluster through the OpenAI API: N nodes on this machine over
-    /// emulated links, each strategy, 1/4/16 concurrent clients, against one node and
-    /// llama.cpp's RPC backend, beside the planner's predictions.
-    Cluster(crate::cmd_bench_cluster::ClusterArgs),
-}
-
-/// `strata bench engine`.
+/// `strata-bench engine`.
 #[derive(Debug, Args)]
 pub(crate) struct EngineArgs {
     /// Model id from the catalog or a path to a GGUF file.
     #[arg(long, short = 'm', default_value = strata_store::DEFAULT_MODEL_ID)]
     model: String,
     /// Thread counts to measure, comma-separated.
-    #[arg(long, short = 't', value_delimiter = ',', default_values_t = [1usize, 2], value_parser = crate::args::at_least_one)]
+    #[arg(long, short = 't', value_delimiter = ',', default_values_t = [1usize, 2], value_parser = strata::args::at_least_one)]
     threads: Vec<usize>,
     /// Prompt tokens of the prefill test (llama-bench `-p`).
-    #[arg(long, default_value_t = 512, value_parser = crate::args::at_least_one)]
+    #[arg(long, default_value_t = 512, value_parser = strata::args::at_least_one)]
     pp: usize,
     /// Generated tokens of the decode test (llama-bench `-n`).
-    #[arg(long, default_value_t = 128, value_parser = crate::args::at_least_one)]
+    #[arg(long, default_value_t = 128, value_parser = strata::args::at_least_one)]
     tg: usize,
     /// Tokens already in the context when each test starts (llama-bench `-d`): decode and
     /// prefill speed at depth, where attention over the cache costs as much as the weights.
-    #[arg(long, short = 'd', default_value_t = 0, value_parser = crate::args::count)]
+    #[arg(long, short = 'd', default_value_t = 0, value_parser = strata::args::count)]
     depth: usize,
     /// Rounds per thread count (strata then llama-bench, interleaved); medians are reported.
-    #[arg(long, short = 'r', default_value_t = 5, value_parser = crate::args::at_least_one)]
+    #[arg(long, short = 'r', default_value_t = 5, value_parser = strata::args::at_least_one)]
     repetitions: usize,
     #[command(flatten)]
     llama: LlamaOpts,
@@ -93,14 +71,6 @@ impl LlamaOpts {
             );
         }
         found
-    }
-}
-
-pub(crate) fn run(args: BenchArgs) -> Result<()> {
-    match args.cmd {
-        BenchCmd::Engine(a) => engine(a),
-        BenchCmd::Scaling(a) => crate::cmd_bench_scaling::scaling(a),
-        BenchCmd::Cluster(a) => crate::cmd_bench_cluster::cluster(a),
     }
 }
 
@@ -154,14 +124,14 @@ pub(crate) fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn engine(a: EngineArgs) -> Result<()> {
+pub(crate) fn engine(a: EngineArgs) -> Result<()> {
     if a.threads.is_empty() || a.threads.contains(&0) {
         bail!("--threads needs thread counts of at least 1");
     }
     if a.pp == 0 || a.tg == 0 || a.repetitions == 0 {
         bail!("--pp, --tg and --repetitions must be at least 1");
     }
-    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let path = strata::cmd_run::resolve_model(&a.model)?;
     let llama = a.llama.find();
     let depth_arg = if a.depth > 0 {
         vec!["-d".to_string(), a.depth.to_string()]

@@ -1,17 +1,20 @@
-//! End-to-end test of `strata bench engine`: a real process measuring the real model.
+//! End-to-end tests of `strata-bench`: real processes measuring the real model.
+//!
+//! `cluster` starts `strata node` processes from the `strata` binary beside `strata-bench`:
+//! `cargo test --workspace` builds both (with `-p strata-bench` alone, build `strata` first).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 
-/// Runs `strata bench engine --no-llama --json` with `args` on the default model and returns
+/// Runs `strata-bench engine --no-llama --json` with `args` on the default model and returns
 /// its JSON report.
 fn bench_json(args: &[&str]) -> serde_json::Value {
     strata_store::Store::from_env()
         .expect("store")
         .ensure("smollm2-135m-instruct")
         .expect("default model");
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "engine", "--no-llama", "--json"])
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["engine", "--no-llama", "--json"])
         .args(args)
         .output()
         .expect("running strata");
@@ -74,9 +77,34 @@ fn bench_engine_measures_at_depth() {
 }
 
 #[test]
+fn bench_refuses_bad_options_in_one_line() {
+    let missing = "/nonexistent/strata-test-model.gguf";
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["engine", "-m", missing, "--depth", "-1"],
+            "'--depth <DEPTH>': takes a whole number, 0 or more",
+        ),
+        (
+            &["engine", "-m", missing, "--pp", "0"],
+            "'--pp <PP>': takes a whole number, 1 or more",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+            .args(args)
+            .output()
+            .expect("running strata-bench");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn bench_engine_rejects_zero_threads() {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "engine", "--no-llama", "--threads", "0"])
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["engine", "--no-llama", "--threads", "0"])
         .output()
         .expect("running strata");
     assert!(!out.status.success());
@@ -85,7 +113,7 @@ fn bench_engine_rejects_zero_threads() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// `strata bench cluster` end to end, small: one node and two nodes over an emulated
+/// `strata-bench cluster` end to end, small: one node and two nodes over an emulated
 /// Thunderbolt-TCP link (300 us), tensor and pipeline, 1 and 2 streaming clients through the
 /// OpenAI API, every figure beside the planner's prediction.
 #[test]
@@ -96,8 +124,8 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
         .expect("default model");
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("cluster.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "cluster", "--no-llama", "--links", "tb-tcp"])
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["cluster", "--no-llama", "--links", "tb-tcp"])
         .args(["--strategies", "tensor,pipeline", "--streams", "1,2"])
         .args(["--tokens", "6", "--rounds", "1", "--prefill-tokens", "32"])
         .args(["--ctx-size", "512", "--json"])
@@ -179,8 +207,8 @@ fn bench_cluster_measures_every_strategy_through_the_api() {
 
 #[test]
 fn bench_cluster_names_an_unknown_link() {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "cluster", "--no-llama", "--links", "tb9-warp"])
+    let out = Command::new(env!("CARGO_BIN_EXE_strata-bench"))
+        .args(["cluster", "--no-llama", "--links", "tb9-warp"])
         .output()
         .expect("running strata");
     assert!(!out.status.success());

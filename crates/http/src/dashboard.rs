@@ -1,7 +1,7 @@
 //! The web dashboard: plain HTML, CSS and JavaScript modules embedded in the binary, served at
 //! `/` (to browsers) and `/ui/FILE` by `strata serve` and by every `strata node`.
 //!
-//! There is no front-end build step: the files in `crates/api/dashboard/` are what the browser
+//! There is no front-end build step: the files in `crates/http/dashboard/` are what the browser
 //! runs, so `cargo build` stays the whole set-up and the UI can be read and changed like any
 //! other source. The pages carry no data of their own: everything they show comes from the API
 //! with the key the user types in, so they are served without a key (a node with keys shows a

@@ -297,10 +297,7 @@ fn anthropic_type(e: &ApiError) -> &'static str {
 }
 
 /// Rewrites error responses in the dialect of the path asked (see [`Dialect`]).
-pub(crate) async fn in_dialect(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+pub async fn in_dialect(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let dialect = Dialect::of_path(req.uri().path());
     dialect.rewrite(next.run(req).await)
 }

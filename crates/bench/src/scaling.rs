@@ -1,4 +1,4 @@
-//! `strata bench scaling`: how decoding and prefill speed change as a model is split across
+//! `strata-bench scaling`: how decoding and prefill speed change as a model is split across
 //! ranks, over shared memory and TCP, and as the link gets slower.
 //!
 //! Every configuration runs in one go, side by side: one process with 1 and with 2 threads (the
@@ -21,10 +21,10 @@ use serde::Serialize;
 use serde_json::json;
 use strata_engine::Generator;
 
-use crate::cmd_bench::{median, random_tokens, run_llama_bench};
-use crate::cmd_shard::{CombineArg, ShardOpts, StrategyArg, TransportArg};
+use crate::engine::{median, random_tokens, run_llama_bench};
+use strata::cmd_shard::{CombineArg, ShardOpts, StrategyArg, TransportArg};
 
-/// `strata bench scaling`.
+/// `strata-bench scaling`.
 #[derive(Debug, Args)]
 pub(crate) struct ScalingArgs {
     /// Model id from the catalog or a path to a GGUF file.
@@ -51,7 +51,7 @@ pub(crate) struct ScalingArgs {
     #[arg(long)]
     insecure_plaintext_comparison: bool,
     #[command(flatten)]
-    llama: crate::cmd_bench::LlamaOpts,
+    llama: crate::engine::LlamaOpts,
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
@@ -144,7 +144,7 @@ impl Ctx<'_> {
             link_timeout: Duration::from_secs(5),
             insecure_plaintext: plaintext,
         };
-        let session = crate::cmd_shard::launch(
+        let session = strata::cmd_shard::launch(
             self.path,
             &opts,
             Some(a.pp + a.tg + 8),
@@ -258,7 +258,7 @@ fn hidden_state_sealing_us(model: &Path) -> Option<f64> {
 /// process, then a 2-way split by each of `strategies`, with each rank's share of the single
 /// figure.
 fn peak_rss(model: &Path, strategies: &[&str]) -> Result<serde_json::Value> {
-    let exe = std::env::current_exe().context("finding the strata binary")?;
+    let exe = crate::strata_exe()?;
     let run = |extra: &[&str]| -> Result<Vec<f64>> {
         let out = Command::new(&exe)
             .arg("run")
@@ -353,7 +353,7 @@ pub(crate) fn scaling(a: ScalingArgs) -> Result<()> {
         .iter()
         .map(|s| strata_net::parse_latency(s).map_err(anyhow::Error::from))
         .collect::<Result<Vec<_>>>()?;
-    let path = crate::cmd_run::resolve_model(&a.model)?;
+    let path = strata::cmd_run::resolve_model(&a.model)?;
     let (vocab, moe) = {
         let f = strata_gguf::GgufFile::open(&path)?;
         let cfg = strata_engine::ModelConfig::from_gguf(&f)?;

@@ -93,7 +93,7 @@ pub async fn serve(
     let limits = opts.limits.clone();
     let body_timeout = limits.body_timeout;
     let app = browser::protect(router, &opts.browser)
-        .layer(middleware::from_fn(crate::error::in_dialect))
+        .layer(middleware::from_fn(crate::in_dialect))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             body_deadline(body_timeout, req, next)
         }));
