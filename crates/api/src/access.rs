@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::tenancy::Tenant;
 use strata_http::auth::Verdict;
 
@@ -94,7 +94,7 @@ mod tests {
     }
 
     async fn status(st: &Arc<AppState>, req: axum::http::Request<Body>) -> StatusCode {
-        let app = crate::server::router(Arc::clone(st));
+        let app = crate::router::router(Arc::clone(st));
         app.oneshot(req).await.unwrap().status()
     }
 

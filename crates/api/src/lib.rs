@@ -1,33 +1,40 @@
-//! strata's OpenAI-compatible HTTP API.
+//! strata's API server for one or more models: OpenAI's chat completions, completions and
+//! Responses, Anthropic's Messages and Ollama's API over the continuous-batching scheduler
+//! ([`strata_scheduler`]), behind the HTTP surface it shares with the cluster node
+//! ([`strata_http`]).
 //!
-//! - [`server`]: axum routes for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//!   Anthropic's `/v1/messages` (translated in `messages`),
-//!   `/health`, `/metrics` and `/openapi.json`, with OpenAI-style errors for every failure.
-//! - `scheduler`: continuous batching over a [`strata_engine::Sequences`] engine (the
-//!   one-process [`strata_engine::Batch`], or rank 0 of a sharded model, built by the node).
-//! - `grammar`, `tools` and `call_format`: tool calls in each model family's syntax and
-//!   JSON output, constrained by llguidance.
-//! - [`auth`]: API keys (constant-time check) and per-key token buckets.
-//! - [`dashboard`]: the web UI (plain JavaScript modules embedded in the binary).
-//! - `metrics`: Prometheus counters, gauges and histograms.
-//! - [`listen`] and [`browser`]: the connection server (deadlines, a connection cap, graceful
-//!   shutdown) and the browser checks (Host, Origin, JSON bodies, CORS) of every HTTP surface.
+//! How a request flows, module by module (no module below imports one above it):
+//! - `router` ([`router()`]): the routes; `routing` picks the model's router when several
+//!   models share an address, and `access` checks keys.
+//! - the dialects, one module each: `openai`, `messages` (Anthropic), `responses`, `ollama`.
+//!   Each translates its request into OpenAI's chat or completion request and writes the
+//!   answer back in its own shape (the `answer::Reply` it implements).
+//! - `answer`: submits a prepared request to the scheduler and builds the answer from its
+//!   events; `output` reads text, stop sequences and tool calls out of the tokens.
+//! - `prepare`: checks a request, renders its chat through the template, tokenises it and
+//!   compiles its constraint; `grammar`, `tools` and `call_format` give tool calls in each
+//!   model family's syntax and JSON output, constrained by llguidance.
+//! - `state` ([`AppState`]): what every handler of one model shares.
 #![warn(missing_docs)]
 
 mod access;
+mod answer;
 pub(crate) mod call_format;
 pub(crate) mod grammar;
 mod harmony;
 mod messages;
 mod ollama;
+mod openai;
 pub(crate) mod output;
+mod prepare;
 pub mod pull;
 pub(crate) mod responses;
+mod router;
 pub(crate) mod routing;
 #[cfg(test)]
 mod schema_fuzz;
 pub(crate) mod schema_limits;
-pub mod server;
+mod state;
 pub mod tenancy;
 pub mod testkit;
 pub(crate) mod tools;
@@ -37,6 +44,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use router::router;
+pub use state::{AppState, unix_now};
 pub use strata_http::{ApiError, Dialect};
 /// Prompt tokens a scheduler round (a pipeline's pass) prefills while other sequences are
 /// generating; what a prompt arriving among live streams costs depends on it.
@@ -122,7 +131,7 @@ pub fn check_bind(
 }
 
 /// Loads the model and starts the engine thread.
-pub fn start(opts: ServeOptions) -> Result<Arc<server::AppState>, StartError> {
+pub fn start(opts: ServeOptions) -> Result<Arc<AppState>, StartError> {
     let file = GgufFile::open(&opts.model_path)?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
     let template = match opts.chat_template {
@@ -229,7 +238,7 @@ pub fn start_engine(
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     opts: EngineOptions,
-) -> Result<Arc<server::AppState>, StartError> {
+) -> Result<Arc<AppState>, StartError> {
     let n_ctx = engine.n_ctx();
     let format = call_format::CallFormat::detect(template.as_ref().map(ChatTemplate::source));
     let grammars =
@@ -254,7 +263,7 @@ pub fn start_engine(
         opts.queue,
         Arc::clone(&metrics),
     )?;
-    Ok(Arc::new(server::AppState {
+    Ok(Arc::new(AppState {
         model_id: opts.model_id,
         tokenizer,
         template,
@@ -269,7 +278,7 @@ pub fn start_engine(
         responses: shared.responses,
         aliases: opts.aliases,
         defaults: opts.defaults,
-        created: server::unix_now(),
+        created: unix_now(),
         max_token_bytes,
         prepare: shared.prepare,
         served: shared.served,
@@ -284,7 +293,7 @@ pub fn start_engine(
 #[derive(Debug, Clone)]
 pub struct Shared {
     keys: Option<Arc<auth::Keys>>,
-    responses: Arc<responses::Store>,
+    responses: Arc<responses::store::Store>,
     registry: Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
     prepare: Arc<tokio::sync::Semaphore>,
     several: bool,
@@ -366,7 +375,7 @@ impl Shared {
 /// names.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    models: Vec<Arc<server::AppState>>,
+    models: Vec<Arc<AppState>>,
     http: &listen::HttpOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {

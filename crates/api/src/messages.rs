@@ -25,11 +25,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
+use crate::answer::{Answer, Ending, Reply};
 use crate::output::Piece;
-use crate::server::{
-    Answer, AppState, Ending, Prepared, Reply, body_bytes, prepare_chat_request, prepared,
-    rendered_chat,
-};
+use crate::prepare::{Prepared, body_bytes, prepare_chat_request, prepared, rendered_chat};
+use crate::state::AppState;
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
 };
@@ -79,10 +78,10 @@ pub(crate) struct Shape {
 /// `POST /v1/messages`.
 pub(crate) async fn create(
     State(st): State<Arc<AppState>>,
-    tenant: crate::server::From,
+    tenant: crate::prepare::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, tenant, body, prepare).await
+    crate::answer::answer(st, tenant, body, prepare).await
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as the model would see it (system,
@@ -108,17 +107,17 @@ fn count(st: &AppState, body: &[u8]) -> Result<usize, ApiError> {
     Ok(ids.len())
 }
 
-fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+fn prepare(st: &AppState, body: &[u8]) -> Result<(Prepared, Shape), ApiError> {
     let req: MessagesRequest = parse_body(body)?;
     let t = translate(req, true)?;
     let mut p = prepare_chat_request(st, t.chat)?;
     p.common.stops = t.stops;
     let room = st.n_ctx.saturating_sub(p.prompt.len());
-    p.reply = Reply::Anthropic(Shape {
+    let shape = Shape {
         thinking: t.thinking,
         asked: t.max_tokens.filter(|&m| m > room),
-    });
-    Ok(p)
+    };
+    Ok((p, shape))
 }
 
 /// A Messages request as a chat request, with what the chat request cannot carry.
@@ -559,8 +558,23 @@ fn tool_use_id(a: &Answer, index: usize) -> String {
     format!("toolu_{}_{index}", a.id.trim_start_matches("chatcmpl-"))
 }
 
+impl Reply for Shape {
+    async fn send(
+        self,
+        a: Answer,
+        rx: mpsc::UnboundedReceiver<Event>,
+        streamed: bool,
+    ) -> Result<Response, ApiError> {
+        if streamed {
+            Ok(stream(a, rx, self).into_response())
+        } else {
+            whole(a, rx, self).await
+        }
+    }
+}
+
 /// Answers with the whole message.
-pub(crate) async fn whole(
+async fn whole(
     mut a: Answer,
     rx: mpsc::UnboundedReceiver<Event>,
     shape: Shape,
@@ -613,7 +627,7 @@ const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Streams the answer as Anthropic's events: `message_start`, `ping`, each content block's
 /// start, deltas and stop, `message_delta` with the stop reason and usage, `message_stop`.
-pub(crate) fn stream(
+fn stream(
     mut a: Answer,
     mut rx: mpsc::UnboundedReceiver<Event>,
     shape: Shape,

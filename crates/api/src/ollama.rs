@@ -25,11 +25,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ApiError;
+use crate::answer::{Answer, Ending, Reply, run};
 use crate::output::Piece;
-use crate::server::{
-    Answer, AppState, Ending, Prepared, Reply, body_bytes, prepare_chat_request,
-    prepare_completion_request, prepared, run,
+use crate::prepare::{
+    Prepared, body_bytes, prepare_chat_request, prepare_completion_request, prepared,
 };
+use crate::state::AppState;
 use crate::types::{
     ChatRequest, CompletionRequest, FunctionCall, Message, Sampling, Tool, ToolCall, parse_body,
 };
@@ -273,13 +274,13 @@ fn messages(body: &[InMessage]) -> Result<Vec<Message>, ApiError> {
 /// `POST /api/chat`.
 pub(crate) async fn chat(
     State(st): State<Arc<AppState>>,
-    tenant: crate::server::From,
+    tenant: crate::prepare::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, tenant, body, prepare_chat).await
+    crate::answer::answer(st, tenant, body, prepare_chat).await
 }
 
-fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<(Prepared, Shape), ApiError> {
     let req: ChatBody = parse_body(body)?;
     check_model(st, &req.model)?;
     let stops = req.options.stops()?;
@@ -301,24 +302,24 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     let mut p = prepare_chat_request(st, chat)?;
     p.common.stops = stops;
-    p.reply = Reply::Ollama(Shape {
+    let shape = Shape {
         chat: true,
         think: thinks(req.think.as_ref()),
-    });
-    Ok(p)
+    };
+    Ok((p, shape))
 }
 
 /// `POST /api/generate`.
 pub(crate) async fn generate(
     State(st): State<Arc<AppState>>,
-    tenant: crate::server::From,
+    tenant: crate::prepare::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = body_bytes(body, st.max_body)?;
     let p = prepared(&st, move |st| prepare_generate(st, &body)).await?;
     match p {
-        Some(p) => run(st, p, tenant, arrived).await,
+        Some((p, shape)) => run(st, p, shape, tenant, arrived).await,
         // An empty prompt loads the model, in Ollama; here it is loaded already.
         None => Ok(Json(json!({
             "model": st.model_id, "created_at": now(), "response": "", "done": true,
@@ -328,7 +329,7 @@ pub(crate) async fn generate(
     }
 }
 
-fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<Prepared>, ApiError> {
+fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<(Prepared, Shape)>, ApiError> {
     let req: GenerateBody = parse_body(body)?;
     check_model(st, &req.model)?;
     no_images(req.images.as_ref(), "images")?;
@@ -429,8 +430,7 @@ fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<Prepared>, ApiE
         )?
     };
     p.common.stops = stops;
-    p.reply = Reply::Ollama(shape);
-    Ok(Some(p))
+    Ok(Some((p, shape)))
 }
 
 /// Ollama's time stamps: RFC 3339 with nanoseconds.
@@ -490,13 +490,28 @@ fn merge(mut v: Value, fields: Value) -> Value {
     v
 }
 
+impl Reply for Shape {
+    async fn send(
+        self,
+        a: Answer,
+        rx: mpsc::UnboundedReceiver<Event>,
+        streamed: bool,
+    ) -> Result<Response, ApiError> {
+        if streamed {
+            Ok(stream(a, rx, self))
+        } else {
+            whole(a, rx, self).await
+        }
+    }
+}
+
 /// Answers with one object.
-pub(crate) async fn whole(
+async fn whole(
     mut a: Answer,
     rx: mpsc::UnboundedReceiver<Event>,
     shape: Shape,
-    arrived: Instant,
 ) -> Result<Response, ApiError> {
+    let arrived = a.arrived;
     let ending = a.collect(rx).await?;
     let thinking = if shape.think {
         a.out.reasoning.clone()
@@ -509,12 +524,8 @@ pub(crate) async fn whole(
 }
 
 /// Streams the answer as NDJSON lines, ending with the `done` line.
-pub(crate) fn stream(
-    mut a: Answer,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    shape: Shape,
-    arrived: Instant,
-) -> Response {
+fn stream(mut a: Answer, mut rx: mpsc::UnboundedReceiver<Event>, shape: Shape) -> Response {
+    let arrived = a.arrived;
     let (tx, out) = mpsc::unbounded_channel::<Result<Bytes, Infallible>>();
     tokio::spawn(async move {
         let send = |v: Value| tx.send(Ok(Bytes::from(format!("{v}\n")))).is_ok();

@@ -16,19 +16,19 @@ use serde_json::Value;
 use tower::ServiceExt as _;
 
 use crate::ApiError;
-use crate::server::{self, AppState};
+use crate::state::AppState;
 
 /// The routes of `models` (at least one) behind one address.
 pub(crate) fn router(mut models: Vec<Arc<AppState>>) -> Router {
     if models.len() == 1
         && let Some(only) = models.pop()
     {
-        return server::router(only);
+        return crate::router::router(only);
     }
     let served = Arc::new(
         models
             .into_iter()
-            .map(|m| (Arc::clone(&m), server::router(m)))
+            .map(|m| (Arc::clone(&m), crate::router::router(m)))
             .collect::<Vec<_>>(),
     );
     Router::new().fallback(dispatch).with_state(served)

@@ -17,7 +17,7 @@ use strata_engine::{Arch, Batch, Model};
 use strata_gguf::{GgmlType, GgufFile};
 use strata_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::{EngineOptions, StartError, start_engine};
 
 /// The model id the test server serves.
@@ -108,7 +108,7 @@ pub async fn exercise(state: &Arc<AppState>, route: &str, body: Vec<u8>) -> u16 
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .unwrap_or_else(|e| panic!("building a request: {e}"));
-    let app = crate::server::router(Arc::clone(state));
+    let app = crate::router::router(Arc::clone(state));
     let answer = tokio::time::timeout(Duration::from_secs(60), async move {
         let resp = app.oneshot(req).await.unwrap_or_else(|e| match e {});
         let status = resp.status();

@@ -167,7 +167,7 @@ pub fn strategy(p: &Placement) -> strata_parallel::Strategy {
 pub enum Running {
     /// Rank 0: the API state serving the instance (dropping it stops the engine thread, which
     /// closes the links and so ends the workers).
-    Rank0(Arc<strata_api::server::AppState>),
+    Rank0(Arc<strata_api::AppState>),
     /// A worker process, watched by the thread that started it.
     Worker(Arc<std::sync::Mutex<Child>>),
 }
@@ -238,7 +238,7 @@ pub struct Rank0Start<'a> {
 }
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
-pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::server::AppState>> {
+pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::AppState>> {
     let path = match s.model_path.clone() {
         Some(path) => path,
         None => resolve(&s.spec.request.model, &s.peers)?,

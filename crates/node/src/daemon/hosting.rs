@@ -237,7 +237,7 @@ pub(super) fn start_rank0(
                 tracing::info!("{} is ready", spec.request.model);
                 st.served.insert(
                     format!("{}@{}", k.0, k.1),
-                    strata_api::server::router(Arc::clone(&state)),
+                    strata_api::router(Arc::clone(&state)),
                 );
                 h.info.status = "ready".into();
                 h.running = Some(Running::Rank0(state));

@@ -7,9 +7,8 @@
 //! are stored in memory unless `store: false`, within a byte budget (the oldest go first), so
 //! `previous_response_id` can continue a conversation and `GET` can read one back.
 
-use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -23,17 +22,18 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+pub(crate) mod store;
+
 use crate::ApiError;
+use crate::answer::{Answer, Ending, Reply};
 use crate::output::Piece;
-use crate::server::{Answer, AppState, Ending, Prepared, Reply, prepare_chat_request};
+use crate::prepare::{Prepared, prepare_chat_request};
+use crate::state::AppState;
 use crate::tools::ParsedCall;
 use crate::types::{
     ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
 };
 use strata_scheduler::Event;
-
-/// How many bytes of stored conversations are kept (serialised), at most.
-const STORE_BUDGET: usize = 64 << 20;
 
 /// `POST /v1/responses`.
 #[derive(Debug, Deserialize)]
@@ -61,78 +61,6 @@ struct ResponsesRequest {
     cache_salt: Option<String>,
 }
 
-/// A stored response: the conversation it ends (without instructions, which a continuation
-/// does not inherit) and the response object.
-#[derive(Debug)]
-struct Stored {
-    history: Vec<Message>,
-    response: Value,
-    bytes: usize,
-}
-
-/// Stored responses, oldest first, within [`STORE_BUDGET`].
-#[derive(Debug, Default)]
-pub struct Store {
-    inner: Mutex<StoreInner>,
-}
-
-#[derive(Debug, Default)]
-struct StoreInner {
-    by_id: HashMap<String, Arc<Stored>>,
-    order: VecDeque<String>,
-    bytes: usize,
-}
-
-impl Store {
-    fn lock(&self) -> std::sync::MutexGuard<'_, StoreInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        self.lock().by_id.get(id).cloned()
-    }
-
-    fn put(&self, id: String, history: Vec<Message>, response: Value) {
-        let bytes =
-            serde_json::to_string(&history).map_or(0, |s| s.len()) + response.to_string().len();
-        let mut s = self.lock();
-        while s.bytes + bytes > STORE_BUDGET
-            && let Some(old) = s.order.pop_front()
-        {
-            if let Some(o) = s.by_id.remove(&old) {
-                s.bytes -= o.bytes;
-            }
-        }
-        if bytes > STORE_BUDGET {
-            return;
-        }
-        s.bytes += bytes;
-        s.order.push_back(id.clone());
-        s.by_id.insert(
-            id,
-            Arc::new(Stored {
-                history,
-                response,
-                bytes,
-            }),
-        );
-    }
-
-    fn remove(&self, id: &str) -> bool {
-        let mut s = self.lock();
-        match s.by_id.remove(id) {
-            Some(o) => {
-                s.bytes -= o.bytes;
-                s.order.retain(|k| k != id);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
 /// How an answer is written as a response, and what is stored of it.
 #[derive(Debug, Clone)]
 pub(crate) struct Shape {
@@ -147,10 +75,10 @@ pub(crate) struct Shape {
 /// `POST /v1/responses`.
 pub(crate) async fn create(
     State(st): State<Arc<AppState>>,
-    tenant: crate::server::From,
+    tenant: crate::prepare::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::server::answer(st, tenant, body, prepare).await
+    crate::answer::answer(st, tenant, body, prepare).await
 }
 
 /// `GET /v1/responses/{id}`.
@@ -185,7 +113,7 @@ fn not_found(id: &str) -> ApiError {
     )
 }
 
-fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+fn prepare(st: &AppState, body: &[u8]) -> Result<(Prepared, Box<Shape>), ApiError> {
     let req: ResponsesRequest = parse_body(body)?;
     for (on, name, why) in [
         (
@@ -285,7 +213,7 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         response_format,
         cache_salt: req.cache_salt.clone(),
     };
-    let mut p = prepare_chat_request(st, chat).map_err(|mut e| {
+    let p = prepare_chat_request(st, chat).map_err(|mut e| {
         // The chat request's field names, as this API calls them.
         e.param = e.param.map(|p| {
             p.replace("max_tokens", "max_output_tokens")
@@ -311,13 +239,13 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         "store": req.store.unwrap_or(true),
         "truncation": "disabled",
     });
-    p.reply = Reply::Responses(Box::new(Shape {
-        id: format!("resp_{:016x}", crate::server::rand_id()),
+    let shape = Box::new(Shape {
+        id: format!("resp_{:016x}", crate::prepare::rand_id()),
         echo,
         history,
         store: req.store.unwrap_or(true),
-    }));
-    Ok(p)
+    });
+    Ok((p, shape))
 }
 
 /// The text of a message item's content: a string or text parts.
@@ -609,8 +537,23 @@ fn store(a: &Answer, shape: &Shape, response: &Value) {
         .put(shape.id.clone(), history, response.clone());
 }
 
+impl Reply for Box<Shape> {
+    async fn send(
+        self,
+        a: Answer,
+        rx: mpsc::UnboundedReceiver<Event>,
+        streamed: bool,
+    ) -> Result<Response, ApiError> {
+        if streamed {
+            Ok(stream(a, rx, self).into_response())
+        } else {
+            whole(a, rx, self).await
+        }
+    }
+}
+
 /// Answers with the whole response.
-pub(crate) async fn whole(
+async fn whole(
     mut a: Answer,
     rx: mpsc::UnboundedReceiver<Event>,
     shape: Box<Shape>,
@@ -630,7 +573,7 @@ enum Open {
 }
 
 /// Streams the response as `response.*` events.
-pub(crate) fn stream(
+fn stream(
     mut a: Answer,
     mut rx: mpsc::UnboundedReceiver<Event>,
     shape: Box<Shape>,
@@ -793,18 +736,5 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
         let e = items(&json!([{"type": "web_search_call"}]), &mut h).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].type"));
-    }
-
-    #[test]
-    fn the_store_keeps_the_newest_within_its_budget() {
-        let s = Store::default();
-        let big = "x".repeat(STORE_BUDGET / 3);
-        for i in 0..4 {
-            s.put(format!("r{i}"), Vec::new(), json!(big));
-        }
-        assert!(s.get("r0").is_none() && s.get("r1").is_none());
-        assert!(s.get("r2").is_some() && s.get("r3").is_some());
-        assert!(s.remove("r3") && !s.remove("r3"));
-        assert!(s.lock().bytes <= STORE_BUDGET);
     }
 }
