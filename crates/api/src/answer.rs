@@ -10,7 +10,8 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use serde_json::{Value, json};
-use strata_scheduler::{Event, Finish, Job, SubmitError, TokenLogprob};
+use strata_engine::StopReason;
+use strata_scheduler::{Event, Job, SubmitError, TokenLogprob};
 use strata_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -178,7 +179,7 @@ impl Answer {
 
     pub(crate) fn on_done(
         &mut self,
-        finish: Finish,
+        finish: StopReason,
         prompt: usize,
         completion: usize,
     ) -> (Vec<Piece>, Ending) {
@@ -193,10 +194,7 @@ impl Answer {
         } else if self.out.stopped {
             "stop"
         } else {
-            match finish {
-                Finish::Stop => "stop",
-                Finish::Length => "length",
-            }
+            if finish.is_length() { "length" } else { "stop" }
         };
         (
             pieces,
@@ -315,7 +313,7 @@ impl Answer {
                     return Ok((p, None));
                 }
                 let (pt, n) = (self.prompt_tokens, self.generated);
-                let (mut rest, e) = self.on_done(Finish::Stop, pt, n);
+                let (mut rest, e) = self.on_done(StopReason::Cancelled, pt, n);
                 p.append(&mut rest);
                 Ok((p, Some(e)))
             }

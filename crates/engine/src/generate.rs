@@ -42,6 +42,42 @@ pub enum StopReason {
     ContextFull,
     /// The caller's callback asked to stop.
     Cancelled,
+    /// The output constraint (a tool call's or a JSON answer's grammar) is complete: it
+    /// allows no further token.
+    Complete,
+}
+
+impl StopReason {
+    /// The stop rule of every generation loop (the one-shot generator and the batching
+    /// scheduler), applied after each token: an end-of-generation token or a complete
+    /// constraint ends the sequence, then the token budget, then the context window.
+    /// `tokens_in_context` counts the prompt and every token generated; `None`: it goes on.
+    pub fn after_token(
+        eog: bool,
+        constraint_done: bool,
+        generated: usize,
+        max_tokens: usize,
+        tokens_in_context: usize,
+        n_ctx: usize,
+    ) -> Option<StopReason> {
+        if eog {
+            Some(StopReason::Eog)
+        } else if constraint_done {
+            Some(StopReason::Complete)
+        } else if generated >= max_tokens {
+            Some(StopReason::MaxTokens)
+        } else if tokens_in_context >= n_ctx {
+            Some(StopReason::ContextFull)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the sequence ran out of room (the budget or the context window; OpenAI's
+    /// `length`) rather than ending by itself (`stop`).
+    pub fn is_length(self) -> bool {
+        matches!(self, StopReason::MaxTokens | StopReason::ContextFull)
+    }
 }
 
 /// Timing and counts of one generation.
@@ -284,5 +320,23 @@ impl Generator {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopReason;
+
+    #[test]
+    fn the_stop_rule_ends_on_eog_then_the_constraint_then_the_budget_then_the_context() {
+        let after = StopReason::after_token;
+        assert_eq!(after(false, false, 3, 8, 10, 16), None);
+        assert_eq!(after(true, true, 8, 8, 16, 16), Some(StopReason::Eog));
+        assert_eq!(after(false, true, 8, 8, 16, 16), Some(StopReason::Complete));
+        assert_eq!(after(false, false, 8, 8, 16, 16), Some(StopReason::MaxTokens));
+        assert_eq!(after(false, false, 3, 8, 16, 16), Some(StopReason::ContextFull));
+        assert!(StopReason::MaxTokens.is_length() && StopReason::ContextFull.is_length());
+        assert!(!StopReason::Eog.is_length() && !StopReason::Complete.is_length());
+        assert!(!StopReason::Cancelled.is_length());
     }
 }

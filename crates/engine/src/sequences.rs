@@ -288,14 +288,11 @@ fn run_slot(
         if !on_token(tok) {
             break StopReason::Cancelled;
         }
-        if !req.ignore_eos && is_eog(tok) {
-            break StopReason::Eog;
-        }
-        if generated >= req.max_tokens {
-            break StopReason::MaxTokens;
-        }
-        if history.len() >= n_ctx {
-            break StopReason::ContextFull;
+        let eog = !req.ignore_eos && is_eog(tok);
+        if let Some(stop) =
+            StopReason::after_token(eog, false, generated, req.max_tokens, history.len(), n_ctx)
+        {
+            break stop;
         }
         let logits = match top {
             Some(k) => engine.step_top(&[(slot, tok)], k)?,

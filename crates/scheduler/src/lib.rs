@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use strata_engine::prefix::{BLOCK, Partition, REUSABLE_STEP};
-use strata_engine::{Sampler, SamplingParams, SlotId};
+use strata_engine::{Sampler, SamplingParams, SlotId, StopReason};
 
 use strata_engine::{EngineError, Sequences, StepKind};
 use strata_tokenizer::Tokenizer;
@@ -51,15 +51,6 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// An end-of-generation token, or the grammar completed.
-    Stop,
-    /// The token budget or the context window ran out.
-    Length,
-}
-
 /// What the engine thread tells a request.
 #[derive(Debug)]
 pub enum Event {
@@ -73,7 +64,7 @@ pub enum Event {
     /// Generation ended.
     Done {
         /// Why.
-        finish: Finish,
+        finish: StopReason,
         /// Prompt tokens.
         prompt_tokens: usize,
         /// Generated tokens (including an end-of-generation token).
@@ -316,7 +307,7 @@ impl Seq {
             return false;
         }
         let eog = tok.is_eog(id);
-        if self.finish(eog || grammar_done, n_ctx) {
+        if self.finish(eog, grammar_done, n_ctx) {
             return false;
         }
         self.take_forced(tok, n_ctx, m)
@@ -354,17 +345,16 @@ impl Seq {
         self.job.events.send(Event::Token { id, logprob }).is_ok()
     }
 
-    /// Ends the sequence if `done` or the budget or context ran out; `true` when it ended.
-    fn finish(&mut self, done: bool, n_ctx: usize) -> bool {
-        let finish = if done {
-            Some(Finish::Stop)
-        } else if self.generated >= self.job.max_tokens
-            || self.job.prompt.len() + self.generated >= n_ctx
-        {
-            Some(Finish::Length)
-        } else {
-            None
-        };
+    /// Ends the sequence by [`StopReason::after_token`]; `true` when it ended.
+    fn finish(&mut self, eog: bool, grammar_done: bool, n_ctx: usize) -> bool {
+        let finish = StopReason::after_token(
+            eog,
+            grammar_done,
+            self.generated,
+            self.job.max_tokens,
+            self.job.prompt.len() + self.generated,
+            n_ctx,
+        );
         let Some(finish) = finish else {
             return false;
         };
@@ -409,7 +399,7 @@ impl Seq {
                 return false;
             }
             let last = i + 1 == n;
-            if self.finish(tok.is_eog(id) || (last && grammar_done), n_ctx) {
+            if self.finish(tok.is_eog(id), last && grammar_done, n_ctx) {
                 return false;
             }
         }

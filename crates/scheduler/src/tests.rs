@@ -146,7 +146,7 @@ fn generate(logprobs: Option<usize>) -> (Vec<u32>, Calls) {
                 completion_tokens,
                 ..
             } => {
-                assert_eq!(finish, Finish::Length);
+                assert!(finish.is_length(), "{finish:?}");
                 assert_eq!(completion_tokens, 6);
                 break;
             }
