@@ -51,7 +51,7 @@ pub use strata_http::{ApiError, Dialect};
 /// generating; what a prompt arriving among live streams costs depends on it.
 pub use strata_scheduler::LIVE_CHUNK;
 
-use strata_engine::{Batch, Model};
+use strata_engine::{Batch, Ready};
 use strata_gguf::GgufFile;
 use strata_http::{auth, listen};
 use strata_tokenizer::{ChatTemplate, Tokenizer};
@@ -133,15 +133,11 @@ pub fn check_bind(
 /// Loads the model and starts the engine thread.
 pub fn start(opts: ServeOptions) -> Result<Arc<AppState>, StartError> {
     let file = GgufFile::open(&opts.model_path)?;
-    let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
-    let template = match opts.chat_template {
-        Some(source) => Some(ChatTemplate::for_model(file.metadata(), source)?),
-        None => ChatTemplate::from_gguf(file.metadata())?,
-    };
-    let mut model = Model::load_full(&file)?;
-    if let Some(flavour) = opts.flavour {
-        model.set_flavour(flavour);
-    }
+    let Ready {
+        engine: model,
+        tokenizer,
+        template,
+    } = Ready::load(&file, opts.chat_template.as_deref(), opts.flavour)?;
     let n_ctx = opts
         .n_ctx
         .unwrap_or(model.config().default_context())

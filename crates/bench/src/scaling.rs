@@ -150,6 +150,7 @@ impl Ctx<'_> {
             Some(a.pp + a.tg + 8),
             seqs.max(1),
             strata_kernels::attn::Flavour::native(),
+            None,
         )?;
         let mut session = session;
         let result = (|| -> Result<(Row, Option<f64>)> {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use strata_engine::{Batch, GenerateRequest, GenerationStats, Model, SamplingParams, Sequences};
+use strata_engine::{Batch, GenerateRequest, GenerationStats, SamplingParams, Sequences};
 use strata_kernels::attn::Flavour;
 use strata_store::{Store, TerminalProgress};
 use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -182,24 +182,17 @@ impl ModelOpts {
 
     /// Loads the model in this process, or starts a sharded instance with `--ranks N`.
     fn load_backend(&self) -> Result<Backend> {
-        let mut backend = self.load_model()?;
-        if let Some(spec) = &self.chat_template {
-            let path = resolve_model(&self.model)?;
-            let file = strata_gguf::GgufFile::open(&path)?;
-            backend.template = Some(ChatTemplate::for_model(
-                file.metadata(),
-                template_source(spec)?,
-            )?);
-        }
-        Ok(backend)
-    }
-
-    fn load_model(&self) -> Result<Backend> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .map(template_source)
+            .transpose()?;
+        let template = template.as_deref();
         if self.shard.ranks <= 1 {
             if self.shard.listen.is_some() {
                 bail!("--listen needs --ranks of 2 or more");
             }
-            return self.load();
+            return self.load(template);
         }
         if self.threads.is_some() {
             bail!("with --ranks, set threads with --threads-per-rank");
@@ -211,6 +204,7 @@ impl ModelOpts {
             self.ctx_size,
             1,
             self.numerics.flavour(),
+            template,
         )?;
         Ok(Backend {
             tokenizer: std::sync::Arc::clone(&session.tokenizer),
@@ -220,7 +214,7 @@ impl ModelOpts {
     }
 
     /// The whole model in this process: a one-slot batch.
-    fn load(&self) -> Result<Backend> {
+    fn load(&self, chat_template: Option<&str>) -> Result<Backend> {
         let path = resolve_model(&self.model)?;
         let threads = match self.threads {
             Some(0) => bail!("--threads must be at least 1"),
@@ -229,10 +223,11 @@ impl ModelOpts {
         };
         let loaded = (|| -> Result<Backend> {
             let file = strata_gguf::GgufFile::open(&path)?;
-            let tokenizer = std::sync::Arc::new(Tokenizer::from_gguf(file.metadata())?);
-            let template = ChatTemplate::from_gguf(file.metadata())?;
-            let mut model = Model::load_full(&file)?;
-            model.set_flavour(self.numerics.flavour());
+            let strata_engine::Ready {
+                engine: model,
+                tokenizer,
+                template,
+            } = strata_engine::Ready::load(&file, chat_template, Some(self.numerics.flavour()))?;
             let n_ctx = self
                 .ctx_size
                 .unwrap_or(model.config().default_context())

@@ -265,6 +265,7 @@ pub fn launch(
     n_ctx: Option<usize>,
     max_seqs: usize,
     numerics: strata_kernels::attn::Flavour,
+    chat_template: Option<&str>,
 ) -> Result<Session> {
     let n = opts.ranks;
     if n < 2 {
@@ -331,14 +332,16 @@ pub fn launch(
         max_seqs,
         numerics: numerics_name(numerics).to_string(),
     };
-    let rank = Rank::start_coordinator(comm, &file, &assignment).context("loading the shards")?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
-    let template = ChatTemplate::from_gguf(file.metadata())?;
+    let ready = strata_engine::Ready::open(&file, chat_template, |file| -> Result<_> {
+        let rank =
+            Rank::start_coordinator(comm, file, &assignment).context("loading the shards")?;
+        Ok(ShardedBatch::new(rank, cfg.n_vocab)?)
+    })?;
     Ok(Session {
-        engine: ShardedBatch::new(rank, cfg.n_vocab)?,
+        engine: ready.engine,
         workers,
-        tokenizer: std::sync::Arc::new(tokenizer),
-        template,
+        tokenizer: ready.tokenizer,
+        template: ready.template,
     })
 }
 

@@ -154,9 +154,11 @@ impl Generator {
     /// positions (default: [`crate::ModelConfig::default_context`]).
     pub fn load(path: &Path, threads: usize, n_ctx: Option<usize>) -> Result<Generator> {
         let file = GgufFile::open(path)?;
-        let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
-        let template = ChatTemplate::from_gguf(file.metadata())?;
-        let model = Model::load_full(&file)?;
+        let crate::Ready {
+            engine: model,
+            tokenizer,
+            template,
+        } = crate::Ready::load(&file, None, None)?;
         let n_ctx = n_ctx.unwrap_or(model.config().default_context()).max(1);
         let cache = model.new_cache(n_ctx)?;
         Ok(Generator {
@@ -333,8 +335,14 @@ mod tests {
         assert_eq!(after(false, false, 3, 8, 10, 16), None);
         assert_eq!(after(true, true, 8, 8, 16, 16), Some(StopReason::Eog));
         assert_eq!(after(false, true, 8, 8, 16, 16), Some(StopReason::Complete));
-        assert_eq!(after(false, false, 8, 8, 16, 16), Some(StopReason::MaxTokens));
-        assert_eq!(after(false, false, 3, 8, 16, 16), Some(StopReason::ContextFull));
+        assert_eq!(
+            after(false, false, 8, 8, 16, 16),
+            Some(StopReason::MaxTokens)
+        );
+        assert_eq!(
+            after(false, false, 3, 8, 16, 16),
+            Some(StopReason::ContextFull)
+        );
         assert!(StopReason::MaxTokens.is_length() && StopReason::ContextFull.is_length());
         assert!(!StopReason::Eog.is_length() && !StopReason::Complete.is_length());
         assert!(!StopReason::Cancelled.is_length());

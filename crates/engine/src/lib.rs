@@ -22,6 +22,7 @@ mod model;
 mod models;
 pub mod prefix;
 pub mod probe;
+mod ready;
 mod sampler;
 mod sequences;
 mod shard;
@@ -40,6 +41,7 @@ pub use half::f16;
 pub use kv_cache::KvCache;
 pub use model::{Axis, Collective, CommError, Model, NoComm, Scratch, StageInput};
 pub use models::Arch;
+pub use ready::Ready;
 pub use sampler::{Sampler, SamplingParams, shard_candidates};
 pub use sequences::{
     EngineError, PREFILL_CHUNK, Sequences, StepKind, generate, mask_allow, mask_allows,

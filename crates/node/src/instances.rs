@@ -317,11 +317,14 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::AppState>> {
         max_seqs: slots,
         numerics: strata_parallel::numerics_name(strata_kernels::attn::Flavour::native()).into(),
     };
-    let rank = strata_parallel::Rank::start_coordinator(comm, &file, &assignment)?;
-    let tokenizer = Arc::new(strata_tokenizer::Tokenizer::from_gguf(file.metadata())?);
-    let template = strata_tokenizer::ChatTemplate::from_gguf(file.metadata())?;
-    let engine =
-        strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)?.with_prefix_cache(cache_mem);
+    let strata_engine::Ready {
+        engine,
+        tokenizer,
+        template,
+    } = strata_engine::Ready::open(&file, None, |file| -> Result<_> {
+        let rank = strata_parallel::Rank::start_coordinator(comm, file, &assignment)?;
+        Ok(strata_parallel::ShardedBatch::new(rank, cfg.n_vocab)?.with_prefix_cache(cache_mem))
+    })?;
     let opts = strata_api::EngineOptions {
         info: strata_api::ModelInfo::from_gguf(&file),
         ..opts
