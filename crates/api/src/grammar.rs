@@ -19,7 +19,7 @@ use strata_tokenizer::Tokenizer;
 use crate::call_format::CallFormat;
 use crate::tools::{self, Choice};
 use crate::types::Tool;
-use strata_scheduler::Constraint;
+use strata_scheduler::{Constraint, ConstraintError};
 
 /// JSON layout every constrained output uses: one space after `:` and `,`, no other
 /// whitespace, so a weak model cannot pad the output forever. Leniently: keywords the grammar
@@ -61,13 +61,55 @@ fn readable(e: String) -> String {
 /// time and memory grow with size, and a 3 MB `const` took seconds of engine time.
 pub(crate) const MAX_GRAMMAR_BYTES: usize = 256 << 10;
 
-fn check_size(text: &str) -> Result<(), String> {
+/// Why a grammar cannot be set up, compiled or followed; the message is the request's.
+#[derive(Debug, thiserror::Error)]
+pub enum GrammarError {
+    /// The vocabulary cannot back a grammar compiler.
+    #[error("{0}")]
+    Setup(String),
+    /// The schema breaks a limit this server keeps.
+    #[error(transparent)]
+    Schema(#[from] crate::schema_limits::SchemaError),
+    /// A tool's definition cannot be turned into a call grammar.
+    #[error("{0}")]
+    Tool(String),
+    /// The grammar's text is over the size this server compiles (256 KiB).
+    #[error("it is {kib} KiB, more than the {limit_kib} KiB this server compiles")]
+    TooLarge {
+        /// Its size.
+        kib: usize,
+        /// The limit.
+        limit_kib: usize,
+    },
+    /// The most grammars this server compiles at once are compiling already.
+    #[error("{MAX_COMPILING} grammars are compiling on this server already; retry in a moment")]
+    Busy,
+    /// The compiler refused the grammar (its reason, made readable).
+    #[error("{0}")]
+    Rejected(String),
+    /// The compiler panicked on it.
+    #[error("the grammar compiler gave up on it: {0}")]
+    Panicked(String),
+    /// No thread for the compiler.
+    #[error("the grammar compiler could not start: {0}")]
+    NoThread(#[source] std::io::Error),
+    /// The compile outlasted its deadline.
+    #[error("it took more than {} s to compile", COMPILE_DEADLINE.as_secs())]
+    TimedOut,
+    /// The compiling thread ended without an answer.
+    #[error("the grammar compiler stopped without an answer")]
+    Stopped,
+    /// Following the output failed (a mask, a token the grammar cannot take).
+    #[error("{0}")]
+    Follow(String),
+}
+
+fn check_size(text: &str) -> Result<(), GrammarError> {
     if text.len() > MAX_GRAMMAR_BYTES {
-        return Err(format!(
-            "it is {} KiB, more than the {} KiB this server compiles",
-            text.len().div_ceil(1024),
-            MAX_GRAMMAR_BYTES >> 10
-        ));
+        return Err(GrammarError::TooLarge {
+            kib: text.len().div_ceil(1024),
+            limit_kib: MAX_GRAMMAR_BYTES >> 10,
+        });
     }
     Ok(())
 }
@@ -113,15 +155,16 @@ impl Drop for CompileSlot {
 }
 
 /// The compile itself (see [`Grammars::matcher`]).
-fn compile(factory: &ParserFactory, grammar: TopLevelGrammar) -> Result<Matcher, String> {
+fn compile(factory: &ParserFactory, grammar: TopLevelGrammar) -> Result<Matcher, GrammarError> {
     let parser = factory
         .create_parser(grammar)
-        .map_err(|e| readable(e.to_string()))?;
+        .map_err(|e| GrammarError::Rejected(readable(e.to_string())))?;
     let mut m = Matcher::new(Ok(parser));
     if let Some(e) = m.get_error() {
-        return Err(readable(e));
+        return Err(GrammarError::Rejected(readable(e)));
     }
-    m.compute_mask().map_err(|e| readable(e.to_string()))?;
+    m.compute_mask()
+        .map_err(|e| GrammarError::Rejected(readable(e.to_string())))?;
     Ok(m)
 }
 
@@ -163,7 +206,7 @@ impl Grammars {
     /// Builds the token trie of `tok`, for calls in `format`. Control tokens are marked
     /// special, so grammars never produce them as text (a marker that is a control token is
     /// written as that token); end-of-generation tokens end a complete grammar.
-    pub fn new(tok: Arc<Tokenizer>, format: CallFormat) -> Result<Grammars, String> {
+    pub fn new(tok: Arc<Tokenizer>, format: CallFormat) -> Result<Grammars, GrammarError> {
         let n = tok.vocab_size() as u32;
         let words: Vec<Vec<u8>> = (0..n)
             .map(|id| {
@@ -196,7 +239,8 @@ impl Grammars {
             trie,
             tok: Arc::clone(&tok),
         });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Setup(e.to_string()))?;
         factory.set_stderr_log_level(0);
         // Errors go back to the client: the reason, not llguidance's parser state and grammar.
         factory.limits_mut().verbose_errors = false;
@@ -223,13 +267,8 @@ impl Grammars {
     /// ([`crate::schema_limits`]) and the compiler's own ([`Grammars::new`]) bound the work;
     /// past [`COMPILE_DEADLINE`] the request is answered anyway, and the thread, whose work is
     /// bounded, still counts against [`MAX_COMPILING`] until it ends.
-    fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher, String> {
-        let slot = CompileSlot::take().ok_or_else(|| {
-            format!(
-                "{MAX_COMPILING} grammars are compiling on this server already; retry in a \
-                 moment"
-            )
-        })?;
+    fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher, GrammarError> {
+        let slot = CompileSlot::take().ok_or(GrammarError::Busy)?;
         let factory = Arc::clone(&self.factory);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -247,26 +286,21 @@ impl Grammars {
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "no reason given".into());
                     tracing::warn!(%why, "the grammar compiler panicked");
-                    Err(format!("the grammar compiler gave up on it: {why}"))
+                    Err(GrammarError::Panicked(why))
                 });
                 let _ = tx.send(compiled);
             })
-            .map_err(|e| format!("the grammar compiler could not start: {e}"))?;
+            .map_err(GrammarError::NoThread)?;
         match rx.recv_timeout(COMPILE_DEADLINE) {
             Ok(compiled) => compiled,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(format!(
-                "it took more than {} s to compile",
-                COMPILE_DEADLINE.as_secs()
-            )),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                Err("the grammar compiler stopped without an answer".into())
-            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(GrammarError::TimedOut),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(GrammarError::Stopped),
         }
     }
 
     /// Output that is a JSON value matching `schema` (`{"type": "object"}` for `json_object`).
-    pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, String> {
-        let schema = crate::schema_limits::prepare(schema).map_err(|e| e.to_string())?;
+    pub fn json(&self, schema: Value) -> Result<Box<dyn Constraint>, GrammarError> {
+        let schema = crate::schema_limits::prepare(schema)?;
         let schema = compact(tools::bounded(tools::closed(schema)));
         check_size(&schema.to_string())?;
         let m = self.matcher(TopLevelGrammar::from_json_schema(schema))?;
@@ -284,7 +318,7 @@ impl Grammars {
         tools: &[Tool],
         choice: &Choice,
         parallel: bool,
-    ) -> Result<Box<dyn Constraint>, String> {
+    ) -> Result<Box<dyn Constraint>, GrammarError> {
         let g = self.calls_grammar(tools, choice, parallel, true)?;
         check_size(&g)?;
         let m = self.matcher(TopLevelGrammar::from_lark(g))?;
@@ -297,7 +331,7 @@ impl Grammars {
         tools: &[Tool],
         choice: &Choice,
         parallel: bool,
-    ) -> Result<Box<dyn Constraint>, String> {
+    ) -> Result<Box<dyn Constraint>, GrammarError> {
         let rest = self.calls_grammar(tools, choice, parallel, false)?;
         check_size(&rest)?;
         // Compile now, so a bad schema is the request's 400 rather than a failure mid-stream.
@@ -339,7 +373,7 @@ impl Grammars {
         choice: &Choice,
         parallel: bool,
         open: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, GrammarError> {
         if self.format == CallFormat::Harmony {
             return self.harmony_call(tools, choice, open);
         }
@@ -367,15 +401,17 @@ impl Grammars {
                         "{} {} %json {}",
                         Value::String(t.function.name.clone()),
                         self.lit("[ARGS]"),
-                        compact(tools::constrained(t)?)
+                        compact(tools::constrained(t).map_err(GrammarError::Tool)?)
                     ))
                 })
-                .collect::<Result<Vec<_>, String>>()?
+                .collect::<Result<Vec<_>, GrammarError>>()?
                 .join("\n    | ")
         } else {
             format!(
                 "%json {}",
-                compact(tools::call_schema(tools, choice, self.format)?)
+                compact(
+                    tools::call_schema(tools, choice, self.format).map_err(GrammarError::Tool)?
+                )
             )
         };
         Ok(format!("start: {}\ncall: {call}\n", start.join(" ")))
@@ -386,7 +422,12 @@ impl Grammars {
     /// One harmony call message (the format has one call per answer): with `open`, from its
     /// channel on, else from just after the recipient's `to=functions.`; the function's name,
     /// the JSON constraint, the arguments and `<|call|>`, which ends the generation.
-    fn harmony_call(&self, tools: &[Tool], choice: &Choice, open: bool) -> Result<String, String> {
+    fn harmony_call(
+        &self,
+        tools: &[Tool],
+        choice: &Choice,
+        open: bool,
+    ) -> Result<String, GrammarError> {
         let head = if open {
             format!(
                 "{} {} ",
@@ -413,10 +454,10 @@ impl Grammars {
                 Ok(format!(
                     "{} {body} %json {} {end}",
                     Value::String(t.function.name.clone()),
-                    compact(tools::constrained(t)?),
+                    compact(tools::constrained(t).map_err(GrammarError::Tool)?),
                 ))
             })
-            .collect::<Result<Vec<_>, String>>()?
+            .collect::<Result<Vec<_>, GrammarError>>()?
             .join("\n    | ");
         Ok(format!("start: {head}call\ncall: {call}\n"))
     }
@@ -427,8 +468,10 @@ struct Grammar {
     m: Matcher,
 }
 
-fn apply_mask(m: &mut Matcher, logits: &mut [f32]) -> Result<(), String> {
-    let mask = m.compute_mask().map_err(|e| e.to_string())?;
+fn apply_mask(m: &mut Matcher, logits: &mut [f32]) -> Result<(), GrammarError> {
+    let mask = m
+        .compute_mask()
+        .map_err(|e| GrammarError::Follow(e.to_string()))?;
     for (id, l) in logits.iter_mut().enumerate() {
         if !mask.is_allowed(id as u32) {
             *l = f32::NEG_INFINITY;
@@ -437,8 +480,9 @@ fn apply_mask(m: &mut Matcher, logits: &mut [f32]) -> Result<(), String> {
     Ok(())
 }
 
-fn follow(m: &mut Matcher, token: u32) -> Result<bool, String> {
-    m.consume_token(token).map_err(|e| e.to_string())?;
+fn follow(m: &mut Matcher, token: u32) -> Result<bool, GrammarError> {
+    m.consume_token(token)
+        .map_err(|e| GrammarError::Follow(e.to_string()))?;
     Ok(complete(m))
 }
 
@@ -449,31 +493,32 @@ fn complete(m: &mut Matcher) -> bool {
 
 /// Follows the tokens the grammar forces from here (a tool call's `{"name": "` and the
 /// properties a schema requires in order are most of a call's tokens).
-fn follow_forced(m: &mut Matcher, max: usize) -> Result<(Vec<u32>, bool), String> {
+fn follow_forced(m: &mut Matcher, max: usize) -> Result<(Vec<u32>, bool), GrammarError> {
     let mut forced = m.compute_ff_tokens();
     if let Some(e) = m.get_error() {
-        return Err(e);
+        return Err(GrammarError::Follow(e));
     }
     forced.truncate(max);
     if forced.is_empty() {
         return Ok((forced, false));
     }
-    m.consume_tokens(&forced).map_err(|e| e.to_string())?;
+    m.consume_tokens(&forced)
+        .map_err(|e| GrammarError::Follow(e.to_string()))?;
     let done = complete(m);
     Ok((forced, done))
 }
 
 impl Constraint for Grammar {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        apply_mask(&mut self.m, logits)
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        Ok(apply_mask(&mut self.m, logits)?)
     }
 
-    fn commit(&mut self, token: u32) -> Result<bool, String> {
-        follow(&mut self.m, token)
+    fn commit(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        Ok(follow(&mut self.m, token)?)
     }
 
-    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), String> {
-        follow_forced(&mut self.m, max)
+    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), ConstraintError> {
+        Ok(follow_forced(&mut self.m, max)?)
     }
 }
 
@@ -496,11 +541,13 @@ struct Lazy {
 impl Lazy {
     /// The first token of an answer whose calls have no marker: it may begin a call (as the
     /// call grammar allows) or text that cannot be taken for one.
-    fn mask_first(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    fn mask_first(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
         let Some(m) = self.at_start.as_mut() else {
             return Ok(());
         };
-        let mask = m.compute_mask().map_err(|e| e.to_string())?;
+        let mask = m
+            .compute_mask()
+            .map_err(|e| GrammarError::Follow(e.to_string()))?;
         for (id, l) in logits.iter_mut().enumerate() {
             let id = id as u32;
             if mask.is_allowed(id) || self.g.tok.is_control(id) || self.g.tok.is_eog(id) {
@@ -517,9 +564,9 @@ impl Lazy {
 }
 
 impl Constraint for Lazy {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
         if let Some(m) = self.active.as_mut() {
-            return apply_mask(m, logits);
+            return Ok(apply_mask(m, logits)?);
         }
         if self.free {
             return Ok(());
@@ -545,9 +592,9 @@ impl Constraint for Lazy {
         Ok(())
     }
 
-    fn commit(&mut self, token: u32) -> Result<bool, String> {
+    fn commit(&mut self, token: u32) -> Result<bool, ConstraintError> {
         if let Some(m) = self.active.as_mut() {
-            return follow(m, token);
+            return Ok(follow(m, token)?);
         }
         if self.free {
             return Ok(false);
@@ -579,9 +626,9 @@ impl Constraint for Lazy {
         Ok(false)
     }
 
-    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), String> {
+    fn forced(&mut self, max: usize) -> Result<(Vec<u32>, bool), ConstraintError> {
         match self.active.as_mut() {
-            Some(m) => follow_forced(m, max),
+            Some(m) => Ok(follow_forced(m, max)?),
             None => Ok((Vec::new(), false)),
         }
     }
@@ -728,10 +775,13 @@ mod tests {
                 Ok(_) => panic!("{bad:.80} compiled"),
                 Err(e) => e,
             };
-            assert!(e.len() < 600, "a parser dump instead of a reason: {e}");
+            assert!(
+                e.to_string().len() < 600,
+                "a parser dump instead of a reason: {e}"
+            );
         }
         let big = g.json(json!({"const": "x".repeat(MAX_GRAMMAR_BYTES)}));
-        assert!(big.err().unwrap().contains("KiB"));
+        assert!(big.err().unwrap().to_string().contains("KiB"));
     }
 
     /// The schemas that aborted the process (a `$ref` chain deeper than a worker's stack,
@@ -773,7 +823,7 @@ mod tests {
             );
             assert_eq!(as_tool.is_ok(), ok, "{schema:.120}: {:?}", as_tool.err());
             for e in [as_format.err(), as_tool.err()].into_iter().flatten() {
-                assert!(e.len() < 400, "{e}");
+                assert!(e.to_string().len() < 400, "{e}");
             }
             assert!(took.as_secs() < 20, "{schema:.120} took {took:?}");
         }

@@ -44,6 +44,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use grammar::GrammarError;
+pub use schema_limits::SchemaError;
 pub use router::router;
 pub use state::{AppState, unix_now};
 pub use strata_http::{ApiError, Dialect};
@@ -70,7 +72,7 @@ pub enum StartError {
     Tokenizer(#[from] strata_tokenizer::Error),
     /// Grammar support could not be set up for this vocabulary.
     #[error("setting up constrained decoding: {0}")]
-    Grammar(String),
+    Grammar(#[source] GrammarError),
     /// The engine thread could not start.
     #[error("starting the engine thread: {0}")]
     Thread(#[from] std::io::Error),

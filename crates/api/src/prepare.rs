@@ -351,7 +351,9 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
     }
     let grammar_err = |param: &str| {
         let param = param.to_string();
-        move |e: String| ApiError::invalid(param, format!("The schema cannot be used: {e}"))
+        move |e: crate::grammar::GrammarError| {
+            ApiError::invalid(param, format!("The schema cannot be used: {e}"))
+        }
     };
     let constraint = match (&choice, format) {
         (Choice::Required | Choice::Named(_), _) => Some(

@@ -56,7 +56,7 @@ pub(crate) const MAX_CYCLE_LEVELS: usize = 12;
 
 /// Why a schema is refused. `at` is a JSON pointer into the schema as the client wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum SchemaError {
+pub enum SchemaError {
     /// A reference to another document, an anchor or a base this server cannot resolve.
     #[error(
         "`$ref` {target:?} at {at} is not supported: references must point inside the schema \

@@ -26,18 +26,21 @@ pub use metrics::{Metrics, RequestLabels};
 
 mod overlap;
 
+/// Why a [`Constraint`] cannot go on: the implementation's own error, told to the request.
+pub type ConstraintError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A decoding constraint (a grammar): it masks the tokens the grammar forbids before each
 /// sample and follows the sampled token.
 pub trait Constraint: Send {
     /// Sets the logits of forbidden tokens to -inf.
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError>;
     /// Follows the sampled token; returns `true` when the grammar is complete and generation
     /// must end.
-    fn commit(&mut self, token: u32) -> Result<bool, String>;
+    fn commit(&mut self, token: u32) -> Result<bool, ConstraintError>;
     /// Up to `max` of the tokens the grammar allows no choice over from here (followed
     /// already, as if committed), and whether the grammar is then complete. Empty when there is
     /// a choice.
-    fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), String> {
+    fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), ConstraintError> {
         Ok((Vec::new(), false))
     }
 }

@@ -98,13 +98,13 @@ impl Sequences for Scripted {
 struct ForcesOnce(bool);
 
 impl Constraint for ForcesOnce {
-    fn mask(&mut self, _logits: &mut [f32]) -> Result<(), String> {
+    fn mask(&mut self, _logits: &mut [f32]) -> Result<(), ConstraintError> {
         Ok(())
     }
-    fn commit(&mut self, _token: u32) -> Result<bool, String> {
+    fn commit(&mut self, _token: u32) -> Result<bool, ConstraintError> {
         Ok(false)
     }
-    fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), String> {
+    fn forced(&mut self, _max: usize) -> Result<(Vec<u32>, bool), ConstraintError> {
         let first = !self.0;
         self.0 = true;
         Ok((if first { vec![5, 6] } else { Vec::new() }, false))
