@@ -45,8 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use grammar::GrammarError;
-pub use schema_limits::SchemaError;
 pub use router::router;
+pub use schema_limits::SchemaError;
 pub use state::{AppState, unix_now};
 pub use strata_http::{ApiError, Dialect};
 /// Prompt tokens a scheduler round (a pipeline's pass) prefills while other sequences are

@@ -47,7 +47,7 @@ enum Command {
     Models(cmd_models::ModelsArgs),
     /// Show where and how a model would run on a cluster, and how fast.
     Plan(cmd_plan::PlanArgs),
-    /// Write a random-weight Llama GGUF of chosen dimensions (for scaling benchmarks).
+    /// Write a random-weight GGUF of any supported family and chosen dimensions.
     Synth(cmd_synth::SynthArgs),
     /// Run this machine's node of the cluster (discovery, membership, API).
     Node(cmd_cluster::NodeArgs),

@@ -1,5 +1,7 @@
-//! The inference engine: the forward pass of decoder families (Llama, Gemma 3, Qwen2, Qwen3; one
-//! file each under `models/`) over a shard of a model, its KV cache, sampling, and the generation loop that ties them to a tokenizer.
+//! The inference engine: the forward pass of fifteen decoder families (dense: Llama, Gemma 2 and
+//! 3, Qwen2 and 3, Phi-3, SmolLM3, Granite, Mistral 3, OLMo 2; mixtures of experts: Qwen3-MoE,
+//! Qwen2-MoE, OLMoE, gpt-oss, DeepSeek-V2/V3; one file each under `models/`) over a shard of a
+//! model, its KV cache, sampling, and the generation loop that ties them to a tokenizer.
 //!
 //! Main types: [`Model`] (a loaded [`ShardSpec`] of a GGUF model), [`KvCache`], [`Scratch`],
 //! [`Sampler`], and [`Generator`] (prompt in, streamed tokens and timing out). The model code is
