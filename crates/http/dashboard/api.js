@@ -89,3 +89,33 @@ export async function stream(path, body, onData, signal) {
     }
   }
 }
+
+/**
+ * POSTs body and calls onLine with each parsed line of an NDJSON answer (Ollama's progress
+ * lines) until it ends. Rejects with ApiError when the server refuses the request.
+ */
+export async function lines(path, body, onLine, signal) {
+  const sent = key();
+  const resp = await fetch(path, {
+    method: "POST",
+    headers: headers(true),
+    body: JSON.stringify(body),
+    signal,
+  });
+  if (!resp.ok) throw await failure(resp, sent);
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (value) buf += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, cut).trim();
+      buf = buf.slice(cut + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+    if (done) break;
+  }
+  if (buf.trim()) onLine(JSON.parse(buf));
+}

@@ -22,6 +22,7 @@ export function mount(el) {
     h("h2", {}, "Instances"),
     h("div", { id: "models-instances" }),
     h("h2", {}, "Models"),
+    h("div", { id: "get-model" }),
     h("div", { id: "catalog" }),
     h("div", { id: "preview" }));
 }
@@ -44,6 +45,37 @@ async function refreshCatalog(ctx) {
     catalogError = e.message;
   }
   update(ctx);
+}
+
+/** Fetches `ref` (a catalog id or `hf:OWNER/REPO[:QUANT]`) into this node's store through
+ * Ollama's pull, saying each file's progress, then lists it. */
+async function pull(ctx, ref) {
+  say(`Pulling ${ref}…`);
+  let failed = null;
+  try {
+    await api.lines("/api/pull", { model: ref }, (l) => {
+      if (l.error) failed = l.error;
+      else if (l.total) say(`Pulling ${ref}: ${l.digest} ${Math.floor((100 * l.completed) / l.total)} % of ${bytes(l.total)}`);
+      else if (l.status && l.status !== "success") say(`Pulling ${ref}: ${l.status}`);
+    });
+  } catch (e) {
+    failed = e.message;
+  }
+  if (failed) say(`Pulling ${ref} failed: ${failed}`, "bad");
+  else say(`${ref} is on this node.`, "ok");
+  await refreshCatalog(ctx);
+}
+
+/** The form that fetches a model by reference, or previews its placement directly (a node
+ * that places a hub model fetches only its shard). Admins only: it changes the nodes' disks. */
+function getModelForm(ctx) {
+  if (!ctx.whoami.admin) return null;
+  const ref = h("input", { id: "model-ref", type: "text", placeholder: "hf:owner/repo:Q4_K_M or a catalog id", "aria-label": "model reference", size: 36 });
+  const value = () => ref.value.trim();
+  return h("form", { class: "row get-model", onsubmit: (ev) => { ev.preventDefault(); if (value()) pull(ctx, value()); } },
+    ref,
+    h("button", { type: "submit", id: "pull-button" }, "Pull"),
+    h("button", { type: "button", class: "secondary", id: "place-ref-button", onclick: () => { if (value()) preview(ctx, value()); } }, "Place…"));
 }
 
 function offered(status) {
@@ -181,6 +213,7 @@ export function update(ctx) {
   redraw(root.querySelector("#models-instances"), [ctx.status?.instances, members, ctx.whoami.admin], () => instancesTable(ctx.status, ctx.whoami.admin
     ? (spec) => h("button", { type: "button", class: "small secondary", dataset: { unload: spec.id }, onclick: () => unload(ctx, spec.id) }, "Unload")
     : null));
+  redraw(root.querySelector("#get-model"), [ctx.whoami.admin], () => getModelForm(ctx));
   const room = Math.round(offered(ctx.status) / 1e8);
   redraw(root.querySelector("#catalog"), [catalog, catalogError, selected, room, ctx.whoami.admin], () => catalogError ? h("p", { class: "error" }, catalogError) :
     table("catalog", ["model", "family", "quant", "size", "context", "on this node", "fits", ""], catalog.map((m) => ({

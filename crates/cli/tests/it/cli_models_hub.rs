@@ -372,8 +372,6 @@ fn serve_pulls_a_hub_model_and_answers_for_it() {
     });
     let answer: serde_json::Value =
         serde_json::from_str(&curl("/v1/completions", Some(&body.to_string()))).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
     let text = answer["choices"][0]["text"].as_str().unwrap_or_default();
     assert!(!text.is_empty(), "{answer}");
     let total = std::fs::metadata(&w.catalog).unwrap().len();
@@ -381,4 +379,52 @@ fn serve_pulls_a_hub_model_and_answers_for_it() {
         w.hub.stats().cdn_bytes() >= total * 9 / 10,
         "serve fetched the model"
     );
+
+    // Ollama's pull takes a hub reference too: every part, with progress under each part's
+    // name, into the hub cache.
+    let before = w.hub.stats().cdn_bytes();
+    let pull = serde_json::json!({"model": format!("hf:{REPO}:Q4_1")}).to_string();
+    let lines: Vec<serde_json::Value> = curl("/api/pull", Some(&pull))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let digests: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l["completed"].is_u64())
+        .map(|l| l["digest"].as_str().unwrap())
+        .collect();
+    assert!(
+        digests.len() >= 2 && digests.iter().all(|d| d.contains("-of-")),
+        "{digests:?}"
+    );
+    assert!(w.hub.stats().cdn_bytes() - before >= total * 9 / 10);
+    let repo_dir = w
+        .cache()
+        .join(format!("models--{}", REPO.replace('/', "--")));
+    let held: u64 = files_under(&repo_dir.join("blobs"))
+        .iter()
+        .map(|f| f.1)
+        .sum();
+    assert!(held >= total, "{held} of {total} bytes in the cache");
+    // Once there, a pull says so without a byte from the hub.
+    let fetched = w.hub.stats().cdn_bytes();
+    let again = curl("/api/pull", Some(&pull));
+    assert!(again.contains("in the store already"), "{again}");
+    assert_eq!(w.hub.stats().cdn_bytes(), fetched);
+    // A repository the hub does not have is a 404 naming it (one answer when not streamed).
+    let out = Command::new("curl")
+        .args(["-s", "-m", "60", "-H", "content-type: application/json"])
+        .args(["-w", "\n%{http_code}", "-d"])
+        .arg(r#"{"model": "hf:nobody/nothing", "stream": false}"#)
+        .arg(format!("{url}/api/pull"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("404") && text.contains("nobody/nothing"),
+        "{text}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }

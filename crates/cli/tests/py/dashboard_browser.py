@@ -233,6 +233,11 @@ with sync_playwright() as pw:
         b.click()
         page.wait_for_selector(f"#models-instances tr[data-instance='{inst}']", state="detached", timeout=20000)
         step(f"unloaded {inst}")
+    # Pulling by reference through the form: the model is in the store, so it says so at once.
+    page.fill("#model-ref", args.model)
+    page.click("#pull-button")
+    page.wait_for_selector(f"#models-message.ok:has-text('{args.model} is on this node.')", timeout=60000)
+    step("pull through the form: on this node")
     page.click(f"button[data-preview='{args.model}']")
     try:
         row = page.wait_for_selector(".preview tr[data-strategy='tensor'] td.num", timeout=30000)
