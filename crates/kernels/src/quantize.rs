@@ -26,6 +26,10 @@
 //!
 //! IQ4_NL goes through `quantize_iq4_nl` (7 extra scale tries), not `quantize_row_iq4_nl_ref`
 //! (none), because that is what `ggml_quantize_chunk` calls.
+//!
+//! The block quantisers live by type family, as ggml-quants.c groups them: [`k_quants`],
+//! [`legacy`] and [`iq4`](mod@iq4); this module holds the dispatch and the rounding and f16
+//! conversions every family shares.
 
 use strata_gguf::GgmlType;
 
