@@ -53,8 +53,7 @@ pub enum Transport {
     Shm,
     /// Rank 0 only: shared memory when every rank turns out to share this host's `/dev/shm`
     /// as the same user, TCP otherwise. Ranks on one host then skip the kernel's TCP stack,
-    /// which on a loaded machine costs each message more than the link itself (see
-    /// BENCHMARKS.md, "Session 27").
+    /// which on a loaded machine costs each message more than the link itself.
     Auto,
 }
 
