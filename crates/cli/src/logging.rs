@@ -8,7 +8,8 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// The filter when `STRATA_LOG` is not set.
-const DEFAULT: &str = "warn,strata=info,strata_node=info,strata_api=info,strata_parallel=info";
+const DEFAULT: &str =
+    "warn,strata=info,strata_node=info,strata_api=info,strata_parallel=info,strata_store=info";
 
 /// Installs the subscriber (once; a second call changes nothing). A `STRATA_LOG` that does not
 /// parse is reported and the default used.

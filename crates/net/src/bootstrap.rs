@@ -53,8 +53,7 @@ pub enum Transport {
     Shm,
     /// Rank 0 only: shared memory when every rank turns out to share this host's `/dev/shm`
     /// as the same user, TCP otherwise. Ranks on one host then skip the kernel's TCP stack,
-    /// which on a loaded machine costs each message more than the link itself (see
-    /// BENCHMARKS.md, "Session 27").
+    /// which on a loaded machine costs each message more than the link itself.
     Auto,
 }
 
@@ -292,7 +291,7 @@ impl<'a> Incoming<'a> {
                     // A connection reset before it was accepted, or out of descriptors for a
                     // moment: neither stops the bootstrap.
                     Err(e) => {
-                        eprintln!("strata: rank {}: accepting a connection: {e}", self.me);
+                        tracing::warn!(rank = self.me, "accepting a connection: {e}");
                         break;
                     }
                 }
@@ -316,8 +315,10 @@ impl<'a> Incoming<'a> {
         let me = self.me;
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
-            eprintln!(
-                "strata: rank {me}: closed a connection from {from}: {MAX_PENDING} handshakes are already in progress"
+            tracing::warn!(
+                rank = me,
+                %from,
+                "closed a connection: {MAX_PENDING} handshakes are already in progress"
             );
             return;
         }
@@ -335,12 +336,12 @@ impl<'a> Incoming<'a> {
                 match result {
                     // After the bootstrap nobody listens any more; the connection just closes.
                     Ok(a) => drop(tx.send(a)),
-                    Err(e) => eprintln!("strata: rank {me}: refused a connection from {from}: {e}"),
+                    Err(e) => tracing::warn!(rank = me, %from, "refused a connection: {e}"),
                 }
             });
         if let Err(e) = spawned {
             self.pending.fetch_sub(1, Ordering::AcqRel);
-            eprintln!("strata: rank {me}: closed a connection from {from}: {e}");
+            tracing::warn!(rank = me, %from, "closed a connection: {e}");
         }
     }
 }

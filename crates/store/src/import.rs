@@ -25,6 +25,7 @@ use crate::catalog::Catalog;
 use crate::digest::hash_stream;
 use crate::error::{Error, IoContext, Result};
 use crate::install::{create_dir, readable_temp, sync_dir};
+use crate::notice;
 use crate::progress::PullEvent;
 use crate::store::{Store, local_file};
 
@@ -435,10 +436,10 @@ pub(crate) fn with_imports(mut base: Catalog, root: &Path) -> Catalog {
     base
 }
 
-/// Says on stderr that an import was skipped. The workspace has no logger to hand this to, and a
-/// skipped card must not vanish silently: its model would just look unknown.
+/// Reports that an import was skipped: a skipped card must not vanish silently, or its model
+/// would just look unknown.
 fn warn(what: &dyn Display) {
-    eprintln!("strata: warning: skipping an imported model: {what}");
+    notice::warn(&format_args!("skipping an imported model: {what}"));
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod error;
 mod fetch;
 mod import;
 mod install;
+mod notice;
 mod progress;
 mod store;
 #[cfg(test)]

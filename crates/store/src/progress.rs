@@ -3,8 +3,9 @@
 //! The store reports what it is doing as [`PullEvent`]s to a plain callback, so library callers
 //! (the engine, tests) can ignore or log them. [`TerminalProgress`] turns them into an indicatif
 //! spinner and byte bar on stderr, or into log lines when stderr is not a terminal (a log file,
-//! CI, `nohup`, a node's journal); it lives here rather than in the binary so that every front
-//! end reports a pull the same way.
+//! CI, `nohup`, a node's journal), reported through [`crate::notice`] so that a process that
+//! logs files them with the rest of its log; it lives here rather than in the binary so that
+//! every front end reports a pull the same way.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -156,7 +157,7 @@ impl TerminalProgress {
     pub fn handle(&mut self, event: PullEvent<'_>) {
         if let Some(lines) = &mut self.lines {
             if let Some(line) = lines.line(event) {
-                eprintln!("strata: {line}");
+                crate::notice::info(&line);
             }
             return;
         }

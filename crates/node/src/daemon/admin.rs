@@ -213,7 +213,7 @@ pub(super) async fn load(
             }
             Json(v).into_response()
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 
@@ -294,7 +294,7 @@ pub(super) async fn unload(
     let body = serde_json::to_vec(&b.instance).unwrap_or_default();
     match ask_leader(&shared, "unload", body).await {
         Ok(_) => Json(serde_json::json!({ "unloaded": b.instance })).into_response(),
-        Err(e) => error(StatusCode::NOT_FOUND, &e),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
 }
 

@@ -92,6 +92,56 @@ pub(super) fn states_settled(snap: &Snapshot, now_ms: u64) -> bool {
         .all(|m| m.state.is_some() || now_ms.saturating_sub(m.joined_at_ms) > FIRST_STATE_GRACE_MS)
 }
 
+/// Why a request to the leader failed. The asker reads only its text: the leader sends it back
+/// in its reply, and a member passes it on to its client.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LeaderError {
+    /// This node does not (or no longer) lead.
+    #[error("this node is not the leader")]
+    NotLeader,
+    /// The cluster has not chosen a leader yet.
+    #[error("the cluster has no leader yet")]
+    NoLeader,
+    /// A request whose body does not parse.
+    #[error("bad {op} request: {error}")]
+    BadRequest {
+        /// `load` or `unload`.
+        op: &'static str,
+        /// What is wrong with it.
+        error: serde_json::Error,
+    },
+    /// A request the leader does not know.
+    #[error("unknown request {0:?}")]
+    UnknownRequest(String),
+    /// No placement, or the model cannot be read.
+    #[error(transparent)]
+    Plan(#[from] Error),
+    /// The planning task did not finish.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    /// Unloading an instance the table does not hold.
+    #[error("no instance {0:?}")]
+    NoInstance(String),
+    /// The query could not be sent.
+    #[error("{0}")]
+    Query(zenoh::Error),
+    /// The leader did not answer in time.
+    #[error("the leader {0} did not answer")]
+    NoAnswer(String),
+    /// The leader answered with a failure of the query itself.
+    #[error("the leader {0} failed")]
+    Failed(String),
+    /// The leader's answer is not what a leader sends.
+    #[error("{0}")]
+    BadReply(serde_json::Error),
+    /// The leader refused the request, saying why.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a leader request gives.
+pub(super) type LeaderResult<T> = std::result::Result<T, LeaderError>;
+
 /// Answers `load` and `unload` sent to this node as leader.
 pub(super) async fn rpc_loop(
     shared: Arc<Shared>,
@@ -134,8 +184,8 @@ async fn answer_leader_request(shared: Arc<Shared>, q: zenoh::query::Query, op: 
         .payload()
         .map(|p| p.to_bytes().to_vec())
         .unwrap_or_default();
-    let answer: std::result::Result<serde_json::Value, String> = if !shared.control.is_leader() {
-        Err("this node is not the leader".into())
+    let answer: LeaderResult<serde_json::Value> = if !shared.control.is_leader() {
+        Err(LeaderError::NotLeader)
     } else {
         // A leader that has just started may hold a table older than the cluster's (it takes
         // up the newest a member publishes): a change made before it has heard every member
@@ -145,30 +195,33 @@ async fn answer_leader_request(shared: Arc<Shared>, q: zenoh::query::Query, op: 
         }
         // Leadership may have moved while it waited.
         if !shared.control.is_leader() {
-            return reply(&q, Err("this node is not the leader".into())).await;
+            return reply(&q, Err(LeaderError::NotLeader)).await;
         }
         match op.as_str() {
             "load" => match serde_json::from_slice::<LoadRequest>(&body) {
                 Ok(req) => leader_load(&shared, req)
                     .await
                     .map(|s| serde_json::to_value(s).unwrap_or_default()),
-                Err(e) => Err(format!("bad load request: {e}")),
+                Err(error) => Err(LeaderError::BadRequest { op: "load", error }),
             },
             "unload" => match serde_json::from_slice::<String>(&body) {
                 Ok(id) => leader_unload(&shared, &id).map(|()| serde_json::json!({})),
-                Err(e) => Err(format!("bad unload request: {e}")),
+                Err(error) => Err(LeaderError::BadRequest {
+                    op: "unload",
+                    error,
+                }),
             },
-            other => Err(format!("unknown request {other:?}")),
+            other => Err(LeaderError::UnknownRequest(other.to_string())),
         }
     };
     reply(&q, answer).await;
 }
 
-/// Sends a leader request's answer back.
-async fn reply(q: &zenoh::query::Query, answer: std::result::Result<serde_json::Value, String>) {
+/// Sends a leader request's answer back (an error as its text).
+async fn reply(q: &zenoh::query::Query, answer: LeaderResult<serde_json::Value>) {
     let bytes = serde_json::to_vec(&match answer {
         Ok(v) => serde_json::json!({ "ok": v }),
-        Err(e) => serde_json::json!({ "error": e }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
     })
     .unwrap_or_default();
     let _ = q.reply(q.key_expr().clone(), bytes).await;
@@ -177,17 +230,14 @@ async fn reply(q: &zenoh::query::Query, answer: std::result::Result<serde_json::
 pub(super) async fn leader_load(
     shared: &Arc<Shared>,
     req: LoadRequest,
-) -> std::result::Result<InstanceSpec, String> {
+) -> LeaderResult<InstanceSpec> {
     let snap = shared.control.snapshot();
     let topo = topology(&snap);
     let names = names(&snap);
     let r = req.clone();
     let peers = peers_of(shared);
     let (placement, facts) =
-        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, &peers))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || instances::plan(&r, &topo, &names, &peers)).await??;
     // Every rank, and every later re-placement, uses the context this placement was made for.
     let mut req = req;
     req.context = Some(req.context.unwrap_or(facts.default_context));
@@ -203,10 +253,10 @@ pub(super) async fn leader_load(
     Ok(spec)
 }
 
-pub(super) fn leader_unload(shared: &Shared, id: &str) -> std::result::Result<(), String> {
+pub(super) fn leader_unload(shared: &Shared, id: &str) -> LeaderResult<()> {
     let mut st = shared.state();
     if !st.table.table.iter().any(|s| s.id == id) {
-        return Err(format!("no instance {id:?}"));
+        return Err(LeaderError::NoInstance(id.to_string()));
     }
     st.table.change(|t| t.retain(|s| s.id != id));
     Ok(())
@@ -217,11 +267,8 @@ pub(super) async fn ask_leader(
     shared: &Shared,
     op: &str,
     body: Vec<u8>,
-) -> std::result::Result<serde_json::Value, String> {
-    let leader = shared
-        .control
-        .leader()
-        .ok_or("the cluster has no leader yet")?;
+) -> LeaderResult<serde_json::Value> {
+    let leader = shared.control.leader().ok_or(LeaderError::NoLeader)?;
     let key = format!("{}/rpc/{leader}/{op}", shared.control.prefix());
     let replies = shared
         .control
@@ -230,18 +277,18 @@ pub(super) async fn ask_leader(
         .payload(body)
         .timeout(Duration::from_secs(120))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(LeaderError::Query)?;
     let reply = replies
         .recv_async()
         .await
-        .map_err(|_| format!("the leader {leader} did not answer"))?;
+        .map_err(|_| LeaderError::NoAnswer(leader.clone()))?;
     let sample = reply
         .result()
-        .map_err(|_| format!("the leader {leader} failed"))?;
+        .map_err(|_| LeaderError::Failed(leader.clone()))?;
     let v: serde_json::Value =
-        serde_json::from_slice(&sample.payload().to_bytes()).map_err(|e| e.to_string())?;
+        serde_json::from_slice(&sample.payload().to_bytes()).map_err(LeaderError::BadReply)?;
     match v.get("error").and_then(|e| e.as_str()) {
-        Some(e) => Err(e.to_string()),
+        Some(e) => Err(LeaderError::Refused(e.to_string())),
         None => Ok(v["ok"].clone()),
     }
 }
@@ -371,5 +418,29 @@ mod tests {
             member("5", now - FIRST_STATE_GRACE_MS - 1, false),
         ]);
         assert!(states_settled(&mute, now));
+    }
+
+    #[test]
+    fn a_leader_error_reads_as_the_asker_is_told() {
+        let bad = serde_json::from_slice::<String>(b"{").expect_err("not a string");
+        let why = bad.to_string();
+        let said = |e: LeaderError| e.to_string();
+        assert_eq!(said(LeaderError::NotLeader), "this node is not the leader");
+        assert_eq!(
+            said(LeaderError::NoInstance("i-1".into())),
+            r#"no instance "i-1""#
+        );
+        assert_eq!(
+            said(LeaderError::UnknownRequest("drop".into())),
+            r#"unknown request "drop""#
+        );
+        assert_eq!(
+            said(LeaderError::BadRequest {
+                op: "unload",
+                error: bad
+            }),
+            format!("bad unload request: {why}")
+        );
+        assert_eq!(said(LeaderError::Refused("full".into())), "full");
     }
 }
