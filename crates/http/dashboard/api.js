@@ -54,11 +54,9 @@ export async function call(path, { method = "GET", body, signal } = {}) {
   return type.includes("json") ? resp.json() : resp.text();
 }
 
-/**
- * POSTs body and calls onData with each server-sent event's parsed data until the stream ends
- * (or `[DONE]`). Rejects with ApiError when the server refuses the request.
- */
-export async function stream(path, body, onData, signal) {
+/** POSTs body and yields the answer's text as it arrives; rejects with ApiError when the
+ * server refuses the request. */
+async function* chunks(path, body, signal) {
   const sent = key();
   const resp = await fetch(path, {
     method: "POST",
@@ -69,11 +67,21 @@ export async function stream(path, body, onData, signal) {
   if (!resp.ok) throw await failure(resp, sent);
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
-  let buf = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
-    buf += decoder.decode(value, { stream: true });
+    if (done) return;
+    yield decoder.decode(value, { stream: true });
+  }
+}
+
+/**
+ * POSTs body and calls onData with each server-sent event's parsed data until the stream ends
+ * (or `[DONE]`). Rejects with ApiError when the server refuses the request.
+ */
+export async function stream(path, body, onData, signal) {
+  let buf = "";
+  for await (const text of chunks(path, body, signal)) {
+    buf += text;
     let cut;
     while ((cut = buf.indexOf("\n\n")) >= 0) {
       const event = buf.slice(0, cut);
@@ -95,27 +103,15 @@ export async function stream(path, body, onData, signal) {
  * lines) until it ends. Rejects with ApiError when the server refuses the request.
  */
 export async function lines(path, body, onLine, signal) {
-  const sent = key();
-  const resp = await fetch(path, {
-    method: "POST",
-    headers: headers(true),
-    body: JSON.stringify(body),
-    signal,
-  });
-  if (!resp.ok) throw await failure(resp, sent);
-  const reader = resp.body.getReader();
-  const decoder = new TextDecoder();
   let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (value) buf += decoder.decode(value, { stream: true });
+  for await (const text of chunks(path, body, signal)) {
+    buf += text;
     let cut;
     while ((cut = buf.indexOf("\n")) >= 0) {
       const line = buf.slice(0, cut).trim();
       buf = buf.slice(cut + 1);
       if (line) onLine(JSON.parse(line));
     }
-    if (done) break;
   }
   if (buf.trim()) onLine(JSON.parse(buf));
 }
