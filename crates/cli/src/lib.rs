@@ -87,6 +87,8 @@ pub fn main() -> ExitCode {
         Command::Serve(_) | Command::Node(_) | Command::Worker(_)
     ) {
         logging::init();
+    } else {
+        logging::init_plain();
     }
     let supervised = match &cli.cmd {
         Command::Serve(a) if !a.no_supervise => Some("strata serve"),

@@ -28,3 +28,53 @@ pub(crate) fn init() {
         .with_target(false)
         .try_init();
 }
+
+/// The filter of the one-shot commands when `STRATA_LOG` is not set: what the store reports
+/// (a pull's progress, a skipped import) and every library's warnings.
+const DEFAULT_PLAIN: &str = "warn,strata_store=info";
+
+/// Installs the subscriber of a one-shot command (`run`, `models`, `load`...): events as plain
+/// `strata: ...` lines on standard error, as the command's own messages are, with no time or
+/// level beyond a `warning:` or `error:`. The libraries report through `tracing` alone; this is
+/// where a command's user sees it.
+pub(crate) fn init_plain() {
+    let filter = std::env::var("STRATA_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new(DEFAULT_PLAIN));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .event_format(Plain)
+        .try_init();
+}
+
+/// `strata: [warning: |error: ]MESSAGE [FIELDS]`.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = *event.metadata().level();
+        let tag = if level == tracing::Level::ERROR {
+            "error: "
+        } else if level == tracing::Level::WARN {
+            "warning: "
+        } else {
+            ""
+        };
+        write!(w, "strata: {tag}")?;
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
+}

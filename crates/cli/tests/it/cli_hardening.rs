@@ -567,7 +567,10 @@ fn schemas_that_aborted_the_process_are_refused_through_every_dialect() {
     }
     for schema in &bounded {
         for (route, body) in every_schema_path(schema) {
-            let a = server.post(route, &json_type, &body);
+            // Answered, not refused: generation under a grammar takes its time on a busy
+            // machine, and what is checked here is that the process lives on.
+            let req = Proc::post_request(server.addr, route, &json_type, &body);
+            let a = server.raw_within(&req, Duration::from_secs(60));
             let head = &a[..a.len().min(600)];
             assert!(matches!(status(&a), 200 | 400), "{route}: {head}");
         }
