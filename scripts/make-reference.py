@@ -18,6 +18,7 @@ Synthetic models of any family (random weights, real tokenizer):
     python3 scripts/make-reference.py --synth qwen3 q4_k_m > fixtures/reference/synth-qwen3-q4_k_m.json
     python3 scripts/make-reference.py --synth olmo2-swa q8_0 > fixtures/reference/synth-olmo2-swa-q8_0.json
     python3 scripts/make-reference.py --synth llama-hd64 iq4_xs_mix > fixtures/reference/synth-llama-hd64-iq4_xs_mix.json
+    python3 scripts/make-reference.py --synth llama-hd64-untied iq4_xs_mix > fixtures/reference/synth-llama-hd64-untied-iq4_xs_mix-avx512.json
 
 writes the family's model (a SYNTH variant such as `olmo2-swa` names its architecture and extra
 synth flags) in f32 with `strata synth` (dimensions and seed from SYNTH below, the
@@ -100,6 +101,10 @@ SYNTH = {
                        head_dim=None, seed=7),
     "qwen2-hd64": dict(arch="qwen2", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
                        head_dim=None, seed=7),
+    # The same with a separate output.weight, as a file gguf-py wrote (issue 47): llama-quantize's
+    # IQ4_XS mix then puts the head in Q6_K and leaves token_embd in IQ4_XS (read by get_rows).
+    "llama-hd64-untied": dict(arch="llama", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
+                              head_dim=None, seed=7, untied=True),
     # Phi-3 as the 4k-context checkpoints' files are: fused attn_qkv and ffn_up, no LongRoPE
     # factors, six tensors a layer; and with separate attn_q/k/v, which llama.cpp also loads.
     "phi3-4k": dict(arch="phi3", layers=4, embd=256, ff=512, heads=4, kv_heads=2,

@@ -75,6 +75,9 @@ pub(crate) struct SynthArgs {
     /// phi3: no LongRoPE factors or scaling keys (as Phi-3-mini-4k's files).
     #[arg(long)]
     no_longrope: bool,
+    /// A separate `output.weight` (LM head) even for families whose converter ties it.
+    #[arg(long)]
+    untied: bool,
 }
 
 fn parse_type(s: &str) -> std::result::Result<GgmlType, String> {
@@ -131,6 +134,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
     let layout = SynthLayout {
         split_qkv: a.split_qkv,
         no_longrope: a.no_longrope,
+        untied: a.untied,
     };
     let bytes = strata_engine::synth::synth_with(&spec, layout, &base)?;
     let tmp = a.output.with_extension("gguf.partial");

@@ -357,6 +357,11 @@ pub struct SynthLayout {
     /// Phi-3: no LongRoPE factors and no `rope.scaling.*` keys, as the 4k-context
     /// checkpoints' files have (six tensors a layer, three outside them).
     pub no_longrope: bool,
+    /// A separate `output.weight` even where the family's converter ties the LM head to the
+    /// embedding (a file written by other tools, `gguf-py` say): llama-quantize then gives the
+    /// head its own type (Q6_K) and leaves `token_embd` in the base type, read through
+    /// `get_rows`, a pairing a tied file never has.
+    pub untied: bool,
 }
 
 /// Writes the model `spec` describes, with the tokenizer of `tokenizer_from`, as GGUF bytes.
@@ -631,10 +636,12 @@ pub fn synth_with(
     };
     matrix(&mut w, "token_embd.weight", e, vocab);
     vector(&mut w, "output_norm.weight", &[e], 1.0, 0.2);
-    if matches!(
-        s.arch,
-        Arch::Olmo2 | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe
-    ) {
+    if layout.untied
+        || matches!(
+            s.arch,
+            Arch::Olmo2 | Arch::GptOss | Arch::Olmoe | Arch::Qwen2Moe
+        )
+    {
         // llama.cpp requires these families' own LM head.
         matrix(&mut w, "output.weight", e, vocab);
     }

@@ -146,6 +146,7 @@ fn check_synthetic(name: &str) {
     let layout = SynthLayout {
         split_qkv: flag("split_qkv"),
         no_longrope: flag("no_longrope"),
+        untied: flag("untied"),
     };
     let bytes = synth_with(&spec, layout, &base).unwrap();
     let path =
@@ -481,6 +482,16 @@ fn synthetic_llama_iq4_xs_mix_with_64_wide_heads_matches_llama_cpp() {
 #[test]
 fn synthetic_qwen2_iq4_xs_mix_with_64_wide_heads_matches_llama_cpp() {
     check_synthetic("synth-qwen2-hd64-iq4_xs_mix");
+}
+
+/// Issue 47's IQ4_XS report: a llama file with its own `output.weight` (as `gguf-py` writes
+/// it), through `llama-quantize`'s IQ4_XS mix: the head in Q6_K, `token_embd` left in IQ4_XS and
+/// read through `get_rows`. strata matches llama.cpp bit for bit here; the report compared with
+/// `llama-simple`, whose default `flash_attn = auto` turns flash attention on for the CPU (a
+/// different attention float order: it differs from the non-flash path on Q8_0 files as much).
+#[test]
+fn synthetic_llama_untied_iq4_xs_mix_matches_llama_cpp() {
+    check_synthetic("synth-llama-hd64-untied-iq4_xs_mix-avx512");
 }
 
 /// The same against llama.cpp built with AVX-512 and VNNI, whose tiled K-quant kernel (taken by
