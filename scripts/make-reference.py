@@ -101,7 +101,7 @@ SYNTH = {
                        head_dim=None, seed=7),
     "qwen2-hd64": dict(arch="qwen2", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
                        head_dim=None, seed=7),
-    # The same with a separate output.weight, as a file gguf-py wrote (issue 47): llama-quantize's
+    # The same with a separate output.weight, as a file gguf-py wrote: llama-quantize's
     # IQ4_XS mix then puts the head in Q6_K and leaves token_embd in IQ4_XS (read by get_rows).
     "llama-hd64-untied": dict(arch="llama", layers=4, embd=256, ff=512, heads=4, kv_heads=2,
                               head_dim=None, seed=7, untied=True),

@@ -484,11 +484,11 @@ fn synthetic_qwen2_iq4_xs_mix_with_64_wide_heads_matches_llama_cpp() {
     check_synthetic("synth-qwen2-hd64-iq4_xs_mix");
 }
 
-/// Issue 47's IQ4_XS report: a llama file with its own `output.weight` (as `gguf-py` writes
-/// it), through `llama-quantize`'s IQ4_XS mix: the head in Q6_K, `token_embd` left in IQ4_XS and
-/// read through `get_rows`. strata matches llama.cpp bit for bit here; the report compared with
-/// `llama-simple`, whose default `flash_attn = auto` turns flash attention on for the CPU (a
-/// different attention float order: it differs from the non-flash path on Q8_0 files as much).
+/// A llama file with its own `output.weight` (as `gguf-py` writes it), through
+/// `llama-quantize`'s IQ4_XS mix: the head in Q6_K, `token_embd` left in IQ4_XS and
+/// read through `get_rows`. llama.cpp's `llama-simple` is no reference here: its default
+/// `flash_attn = auto` turns flash attention on for the CPU, a different attention float order
+/// (it differs from the non-flash path on Q8_0 files as much).
 #[test]
 fn synthetic_llama_untied_iq4_xs_mix_matches_llama_cpp() {
     check_synthetic("synth-llama-hd64-untied-iq4_xs_mix-avx512");
