@@ -175,13 +175,35 @@ fn import(store: &mut Store, path: &Path, id: Option<String>) -> anyhow::Result<
             path.display()
         );
     }
+    // A part of a split set stands for the whole set, found from its first part: the engine
+    // opens the set there, and the header check names a part that is missing or foreign.
+    let split = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(strata_gguf::split::parse_name)
+        .map(|(prefix, _, count)| (prefix.to_string(), count));
+    let (first, files) = match &split {
+        Some((prefix, count)) => {
+            let first = path.with_file_name(strata_gguf::split::part_name(prefix, 1, *count));
+            let set = GgufFile::open_header(&first)
+                .with_context(|| format!("{} cannot be imported", path.display()))?;
+            let files: Vec<PathBuf> = set.paths().into_iter().map(Path::to_path_buf).collect();
+            (first, files)
+        }
+        None => (path.to_path_buf(), vec![path.to_path_buf()]),
+    };
     let id = match id {
         Some(id) => {
             check_import_id(&id)?;
             id
         }
         None => {
-            let id = default_import_id(path);
+            // A split set's id is its prefix, without the part numbers.
+            let named = match &split {
+                Some((prefix, _)) => path.with_file_name(prefix),
+                None => path.to_path_buf(),
+            };
+            let id = default_import_id(&named);
             check_import_id(&id).with_context(|| {
                 format!(
                     "no usable id in the file name of {} (give one with --id)",
@@ -191,24 +213,10 @@ fn import(store: &mut Store, path: &Path, id: Option<String>) -> anyhow::Result<
             id
         }
     };
-    // The store keeps one file per model: a part of a split set would arrive without the
-    // others and fail at load.
-    if let Some((_, no, count)) = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(strata_gguf::split::parse_name)
-    {
-        anyhow::bail!(
-            "{} is part {no} of a {count}-part split model, and the store imports single files: \
-             run it in place (-m {}), or merge it first (llama-gguf-split --merge)",
-            path.display(),
-            path.display()
-        );
-    }
-    let meta = inspect(path).with_context(|| format!("{} cannot be imported", path.display()))?;
+    let meta = inspect(&first).with_context(|| format!("{} cannot be imported", path.display()))?;
     let imported = store
-        .import(path, &id, meta)
-        .with_context(|| format!("importing {}", path.display()))?;
+        .import_files(&files, &id, meta)
+        .with_context(|| format!("importing {}", first.display()))?;
     let card = &imported.card;
     let how = match imported.method {
         ImportMethod::AlreadyPresent => {
@@ -221,13 +229,17 @@ fn import(store: &mut Store, path: &Path, id: Option<String>) -> anyhow::Result<
         ImportMethod::HardLinked => "hard link",
         _ => "copy",
     };
+    let parts = match card.file_count() {
+        1 => String::new(),
+        n => format!(" in {n} parts"),
+    };
     println!(
-        "imported {} as {id} ({how}): {} {} {} {}, sha256 {}\n{}",
-        path.display(),
+        "imported {} as {id} ({how}): {} {} {} {}{parts}, sha256 {}\n{}",
+        first.display(),
         card.architecture,
         card.params,
         card.quant,
-        human_size(card.size),
+        human_size(card.total_size()),
         card.sha256,
         imported.path.display()
     );
@@ -376,7 +388,7 @@ fn table(models: &[ModelStatus]) -> String {
                 m.card.family.clone(),
                 m.card.params.clone(),
                 m.card.quant.clone(),
-                human_size(m.card.size),
+                human_size(m.card.total_size()),
                 if m.present { "yes" } else { "no" }.to_string(),
             ]
         })

@@ -10,9 +10,11 @@
 //! The bytes are checked against it as any copy is, and the card is kept, so this node can serve
 //! the import further.
 //!
-//! A transfer is one zenoh query: the first reply is a JSON head with the size and the model's
-//! card (`{"size": n, "card": {...}}`, or `{"error": "..."}`), then the file comes in 4 MiB
-//! replies, in order, over the encrypted control plane.
+//! A transfer is one zenoh query per file (a split import has one file per part): the first
+//! reply is a JSON head with the size and the model's card (`{"size": n, "card": {...}}`, or
+//! `{"error": "..."}`), then the file comes in 4 MiB replies, in order, over the encrypted
+//! control plane. A node that does not know the id asks for the card alone first, so that it
+//! asks only for the files it lacks.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -255,19 +257,13 @@ fn normalize(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// Copies model `id` from `peer` into `store`, checked against `local` (this node's card) or,
-/// when this node has none, against the import card the peer sends.
-fn fetch_from(
-    store: &mut Store,
-    id: &str,
-    local: Option<&ModelCard>,
-    peers: &Peers,
-    peer: &str,
-) -> Result<PathBuf> {
+/// Asks `peer` for `what` of model `id` (see [`serve`]); returns the head and the replies that
+/// follow it (the file's bytes, if a file was asked for).
+fn ask(peers: &Peers, peer: &str, id: &str, what: &str) -> Result<(serde_json::Value, Replies)> {
     let replies = peers
         .session
         .get(format!("{}/rpc/{peer}/model", peers.prefix))
-        .payload(id.as_bytes().to_vec())
+        .payload(format!("{id}#{what}").into_bytes())
         .consolidation(zenoh::query::ConsolidationMode::None)
         .timeout(Duration::from_secs(3600))
         .wait()
@@ -278,10 +274,27 @@ fn fetch_from(
     if let Some(e) = head.get("error").and_then(|e| e.as_str()) {
         return Err(Error::Instance(e.to_string()));
     }
-    let mut reader = Replies {
+    let reader = Replies {
         replies,
         buf: Vec::new(),
         at: 0,
+    };
+    Ok((head, reader))
+}
+
+/// Copies model `id` from `peer` into `store`, checked against `local` (this node's card) or,
+/// when this node has none, against the import card the peer sends. Each file of a split
+/// import is its own transfer, asked for only if this node lacks it.
+fn fetch_from(
+    store: &mut Store,
+    id: &str,
+    local: Option<&ModelCard>,
+    peers: &Peers,
+    peer: &str,
+) -> Result<PathBuf> {
+    let card = match local {
+        Some(card) => card.clone(),
+        None => peer_import_card(&ask(peers, peer, id, "card")?.0, id)?,
     };
     let origin = format!("node {peer}");
     let mut progress =
@@ -302,11 +315,20 @@ fn fetch_from(
         }
         progress.handle(ev);
     };
-    let installed = match local {
-        Some(card) => store.install_from(card, &mut reader, origin, &mut report),
-        None => {
-            let card = peer_import_card(&head, id)?;
-            store.install_import(&card, &mut reader, origin, &mut report)
+    let installed = if card.is_import() {
+        let mut open = |k: usize| -> std::io::Result<Box<dyn Read>> {
+            let (_, reader) =
+                ask(peers, peer, id, &k.to_string()).map_err(std::io::Error::other)?;
+            Ok(Box::new(reader))
+        };
+        store.install_import(&card, &mut open, origin, &mut report)
+    } else {
+        match ask(peers, peer, id, "0") {
+            Ok((_, mut reader)) => store.install_from(&card, &mut reader, origin, &mut report),
+            Err(e) => {
+                progress.finish();
+                return Err(e);
+            }
         }
     };
     progress.finish();
@@ -382,31 +404,49 @@ pub(crate) fn reply_error(q: &zenoh::query::Query, e: &str) {
         .wait();
 }
 
-/// Answers a peer's request for a model: the size and card, then the file, if it is an
-/// installed catalog model, built-in or imported (blocking; run it off the async threads).
+/// Answers a peer's request for a model, `ID#WHAT` (a bare `ID` is `ID#0`): for `card`, only the
+/// head, `{"card": {...}}`; for a file number `k` (0 is the first; a split import has one per
+/// part), the head `{"size": n, "card": {...}}` and then that file's bytes. Only installed
+/// catalog models, built-in or imported, are served (blocking; run it off the async threads).
 pub(crate) fn serve(q: &zenoh::query::Query) {
     let key = q.key_expr().clone();
-    let id = q
+    let payload = q
         .payload()
         .map(|p| String::from_utf8_lossy(&p.to_bytes()).into_owned())
         .unwrap_or_default();
-    let file = (|| -> std::result::Result<(std::fs::File, u64, ModelCard), String> {
+    // Ids never contain '#' (see `strata_store::check_import_id`).
+    let (id, what) = payload.split_once('#').unwrap_or((&payload, "0"));
+    let file = (|| -> std::result::Result<(Option<std::fs::File>, u64, ModelCard), String> {
         let store = Store::from_env().map_err(|e| e.to_string())?;
         // Catalog ids only (imports included): a peer never names a path.
-        let Some(card) = store.catalog().get(&id).cloned() else {
+        let Some(card) = store.catalog().get(id).cloned() else {
             return Err(format!("{id:?} is not a model this node knows"));
         };
-        if !store.is_present(&id).unwrap_or(false) {
+        if !store.is_present(id).unwrap_or(false) {
             return Err(format!("{id} is not installed here"));
         }
-        let path = store.path(&id).map_err(|e| e.to_string())?;
+        if what == "card" {
+            return Ok((None, 0, card));
+        }
+        let one = what
+            .parse::<usize>()
+            .ok()
+            .and_then(|k| card.file_card(k))
+            .ok_or_else(|| format!("{id} has no file {what:?}"))?;
+        let path = store.path(id).map_err(|e| e.to_string())?;
+        let path = path.with_file_name(&one.file_name);
         let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
         let len = f.metadata().map_err(|e| e.to_string())?.len();
-        Ok((f, len, card))
+        Ok((Some(f), len, card))
     })();
-    let (mut f, len, card) = match file {
+    let (f, len, card) = match file {
         Ok(x) => x,
         Err(e) => return reply_error(q, &e),
+    };
+    let Some(mut f) = f else {
+        let head = serde_json::json!({ "card": card });
+        let _ = q.reply(key, head.to_string()).wait();
+        return;
     };
     let head = serde_json::json!({ "size": len, "card": card });
     if q.reply(key.clone(), head.to_string()).wait().is_err() {

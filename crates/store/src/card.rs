@@ -48,6 +48,24 @@ pub struct ModelCard {
     pub description: String,
     /// Where the bytes come from.
     pub source: Source,
+    /// For a split GGUF (llama.cpp's `NAME-0000N-of-0000M.gguf` sets): the set's other files, in
+    /// order. `file_name`, `sha256` and `size` above describe the first part, which is the file
+    /// a loader opens (it finds the rest beside it by name). Only imports are split: a catalog
+    /// model's wheel parts always concatenate into one file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_files: Vec<ModelFile>,
+}
+
+/// One further file of a split model, pinned like the card's first file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    /// File name inside the model's directory (a bare name).
+    pub file_name: String,
+    /// Lowercase hex SHA-256 of the file.
+    pub sha256: String,
+    /// File size in bytes.
+    pub size: u64,
 }
 
 /// Where a model's bytes come from: parts concatenated in order, or a local import.
@@ -92,6 +110,31 @@ impl ModelCard {
     /// model with a download source.
     pub fn is_import(&self) -> bool {
         self.source.imported_from.is_some()
+    }
+
+    /// How many files the model has: 1, or the parts of a split set.
+    pub fn file_count(&self) -> usize {
+        1 + self.more_files.len()
+    }
+
+    /// The bytes of all the model's files.
+    pub fn total_size(&self) -> u64 {
+        self.size + self.more_files.iter().map(|f| f.size).sum::<u64>()
+    }
+
+    /// The card of the model's file `k` alone (0 is the first): this card with that file's name,
+    /// size and hash and no further files, which is what installing or checking one file of a
+    /// split set needs. `None` past the last file.
+    pub fn file_card(&self, k: usize) -> Option<ModelCard> {
+        let mut one = ModelCard {
+            more_files: Vec::new(),
+            ..self.clone()
+        };
+        if k > 0 {
+            let f = self.more_files.get(k - 1)?;
+            (one.file_name, one.sha256, one.size) = (f.file_name.clone(), f.sha256.clone(), f.size);
+        }
+        Some(one)
     }
 
     /// Parses and validates a card. `origin` names it in errors (a file name, say).
@@ -169,6 +212,44 @@ impl ModelCard {
                 ));
             }
             None => {}
+        }
+        if !self.more_files.is_empty() && !self.is_import() {
+            return Err(bad(
+                "more_files",
+                "only an imported model has more than one file".to_string(),
+            ));
+        }
+        for (i, f) in self.more_files.iter().enumerate() {
+            let n = i + 2;
+            if !is_plain_file_name(&f.file_name) || f.file_name == IMPORT_CARD_FILE {
+                return Err(bad(
+                    "more_files.file_name",
+                    format!(
+                        "file {n}: '{}' must be a bare file name, not '{IMPORT_CARD_FILE}'",
+                        f.file_name
+                    ),
+                ));
+            }
+            let earlier = std::iter::once(&self.file_name)
+                .chain(self.more_files[..i].iter().map(|f| &f.file_name));
+            if earlier.into_iter().any(|name| *name == f.file_name) {
+                return Err(bad(
+                    "more_files.file_name",
+                    format!("file {n}: '{}' is named twice", f.file_name),
+                ));
+            }
+            if !is_sha256_hex(&f.sha256) {
+                return Err(bad(
+                    "more_files.sha256",
+                    format!("file {n}: '{}' must be 64 lowercase hex digits", f.sha256),
+                ));
+            }
+            if f.size == 0 {
+                return Err(bad(
+                    "more_files.size",
+                    format!("file {n}: must be greater than 0"),
+                ));
+            }
         }
         for (i, part) in self.source.parts.iter().enumerate() {
             if !is_package_name(&part.package) {

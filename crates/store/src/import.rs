@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempPath;
 
-use crate::card::{IMPORT_CARD_FILE, ModelCard, Source, is_id};
+use crate::card::{IMPORT_CARD_FILE, ModelCard, ModelFile, Source, is_id};
 use crate::catalog::Catalog;
-use crate::digest::hash_stream;
+use crate::digest::{check_file, hash_stream};
 use crate::error::{Error, IoContext, Result};
 use crate::install::{create_dir, readable_temp, sync_dir};
 use crate::notice;
@@ -109,20 +109,49 @@ pub fn check_import_id(id: &str) -> Result<()> {
 }
 
 impl Store {
-    /// Imports the model file at `path` as `id`: hard-links it into the store (or copies it when
-    /// linking fails, e.g. across file systems), hashes it, and writes its card from `meta`.
-    ///
-    /// An id that already names a model (built-in or imported) is refused unless the file is
-    /// that model's (same SHA-256): then nothing changes ([`ImportMethod::AlreadyPresent`]), or,
-    /// if that model's file is missing here, this file is installed for it. The caller is
-    /// responsible for having checked that the file is a model the engine can load.
+    /// Imports the model file at `path` as `id` (see [`import_files`](Self::import_files)).
     pub fn import(&mut self, path: &Path, id: &str, meta: ImportMeta) -> Result<Imported> {
+        self.import_files(&[path.to_path_buf()], id, meta)
+    }
+
+    /// Imports the model made of `files` as `id`: one file, or every part of a split GGUF in
+    /// order (the first is the one a loader opens, and the names are kept, so the loader finds
+    /// the others beside it). Each file is hard-linked into the store (or copied when linking
+    /// fails, e.g. across file systems) and hashed, and the card is written from `meta`.
+    ///
+    /// An id that already names a model (built-in or imported) is refused unless the files are
+    /// that model's (same SHA-256 each): then nothing changes ([`ImportMethod::AlreadyPresent`]),
+    /// or the files missing here are installed for it. The caller is responsible for having
+    /// checked that the files are a model the engine can load.
+    pub fn import_files(
+        &mut self,
+        files: &[PathBuf],
+        id: &str,
+        meta: ImportMeta,
+    ) -> Result<Imported> {
         check_import_id(id)?;
-        let len = local_file(path)?.len();
-        let from = std::path::absolute(path)
-            .at("resolving", path)?
+        let Some(first) = files.first() else {
+            return Err(Error::InvalidImportId {
+                id: id.to_string(),
+                reason: "there is no file to import under it".to_string(),
+            });
+        };
+        let mut sizes = Vec::with_capacity(files.len());
+        for path in files {
+            sizes.push(local_file(path)?.len());
+        }
+        let from = std::path::absolute(first)
+            .at("resolving", first)?
             .display()
             .to_string();
+        let name = |p: &Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        // Hashes are placeholders until the files are hashed; checked now so that a bad name
+        // or metadata fails before a large file is copied.
+        let placeholder = "0".repeat(64);
         let mut card = ModelCard {
             id: id.to_string(),
             family: meta.family,
@@ -130,26 +159,33 @@ impl Store {
             params: meta.params,
             quant: meta.quant,
             context_length: meta.context_length,
-            file_name: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            // Placeholders until the file is hashed; checked now so that a bad name or
-            // metadata fails before a large file is copied.
-            sha256: "0".repeat(64),
-            size: len,
+            file_name: name(first),
+            sha256: placeholder.clone(),
+            size: sizes[0],
             license: meta.license,
-            description: format!("imported from {from}"),
+            description: match files.len() {
+                1 => format!("imported from {from}"),
+                n => format!("imported from {from} and its {} other parts", n - 1),
+            },
             source: Source {
                 parts: Vec::new(),
                 imported_from: Some(from),
             },
+            more_files: files[1..]
+                .iter()
+                .zip(&sizes[1..])
+                .map(|(p, &size)| ModelFile {
+                    file_name: name(p),
+                    sha256: placeholder.clone(),
+                    size,
+                })
+                .collect(),
         };
-        let origin = format!("for {}", path.display());
+        let origin = format!("for {}", first.display());
         card.validate(&origin)?;
-        // A different size cannot be the same file: refuse before copying anything.
+        // Different sizes cannot be the same files: refuse before copying anything.
         if let Some(existing) = self.existing_card(id)
-            && existing.size != len
+            && !same_sizes(&existing, &sizes)
         {
             return Err(conflict(&existing));
         }
@@ -157,19 +193,37 @@ impl Store {
         create_dir(&tmp_dir)?;
         let _lock = self.lock_model(id, &mut |_| {})?;
         self.remove_stale_temps(id)?;
-        let staged = stage(path, &tmp_dir, id, self.link_imports)?;
+        let mut staged = Vec::with_capacity(files.len());
+        for path in files {
+            staged.push(stage(path, &tmp_dir, id, self.link_imports)?);
+        }
+        let method = if staged.iter().all(|s| s.method == ImportMethod::HardLinked) {
+            ImportMethod::HardLinked
+        } else {
+            ImportMethod::Copied
+        };
 
         // Looked up again under the lock, where another process's import of this id is visible.
         if let Some(existing) = self.existing_card(id) {
-            if existing.sha256 != staged.sha256 {
+            let hashes = (0..existing.file_count()).filter_map(|k| existing.file_card(k));
+            if existing.file_count() != staged.len()
+                || hashes.zip(&staged).any(|(one, s)| one.sha256 != s.sha256)
+            {
                 return Err(conflict(&existing));
             }
             let dest = self.card_path(&existing);
             let method = if self.installed(&existing) {
                 ImportMethod::AlreadyPresent
             } else {
-                self.place(staged.file, &existing)?;
-                staged.method
+                for (k, s) in staged.into_iter().enumerate() {
+                    let Some(one) = existing.file_card(k) else {
+                        break;
+                    };
+                    if !self.file_installed(&one) {
+                        self.place(s.file, &one)?;
+                    }
+                }
+                method
             };
             if self.catalog.get(id).is_none() {
                 self.catalog.add(existing.clone())?;
@@ -181,28 +235,49 @@ impl Store {
             });
         }
 
-        (card.sha256, card.size) = (staged.sha256, staged.size);
-        card.validate(&origin)?;
-        let dest = self.place(staged.file, &card)?;
+        let mut staged = staged.into_iter();
+        if let Some(s) = staged.next() {
+            (card.sha256, card.size) = (s.sha256.clone(), s.size);
+            card.more_files = card
+                .more_files
+                .into_iter()
+                .zip(staged.as_slice())
+                .map(|(f, s)| ModelFile {
+                    sha256: s.sha256.clone(),
+                    size: s.size,
+                    ..f
+                })
+                .collect();
+            card.validate(&origin)?;
+            self.place(s.file, &card)?;
+        }
+        for (k, s) in staged.enumerate() {
+            if let Some(one) = card.file_card(k + 1) {
+                self.place(s.file, &one)?;
+            }
+        }
+        let dest = self.card_path(&card);
         self.write_import_card(&card)?;
         self.catalog.add(card.clone())?;
         Ok(Imported {
             card,
             path: dest,
-            method: staged.method,
+            method,
         })
     }
 
-    /// Installs an imported model's file from `source` (a peer's copy) under `card`, which must
-    /// be an import card, then writes the card, so this node has the import too and can serve it
-    /// further. The bytes get [`install_from`](Self::install_from)'s checks (size and SHA-256
-    /// against the card, before anything reaches the final path).
+    /// Installs an imported model's files from a peer's copy under `card`, which must be an
+    /// import card, then writes the card, so this node has the import too and can serve it
+    /// further. `open(k)` gives the bytes of the model's file `k` (0 is the first; a split set
+    /// has one per part); it is called only for files this store lacks. The bytes get
+    /// [`install_from`](Self::install_from)'s checks (size and SHA-256 against the card, before
+    /// anything reaches the final path). Returns the path of the first file.
     ///
     /// A card whose id already names a different model here is refused, as an import would be.
     pub fn install_import(
         &mut self,
         card: &ModelCard,
-        source: &mut dyn Read,
+        open: &mut dyn FnMut(usize) -> std::io::Result<Box<dyn Read>>,
         origin: &Path,
         on_event: &mut dyn FnMut(PullEvent<'_>),
     ) -> Result<PathBuf> {
@@ -216,18 +291,35 @@ impl Store {
             });
         }
         let card = match self.existing_card(&card.id) {
-            // The local card decides the file name; the bytes are the same either way.
-            Some(existing) if existing.sha256 == card.sha256 => existing,
+            // The local card decides the file names; the bytes are the same either way.
+            Some(existing) if same_files(&existing, card) => existing,
             Some(existing) => return Err(conflict(&existing)),
             None => card.clone(),
         };
-        let path = self.install_from(&card, source, origin, on_event)?;
-        if card.is_import() {
+        for k in 0..card.file_count() {
+            let Some(one) = card.file_card(k) else { break };
+            // A file already here is checked without opening the source at all.
+            if self.file_installed(&one) {
+                let path = self.card_path(&one);
+                on_event(PullEvent::Verifying { path: &path });
+                if check_file(&one, &path, on_event).is_ok() {
+                    continue;
+                }
+            }
+            let mut source = open(k).map_err(|error| Error::Io {
+                action: "fetching",
+                path: origin.to_path_buf(),
+                error,
+            })?;
+            self.install_from(&one, &mut source, origin, on_event)?;
+        }
+        {
             let _lock = self.lock_model(&card.id, &mut |_| {})?;
             if !self.import_card_path(&card.id).is_file() {
                 self.write_import_card(&card)?;
             }
         }
+        let path = self.card_path(&card);
         if self.catalog.get(&card.id).is_none() {
             self.catalog.add(card)?;
         }
@@ -343,6 +435,25 @@ fn stage(src: &Path, tmp_dir: &Path, id: &str, link: bool) -> Result<Staged> {
             })
         }
     }
+}
+
+/// Whether `a` and `b` pin the same files' bytes, in order (names may differ).
+fn same_files(a: &ModelCard, b: &ModelCard) -> bool {
+    a.sha256 == b.sha256
+        && a.more_files.len() == b.more_files.len()
+        && a.more_files
+            .iter()
+            .zip(&b.more_files)
+            .all(|(x, y)| x.sha256 == y.sha256)
+}
+
+/// Whether `card`'s files have exactly `sizes`, in order.
+fn same_sizes(card: &ModelCard, sizes: &[u64]) -> bool {
+    card.file_count() == sizes.len()
+        && (0..card.file_count())
+            .filter_map(|k| card.file_card(k))
+            .zip(sizes)
+            .all(|(one, &size)| one.size == size)
 }
 
 fn conflict(existing: &ModelCard) -> Error {

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -49,6 +50,15 @@ fn meta() -> ImportMeta {
         quant: "Q8_0".to_string(),
         context_length: 2048,
         license: "unknown".to_string(),
+    }
+}
+
+/// A peer that has `files` (file k's bytes at index k): the `open` of
+/// [`Store::install_import`].
+fn serve(files: Vec<Vec<u8>>) -> impl FnMut(usize) -> std::io::Result<Box<dyn Read>> {
+    move |k| match files.get(k) {
+        Some(b) => Ok(Box::new(std::io::Cursor::new(b.clone()))),
+        None => Err(std::io::Error::other(format!("no file {k}"))),
     }
 }
 
@@ -417,14 +427,24 @@ fn install_import_takes_a_peers_copy_and_keeps_its_card() {
     let origin = Path::new("node a");
     // Wrong bytes: refused, nothing installed, no card.
     let err = b
-        .install_import(&card, &mut &bytes(5000, 12)[..], origin, &mut |_| {})
+        .install_import(
+            &card,
+            &mut serve(vec![bytes(5000, 12)]),
+            origin,
+            &mut |_| {},
+        )
         .unwrap_err();
     assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
     assert!(!fx.root.join("models/shared/card.toml").exists());
     assert!(!fx.root.join("models/shared/shared.gguf").exists());
 
     let path = b
-        .install_import(&card, &mut &content[..], origin, &mut |_| {})
+        .install_import(
+            &card,
+            &mut serve(vec![content.clone()]),
+            origin,
+            &mut |_| {},
+        )
         .unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), content);
     let b_again = fx.store();
@@ -435,7 +455,12 @@ fn install_import_takes_a_peers_copy_and_keeps_its_card() {
     // A catalog card is not an import; an id taken by another file is refused.
     let tiny = b_again.catalog().cards()[0].clone();
     let err = b
-        .install_import(&tiny, &mut &content[..], origin, &mut |_| {})
+        .install_import(
+            &tiny,
+            &mut serve(vec![content.clone()]),
+            origin,
+            &mut |_| {},
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -450,7 +475,157 @@ fn install_import_takes_a_peers_copy_and_keeps_its_card() {
     let mut other = card.clone();
     other.sha256 = "ab".repeat(32);
     let err = b
-        .install_import(&other, &mut &content[..], origin, &mut |_| {})
+        .install_import(
+            &other,
+            &mut serve(vec![content.clone()]),
+            origin,
+            &mut |_| {},
+        )
         .unwrap_err();
     assert!(matches!(err, Error::ImportConflict { .. }), "{err}");
+}
+
+/// Three parts of a split GGUF, by llama.cpp's names, in a source directory.
+fn split_set(fx: &Fixture) -> (Vec<PathBuf>, Vec<Vec<u8>>) {
+    let contents: Vec<Vec<u8>> = (0..3u8)
+        .map(|k| bytes(3000 + 100 * k as usize, 40 + k))
+        .collect();
+    let paths = contents
+        .iter()
+        .enumerate()
+        .map(|(k, c)| fx.source(&format!("big-{:05}-of-00003.gguf", k + 1), c))
+        .collect();
+    (paths, contents)
+}
+
+#[test]
+fn a_split_set_imports_under_one_id_with_every_part_pinned() {
+    let fx = Fixture::new();
+    let (paths, contents) = split_set(&fx);
+    let mut store = fx.store();
+    let imported = store.import_files(&paths, "big", meta()).unwrap();
+    assert_eq!(imported.method, ImportMethod::HardLinked);
+    let card = &imported.card;
+    assert_eq!(card.file_name, "big-00001-of-00003.gguf");
+    assert_eq!(card.file_count(), 3);
+    assert_eq!(
+        card.total_size(),
+        contents.iter().map(|c| c.len() as u64).sum::<u64>()
+    );
+    assert_eq!(
+        imported.path,
+        fx.root.join("models/big/big-00001-of-00003.gguf")
+    );
+    for (k, c) in contents.iter().enumerate() {
+        let one = card.file_card(k).unwrap();
+        let path = fx.root.join("models/big").join(&one.file_name);
+        assert_eq!(std::fs::read(&path).unwrap(), *c, "part {}", k + 1);
+        assert_eq!(one.size, c.len() as u64);
+    }
+    assert!(card.file_card(3).is_none());
+    // The card reads back, verifies, and every part counts for presence.
+    let again = fx.store();
+    assert_eq!(again.catalog().get("big"), Some(card));
+    assert!(again.is_present("big").unwrap());
+    again.verify("big").unwrap();
+    assert_eq!(
+        store.import_files(&paths, "big", meta()).unwrap().method,
+        ImportMethod::AlreadyPresent
+    );
+
+    // A damaged later part is what verify names, and a missing one makes the model absent.
+    let third = fx.root.join("models/big/big-00003-of-00003.gguf");
+    std::fs::remove_file(&third).unwrap();
+    std::fs::write(&third, bytes(3200, 99)).unwrap();
+    let err = again.verify("big").unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    std::fs::remove_file(&third).unwrap();
+    assert!(!fx.store().is_present("big").unwrap());
+    // Re-importing the same set fills the gap; a set with other bytes is refused.
+    let mut s = fx.store();
+    assert_ne!(
+        s.import_files(&paths, "big", meta()).unwrap().method,
+        ImportMethod::AlreadyPresent
+    );
+    s.verify("big").unwrap();
+    let mut swapped = paths.clone();
+    swapped.swap(0, 1);
+    let err = s.import_files(&swapped, "big", meta()).unwrap_err();
+    assert!(matches!(err, Error::ImportConflict { .. }), "{err}");
+    let err = s.import_files(&paths[..2], "big", meta()).unwrap_err();
+    assert!(matches!(err, Error::ImportConflict { .. }), "{err}");
+
+    // Removal takes every part and the card.
+    assert!(s.remove("big").unwrap());
+    assert_eq!(entries(&fx.root.join("models")), Vec::<PathBuf>::new());
+    assert_tmp_empty(&fx.root);
+}
+
+#[test]
+fn a_peer_copy_of_a_split_import_fetches_each_missing_part() {
+    let fx = Fixture::new();
+    let (paths, contents) = split_set(&fx);
+    let mut a = Store::new(fx.dir.path().join("node-a"));
+    let card = a.import_files(&paths, "big", meta()).unwrap().card;
+
+    let mut b = fx.store();
+    let origin = Path::new("node a");
+    // The second part's bytes are wrong: refused, and no card is written.
+    let mut bad = contents.clone();
+    bad[1] = bytes(contents[1].len(), 7);
+    let err = b
+        .install_import(&card, &mut serve(bad), origin, &mut |_| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    assert!(!fx.root.join("models/big/card.toml").exists());
+    // The good first part stays; the next copy asks only for what is missing.
+    let mut asked = Vec::new();
+    let mut peer = serve(contents.clone());
+    let path = b
+        .install_import(
+            &card,
+            &mut |k| {
+                asked.push(k);
+                peer(k)
+            },
+            origin,
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(asked, vec![1, 2]);
+    assert_eq!(path, fx.root.join("models/big/big-00001-of-00003.gguf"));
+    let b = fx.store();
+    assert_eq!(b.catalog().get("big"), Some(&card));
+    b.verify("big").unwrap();
+    assert_tmp_empty(&fx.root);
+}
+
+#[test]
+fn split_cards_are_checked_file_by_file() {
+    let fx = Fixture::new();
+    let (paths, _) = split_set(&fx);
+    let card = fx.store().import_files(&paths, "big", meta()).unwrap().card;
+    let field = |c: &ModelCard| match c.validate("test") {
+        Err(Error::InvalidCard { field, .. }) => field,
+        other => panic!("expected InvalidCard, got {other:?}"),
+    };
+    let mut c = card.clone();
+    c.more_files[0].file_name = "../x.gguf".into();
+    assert_eq!(field(&c), "more_files.file_name");
+    let mut c = card.clone();
+    c.more_files[1].file_name = c.file_name.clone();
+    assert_eq!(field(&c), "more_files.file_name");
+    let mut c = card.clone();
+    c.more_files[0].file_name = "card.toml".into();
+    assert_eq!(field(&c), "more_files.file_name");
+    let mut c = card.clone();
+    c.more_files[0].sha256 = "x".into();
+    assert_eq!(field(&c), "more_files.sha256");
+    let mut c = card.clone();
+    c.more_files[0].size = 0;
+    assert_eq!(field(&c), "more_files.size");
+    // A catalog card (with download parts) is one file.
+    let mut c = card.clone();
+    c.source = fx.store().catalog().cards()[0].source.clone();
+    assert_eq!(field(&c), "more_files");
 }

@@ -35,7 +35,7 @@ mod store;
 #[cfg(test)]
 mod testutil;
 
-pub use card::{IMPORT_CARD_FILE, ModelCard, Source, WheelPart};
+pub use card::{IMPORT_CARD_FILE, ModelCard, ModelFile, Source, WheelPart};
 pub use catalog::{Catalog, DEFAULT_MODEL_ID, default_model_id};
 pub use elsewhere::{Elsewhere, Found, SCHEMES, is_elsewhere};
 pub use error::{Error, Result};

@@ -333,34 +333,41 @@ impl Store {
         })
     }
 
-    /// Re-hashes model `id`'s installed file; returns its path if it matches the card.
+    /// Re-hashes model `id`'s installed files (every part of a split set); returns the path of
+    /// the first if all match the card.
     pub fn verify(&self, id: &str) -> Result<PathBuf> {
         let card = self.catalog.card(id)?;
-        let path = self.card_path(card);
-        if !path.is_file() {
-            return Err(Error::NotPresent {
-                id: card.id.clone(),
-                path,
-            });
+        for one in (0..card.file_count()).filter_map(|k| card.file_card(k)) {
+            let path = self.card_path(&one);
+            if !path.is_file() {
+                return Err(Error::NotPresent {
+                    id: card.id.clone(),
+                    path,
+                });
+            }
+            check_file(&one, &path, &mut |_| {})?;
         }
-        check_file(card, &path, &mut |_| {})?;
-        Ok(path)
+        Ok(self.card_path(card))
     }
 
-    /// Deletes model `id`'s file; returns whether there was one. Waits for a pull in progress.
+    /// Deletes model `id`'s files; returns whether there were any. Waits for a pull in progress.
     ///
-    /// For an imported model the card goes too (after the file, so an interruption leaves at
-    /// worst a card without a file, which lists as not present and which a re-import of the same
-    /// file fills again). This store value still knows the card afterwards; a new one does not.
+    /// For an imported model the card goes too (after the files, so an interruption leaves at
+    /// worst a card without all its files, which lists as not present and which a re-import of
+    /// the same files fills again). This store value still knows the card afterwards; a new one
+    /// does not.
     pub fn remove(&self, id: &str) -> Result<bool> {
         let card = self.catalog.card(id)?;
         let _lock = self.lock_model(&card.id, &mut |_| {})?;
-        let path = self.card_path(card);
-        let existed = match std::fs::remove_file(&path) {
-            Ok(()) => true,
-            Err(e) if e.kind() == ErrorKind::NotFound => false,
-            Err(e) => return Err(e).at("removing", &path),
-        };
+        let mut existed = false;
+        for one in (0..card.file_count()).filter_map(|k| card.file_card(k)) {
+            let path = self.card_path(&one);
+            match std::fs::remove_file(&path) {
+                Ok(()) => existed = true,
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e).at("removing", &path),
+            }
+        }
         if card.is_import() {
             let card_file = self.import_card_path(&card.id);
             match std::fs::remove_file(&card_file) {
@@ -395,7 +402,15 @@ impl Store {
         self.root.join("locks")
     }
 
+    /// Whether every file of `card` is in place with its size.
     pub(crate) fn installed(&self, card: &ModelCard) -> bool {
+        (0..card.file_count())
+            .filter_map(|k| card.file_card(k))
+            .all(|one| self.file_installed(&one))
+    }
+
+    /// Whether the one file `card` names is in place with its size.
+    pub(crate) fn file_installed(&self, card: &ModelCard) -> bool {
         std::fs::metadata(self.card_path(card))
             .is_ok_and(|md| md.is_file() && md.len() == card.size)
     }

@@ -74,6 +74,7 @@ pub(crate) fn card(id: &str, parts: &[(&str, &str)], content: &[u8]) -> ModelCar
                 .collect(),
             imported_from: None,
         },
+        more_files: Vec::new(),
     }
 }
 

@@ -90,6 +90,24 @@ fn setup(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, home, file)
 }
 
+/// `file` split as llama.cpp's `gguf-split` lays a set out, as `PREFIX-0000N-of-0000M.gguf`
+/// beside it; returns the parts' paths in order.
+fn split(file: &Path, prefix: &str) -> Vec<PathBuf> {
+    let whole = strata_gguf::GgufFile::open(file).unwrap();
+    let parts = strata_gguf::split::split_by_tensors(&whole, 8);
+    let n = parts.len() as u32;
+    assert!(n >= 3, "only {n} parts");
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            let path = file.with_file_name(strata_gguf::split::part_name(prefix, i as u32 + 1, n));
+            std::fs::write(&path, bytes).unwrap();
+            path
+        })
+        .collect()
+}
+
 fn sha256_of(path: &Path) -> String {
     let out = Command::new("sha256sum")
         .arg(path)
@@ -189,6 +207,65 @@ fn an_imported_model_lists_runs_by_id_and_is_removed_with_its_card() {
     assert_eq!(sha256_of(&file), original);
 }
 
+/// A split set is imported from any of its parts, under one id named for the set, with every
+/// part pinned by its own hash; it runs as the whole file does and is removed whole.
+#[test]
+fn a_split_set_imports_as_one_model_from_any_of_its_parts() {
+    let (_dir, home, file) = setup("whole.gguf");
+    let parts = split(&file, "Tiny-Split");
+    let out = ok(
+        &strata(&home, &["models", "import", parts[1].to_str().unwrap()]),
+        "import of a split set",
+    );
+    let id = "tiny-split";
+    assert!(
+        out.contains(&format!("as {id} (hard link)"))
+            && out.contains(&format!("in {} parts", parts.len())),
+        "import said: {out}"
+    );
+    let m = listed(&home, id).expect("the import is listed");
+    let total: u64 = parts
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert_eq!(m["present"], true, "{m}");
+    assert_eq!(m["file_name"], "Tiny-Split-00001-of-00003.gguf", "{m}");
+    assert_eq!(m["sha256"], sha256_of(&parts[0]), "{m}");
+    let more = m["more_files"].as_array().expect("more_files");
+    assert_eq!(more.len(), parts.len() - 1, "{m}");
+    for (f, p) in more.iter().zip(&parts[1..]) {
+        assert_eq!(f["sha256"], sha256_of(p), "{m}");
+    }
+    assert_eq!(
+        m["size"].as_u64().unwrap()
+            + more
+                .iter()
+                .map(|f| f["size"].as_u64().unwrap())
+                .sum::<u64>(),
+        total
+    );
+
+    let by_id = ok(&run_raw(&home, id), "run of the split import by id");
+    let whole = ok(
+        &run_raw(&home, file.to_str().unwrap()),
+        "run of the whole file",
+    );
+    assert!(!by_id.trim().is_empty());
+    assert_eq!(by_id, whole);
+    ok(&strata(&home, &["models", "verify", id]), "verify");
+
+    // A part that is gone makes the model absent; rm takes the rest and the card.
+    let stored = home.join("models").join(id);
+    std::fs::remove_file(stored.join("Tiny-Split-00003-of-00003.gguf")).unwrap();
+    assert_eq!(listed(&home, id).expect("still listed")["present"], false);
+    ok(&strata(&home, &["models", "rm", id]), "rm");
+    assert!(!stored.exists());
+    assert!(
+        parts.iter().all(|p| p.is_file()),
+        "the user's parts are untouched"
+    );
+}
+
 #[test]
 fn refused_imports_are_one_line_errors_and_leave_nothing_in_the_store() {
     let (dir, home, good) = setup("good.gguf");
@@ -222,15 +299,15 @@ fn refused_imports_are_one_line_errors_and_leave_nothing_in_the_store() {
     );
     assert!(err.contains("unsupported architecture \"zzzzz\""), "{err}");
 
-    // A part of a split set: the store would hold it without the others.
-    let part = dir.path().join("m-00001-of-00002.gguf");
-    std::fs::copy(&good, &part).unwrap();
+    // A split set missing a part: named, and nothing is imported.
+    let parts = split(&good, "m");
+    std::fs::remove_file(&parts[1]).unwrap();
     let err = fails(
-        &strata(&home, &["models", "import", part.to_str().unwrap()]),
-        "import of a split part",
+        &strata(&home, &["models", "import", parts[0].to_str().unwrap()]),
+        "import of a split set without its second part",
     );
     assert!(
-        err.contains("part 1 of a 2-part split model") && err.contains("-m "),
+        err.contains(&parts[1].file_name().unwrap().to_string_lossy().to_string()),
         "{err}"
     );
 
@@ -355,13 +432,17 @@ fn a_node_loads_a_model_imported_only_on_its_peer() {
             .unwrap(),
         "keygen",
     );
-    // Only node a has the import.
+    // Only node a has the import, a split set.
+    let parts = split(&file, "peer-model");
     let a_home = dir.path().join("a-home");
     ok(
-        &strata(&a_home, &["models", "import", file.to_str().unwrap()]),
+        &strata(&a_home, &["models", "import", parts[0].to_str().unwrap()]),
         "import on a",
     );
     std::fs::remove_file(&file).unwrap();
+    for p in &parts {
+        std::fs::remove_file(p).unwrap();
+    }
 
     let (ca, cb) = (free_port(), free_port());
     let a = Node::start(dir.path(), "a", &key, ca, None);
@@ -384,11 +465,16 @@ fn a_node_loads_a_model_imported_only_on_its_peer() {
         .unwrap_or_else(|e| panic!("load: {e}\n{}\n---\n{}", a.log(), b.log()));
     assert_eq!(loaded["placement"]["strategy"], "single", "{loaded}");
 
+    // Every part arrived, byte for byte.
     let b_model = dir.path().join("b-home/models/peer-model");
-    assert_eq!(
-        sha256_of(&b_model.join("peer-model.gguf")),
-        sha256_of(&a_home.join("models/peer-model/peer-model.gguf"))
-    );
+    for p in &parts {
+        let name = p.file_name().unwrap();
+        assert_eq!(
+            sha256_of(&b_model.join(name)),
+            sha256_of(&a_home.join("models/peer-model").join(name)),
+            "{name:?}"
+        );
+    }
     assert!(b.log().contains("got peer-model from node"), "{}", b.log());
     // Its log is a file, not a terminal: the copy is reported in lines as it goes.
     assert!(
