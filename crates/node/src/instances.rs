@@ -235,6 +235,11 @@ pub struct Rank0Start<'a> {
     pub served: strata_api::ServedNames,
     /// Where to get the model if this node lacks it.
     pub peers: Peers,
+    /// Returns once every worker's process runs (their models arrive after rank 0 publishes
+    /// where it listens, which may take far longer than joining a running process should), or
+    /// says why one will not. Called after this rank has its model, before the data plane
+    /// opens.
+    pub workers_arrived: &'a (dyn Fn() -> Result<()> + Sync),
 }
 
 /// Starts rank 0 (blocking: waits for every worker to join and load).
@@ -281,6 +286,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::AppState>> {
         })
         .map_err(Error::from);
     }
+    (s.workers_arrived)()?;
     let file = GgufFile::open(&path)?;
     let cfg = strata_engine::ModelConfig::from_gguf(&file)?;
     let plan = strata_parallel::make_plan(

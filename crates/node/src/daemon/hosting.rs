@@ -198,9 +198,10 @@ pub(super) fn start_rank0(
     std::thread::spawn(move || {
         let _span = span.enter();
         let peers = transfer::Peers {
-            arrival: Some(arrival),
+            arrival: Some(Arc::clone(&arrival)),
             ..peers_of(&shared)
         };
+        let workers_arrived = || arrivals::wait_for_workers(&shared, &spec, &p, &arrival);
         let shard = match p.nodes.len() {
             1 => Ok(None),
             _ => crate::shard_fetch::shard_file(&spec.request.model, &p, 0, &peers),
@@ -222,6 +223,7 @@ pub(super) fn start_rank0(
                 shared_prefix_cache: shared.shared_prefix_cache,
                 served: shared.served_names.clone(),
                 peers,
+                workers_arrived: &workers_arrived,
             })
         });
         let mut guard = shared.state();

@@ -26,6 +26,7 @@ use crate::profile::{self, Profile};
 use crate::{Error, Result, identity, transfer};
 
 mod admin;
+mod arrivals;
 mod forward;
 mod hosting;
 mod leader;
