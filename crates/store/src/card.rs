@@ -137,6 +137,11 @@ impl ModelCard {
         Some(one)
     }
 
+    /// The card of each of the model's files, in order (see [`file_card`](Self::file_card)).
+    pub fn file_cards(&self) -> impl Iterator<Item = ModelCard> + '_ {
+        (0..self.file_count()).filter_map(|k| self.file_card(k))
+    }
+
     /// Parses and validates a card. `origin` names it in errors (a file name, say).
     pub fn from_toml(text: &str, origin: &str) -> Result<ModelCard> {
         let card: ModelCard = toml::from_str(text).map_err(|e| Error::CardParse {

@@ -205,7 +205,7 @@ impl Store {
 
         // Looked up again under the lock, where another process's import of this id is visible.
         if let Some(existing) = self.existing_card(id) {
-            let hashes = (0..existing.file_count()).filter_map(|k| existing.file_card(k));
+            let hashes = existing.file_cards();
             if existing.file_count() != staged.len()
                 || hashes.zip(&staged).any(|(one, s)| one.sha256 != s.sha256)
             {
@@ -450,8 +450,8 @@ fn same_files(a: &ModelCard, b: &ModelCard) -> bool {
 /// Whether `card`'s files have exactly `sizes`, in order.
 fn same_sizes(card: &ModelCard, sizes: &[u64]) -> bool {
     card.file_count() == sizes.len()
-        && (0..card.file_count())
-            .filter_map(|k| card.file_card(k))
+        && card
+            .file_cards()
             .zip(sizes)
             .all(|(one, &size)| one.size == size)
 }

@@ -337,7 +337,7 @@ impl Store {
     /// the first if all match the card.
     pub fn verify(&self, id: &str) -> Result<PathBuf> {
         let card = self.catalog.card(id)?;
-        for one in (0..card.file_count()).filter_map(|k| card.file_card(k)) {
+        for one in card.file_cards() {
             let path = self.card_path(&one);
             if !path.is_file() {
                 return Err(Error::NotPresent {
@@ -360,7 +360,7 @@ impl Store {
         let card = self.catalog.card(id)?;
         let _lock = self.lock_model(&card.id, &mut |_| {})?;
         let mut existed = false;
-        for one in (0..card.file_count()).filter_map(|k| card.file_card(k)) {
+        for one in card.file_cards() {
             let path = self.card_path(&one);
             match std::fs::remove_file(&path) {
                 Ok(()) => existed = true,
@@ -404,9 +404,7 @@ impl Store {
 
     /// Whether every file of `card` is in place with its size.
     pub(crate) fn installed(&self, card: &ModelCard) -> bool {
-        (0..card.file_count())
-            .filter_map(|k| card.file_card(k))
-            .all(|one| self.file_installed(&one))
+        card.file_cards().all(|one| self.file_installed(&one))
     }
 
     /// Whether the one file `card` names is in place with its size.
