@@ -1,7 +1,7 @@
 //! What a generation asks and reports ([`GenerateRequest`], [`GenerationStats`]), and
 //! [`Generator`]: one sequence on the whole model, for measuring prefill and decode speed and
 //! for reading logits along a path (the benchmarks and the parity tests). Generating text goes
-//! through [`crate::generate`] on a [`crate::Sequences`] engine.
+//! through [`crate::generate()`] on a [`crate::Sequences`] engine.
 
 use std::path::Path;
 use std::sync::Arc;

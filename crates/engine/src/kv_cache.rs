@@ -305,7 +305,7 @@ impl KvCache {
     }
 
     /// The transposed values of positions `first..end` of `(layer, head)` as runs, each shared
-    /// block's part and then the cache's own, for [`attn::weighted_sum_runs`]. `first` and the
+    /// block's part and then the cache's own, for [`strata_kernels::attn::weighted_sum_runs`]. `first` and the
     /// block edges must be whole steps of the attention order, `end` padded to one: the padded
     /// positions of the cache's own rows are zero or an earlier sequence's values (finite either
     /// way: weighted sums give them weight zero).
