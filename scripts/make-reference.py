@@ -27,16 +27,22 @@ binary from $STRATA_BIN or target/release/strata), quantises it with llama.cpp's
 weights: the parity test synthesises the model in the type itself and must get the same digest,
 so it runs on exactly the bytes llama.cpp's quantiser wrote.
 
+llama.cpp's aarch64 builds, for strata's ARM kernels (no Python under emulation: llama.cpp cross-built
+with scripts/llama-reference/build-aarch64.sh, run under qemu-aarch64 on the level's CPU, through
+scripts/llama-reference/dump.c; numpy and, for --synth, llama-cpp-python on the host):
+
+    python3 scripts/make-reference.py --aarch64 neon MODEL.gguf > fixtures/reference/smollm2-135m-instruct-aarch64-neon.json
+    python3 scripts/make-reference.py --aarch64 i8mm --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0-aarch64-i8mm.json
+
 Settings: 1 thread, one 512-token batch for the prompt, no flash attention, f16 KV cache (the
 llama.cpp defaults), logits only for the last position (llama.cpp's normal path).
 """
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
-import llama_cpp
-from llama_cpp import Llama
 
 SYSTEM_DEFAULT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 N_GEN = 64
@@ -176,6 +182,7 @@ def make_synth(variant, ty, workdir):
     if ty == "f32":
         return f32, dims
     out = os.path.join(workdir, f"{variant}-{ty}.gguf")
+    import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = MIXES[ty][0] if ty in MIXES else FTYPES[ty]
     params.pure = ty not in MIXES
@@ -192,7 +199,87 @@ def chatml(system, user):
             f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 
 
+def case_text(p):
+    return chatml(p["system"], p["prompt"]) if p["mode"] == "chat" else p["prompt"]
+
+
+def run_python(path, prompts, n_gen, add_bos, steps):
+    """The cases through llama-cpp-python on this host; and the build's SIMD flavour."""
+    import llama_cpp
+    from llama_cpp import Llama
+    llm = Llama(path, n_ctx=2048, n_threads=1, n_threads_batch=1, n_batch=512,
+                logits_all=False, verbose=False, seed=0)
+    eog = {llm.token_eos(), 0, 2}
+    cases = []
+    for p in prompts:
+        text = case_text(p)
+        ids = llm.tokenize(text.encode(), add_bos=add_bos, special=(p["mode"] == "chat"))
+        llm.reset()
+        llm.eval(ids)
+        out, logits = [], []
+        for step in range(n_gen):
+            # With logits_all=False llama.cpp keeps only the last position's logits.
+            lg = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
+            tok = int(np.argmax(lg))
+            if step in steps:
+                top = np.argsort(-lg, kind="stable")[:TOP]
+                logits.append({"step": step, "top": [[int(t), float(lg[t])] for t in top]})
+            out.append(tok)
+            if tok in eog:
+                break
+            llm.eval([tok])
+        cases.append({**p, "text": text, "prompt_ids": ids, "generated_ids": out,
+                      "generated_text": llm.detokenize(out).decode("utf-8", "replace"),
+                      "logits": logits})
+        print(f"{p['mode']}: {p['prompt'][:40]!r} -> {len(out)} tokens", file=sys.stderr)
+    # llama.cpp builds for the CPU it runs on; its AVX-512 and AVX2 builds sum attention
+    # products in different orders, and the engine test reproduces the one recorded here.
+    simd = "avx512" if "AVX512 = 1" in llama_cpp.llama_print_system_info().decode() else "avx2"
+    return cases, simd
+
+
+# The qemu CPU each aarch64 level runs on (see scripts/llama-reference/build-aarch64.sh).
+AARCH64_CPUS = {"neon": "cortex-a72", "i8mm": "max,sve=off"}
+AARCH64 = None
+
+
+def run_aarch64(path, prompts, n_gen, add_bos, steps):
+    """The cases through llama.cpp's aarch64 build under qemu (scripts/llama-reference/dump.c,
+    the same settings as run_python); the level is the flavour."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    dump = subprocess.run([os.path.join(here, "llama-reference", "build-aarch64.sh"), AARCH64],
+                          check=True, capture_output=True, text=True).stdout.split()[-1]
+    lines = "".join(
+        f"{n_gen} {int(add_bos)} {int(p['mode'] == 'chat')} {','.join(map(str, steps)) or '-'} "
+        f"{case_text(p).encode().hex()}\n" for p in prompts)
+    run = subprocess.run(["qemu-aarch64", "-cpu", AARCH64_CPUS[AARCH64], dump, path], input=lines,
+                         check=True, capture_output=True, text=True)
+    out = run.stdout.splitlines()
+    print(out[0], file=sys.stderr)
+    ints = lambda v: [int(x) for x in v.split(",") if x]
+    cases = []
+    for p, line in zip(prompts, out[1:], strict=True):
+        f = dict(kv.split("=", 1) for kv in line.split(" "))
+        logits = []
+        for entry in filter(None, f["logits"].split("|")):
+            step, top = entry.split(":", 1)
+            pairs = [t.split("/") for t in top.split(";")]
+            logits.append({"step": int(step), "top": [[int(t), float(v)] for t, v in pairs]})
+        gen = ints(f["generated"])
+        cases.append({**p, "text": case_text(p), "prompt_ids": ints(f["prompt"]),
+                      "generated_ids": gen,
+                      "generated_text": bytes.fromhex(f["text"]).decode("utf-8", "replace"),
+                      "logits": logits})
+        print(f"{p['mode']}: {p['prompt'][:40]!r} -> {len(gen)} tokens", file=sys.stderr)
+    return cases, f"aarch64-{AARCH64}"
+
+
 def main():
+    global AARCH64
+    if sys.argv[1] == "--aarch64":
+        AARCH64 = sys.argv[2]
+        del sys.argv[1:3]
     synth = None
     if sys.argv[1] == "--synth":
         import tempfile
@@ -210,34 +297,11 @@ def main():
     n_gen = 32 if synth else N_GEN
     add_bos = family == "gemma3"
     sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    llm = Llama(path, n_ctx=2048, n_threads=1, n_threads_batch=1, n_batch=512,
-                logits_all=False, verbose=False, seed=0)
-    eog = {llm.token_eos(), 0, 2}
-    cases = []
-    for p in prompts:
-        text = chatml(p["system"], p["prompt"]) if p["mode"] == "chat" else p["prompt"]
-        ids = llm.tokenize(text.encode(), add_bos=add_bos, special=(p["mode"] == "chat"))
-        llm.reset()
-        llm.eval(ids)
-        out, logits = [], []
-        for step in range(n_gen):
-            # With logits_all=False llama.cpp keeps only the last position's logits.
-            lg = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
-            tok = int(np.argmax(lg))
-            if step in LOGIT_STEPS or (synth and step == n_gen - 1):
-                top = np.argsort(-lg, kind="stable")[:TOP]
-                logits.append({"step": step, "top": [[int(t), float(lg[t])] for t in top]})
-            out.append(tok)
-            if tok in eog:
-                break
-            llm.eval([tok])
-        cases.append({**p, "text": text, "prompt_ids": ids, "generated_ids": out,
-                      "generated_text": llm.detokenize(out).decode("utf-8", "replace"),
-                      "logits": logits})
-        print(f"{p['mode']}: {p['prompt'][:40]!r} -> {len(out)} tokens", file=sys.stderr)
-    # llama.cpp builds for the CPU it runs on; its AVX-512 and AVX2 builds sum attention
-    # products in different orders, and the engine test reproduces the one recorded here.
-    simd = "avx512" if "AVX512 = 1" in llama_cpp.llama_print_system_info().decode() else "avx2"
+    steps = lambda: [s for s in range(n_gen) if s in LOGIT_STEPS or (synth and s == n_gen - 1)]
+    if AARCH64:
+        cases, simd = run_aarch64(path, prompts, n_gen, add_bos, steps())
+    else:
+        cases, simd = run_python(path, prompts, n_gen, add_bos, steps())
     json.dump({"model_sha256": sha, "llama_cpp_python": "0.3.36", "n_threads": 1, "simd": simd,
                "add_bos": add_bos, **({"synth": synth} if synth else {}),
                "cases": cases}, sys.stdout, indent=1)
