@@ -11,6 +11,7 @@
 #
 # The venv with ziglang is cached under ${XDG_CACHE_HOME:-$HOME/.cache}/strata-zig; the target
 # directory is CARGO_TARGET_DIR (default: target/ in the repo, as for any cargo command).
+# CHECK_ONLY=1 runs cargo check alone, without clippy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
