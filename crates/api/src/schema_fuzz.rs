@@ -190,7 +190,8 @@ fn schemas() -> impl Strategy<Value = Value> {
     ]
 }
 
-/// Peak resident memory of this process, in MiB (Linux; 0 elsewhere).
+/// Peak resident memory of this process (VmHWM), in MiB (0 where there is no `/proc`).
+#[cfg(not(target_os = "macos"))]
 fn peak_mib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -201,6 +202,19 @@ fn peak_mib() -> u64 {
                 .and_then(|v| v.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb / 1024)
+}
+
+/// Peak resident memory of this process, in MiB: getrusage's maximum resident set size,
+/// which macOS gives in bytes (Linux in KiB).
+#[cfg(target_os = "macos")]
+fn peak_mib() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    u64::try_from(u.ru_maxrss).map_or(0, |b| b >> 20)
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -2,7 +2,8 @@
 //! host and acts as rank 0; `strata worker` is a rank started by hand (on any host), which
 //! joins rank 0 at its coordinator address.
 //!
-//! Rank 0 owns its workers' lives: they die with it (PR_SET_PDEATHSIG), and whatever ends a run
+//! Rank 0 owns its workers' lives: they die with it (PR_SET_PDEATHSIG on Linux, a kqueue
+//! watch of rank 0's exit on macOS: see `strata_node::process`), and whatever ends a run
 //! (success, an error, a dead peer) ends with every worker reaped, so no process is orphaned.
 
 use std::net::{SocketAddr, TcpListener};
@@ -204,6 +205,7 @@ impl Workers {
 }
 
 /// Peak resident memory (VmHWM) of process `pid` (this process for `None`), in MB.
+#[cfg(not(target_os = "macos"))]
 pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/status"),
@@ -213,6 +215,14 @@ pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+/// Peak memory of process `pid` (this process for `None`), in MB: on macOS its lifetime
+/// maximum physical footprint, which macOS keeps in place of a resident-set peak (see
+/// [`strata_node::host::peak_memory`]).
+#[cfg(target_os = "macos")]
+pub(crate) fn peak_rss_mb(pid: Option<u32>) -> Option<f64> {
+    strata_node::host::peak_memory(pid).map(|b| b as f64 / (1024.0 * 1024.0))
 }
 
 impl Drop for Workers {

@@ -90,6 +90,13 @@ pub fn main() -> ExitCode {
     } else {
         logging::init_plain();
     }
+    // macOS has no PR_SET_PDEATHSIG: a child strata started watches its parent itself (after
+    // the logging set-up, so its warnings are seen).
+    #[cfg(target_os = "macos")]
+    // SAFETY: nothing so far (parsing, the hub token, logging) has started a thread.
+    unsafe {
+        strata_node::process::watch_parent();
+    }
     let supervised = match &cli.cmd {
         Command::Serve(a) if !a.no_supervise => Some("strata serve"),
         Command::Node(a) if !a.no_supervise => Some("strata node"),

@@ -117,22 +117,9 @@ pub(crate) fn run(what: &str) -> ExitCode {
 /// Starts the child: this program with these arguments, in its own process group, told to
 /// stop (SIGTERM) when its parent dies.
 fn spawn(exe: &std::path::Path, args: &[OsString]) -> std::io::Result<Child> {
-    // SAFETY: getpid(2) is always safe to call.
-    let parent = unsafe { libc::getpid() };
     let mut cmd = Command::new(exe);
     cmd.args(args).env(ENV, "1").process_group(0);
-    // SAFETY: the closure runs between fork and exec, and calls only prctl(2), getppid(2) and
-    // _exit(2), which are async-signal-safe and allocate nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            // The parent may have died before the line above: then nobody would stop us.
-            if libc::getppid() != parent {
-                libc::_exit(0);
-            }
-            Ok(())
-        });
-    }
+    strata_node::process::stop_with_parent(&mut cmd);
     cmd.spawn()
 }
 

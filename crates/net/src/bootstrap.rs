@@ -1,7 +1,8 @@
 //! Building the mesh: every rank knows rank 0's address (the coordinator); workers register
 //! there with the address of their own listener, rank 0 answers with the full rank table, and
 //! then each pair of ranks connects directly (rank i dials every rank below it). With the
-//! shared-memory transport, rank 0 also creates one region of rings under `/dev/shm`, every rank
+//! shared-memory transport, rank 0 also creates one region of rings under `/dev/shm` (see
+//! [`crate::shm_place`] for macOS), every rank
 //! maps it, and rank 0 removes its name once all have: nothing is left behind even if a process
 //! is killed later. The TCP connections stay open beside the rings so a dead peer is noticed.
 //!
@@ -208,15 +209,6 @@ impl Conn {
     }
 }
 
-/// Where shared-memory regions are created.
-fn shm_dir() -> PathBuf {
-    if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    }
-}
-
 /// Which shared memory this process reaches, as whom: the kernel's boot id (equal for all
 /// processes and network namespaces of one host), the device and inode of the directory
 /// regions go in (containers of one host that each mount their own `/dev/shm` differ here),
@@ -228,15 +220,15 @@ fn shm_dir() -> PathBuf {
 /// about the host, its user or other sessions.
 fn host_id(token: &str) -> String {
     use std::os::unix::fs::MetadataExt;
-    let Ok(boot) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+    let Some(boot) = crate::shm_place::boot_id() else {
         return String::new();
     };
-    let Ok(dir) = std::fs::metadata(shm_dir()) else {
+    let Ok(dir) = std::fs::metadata(crate::shm_place::shm_dir()) else {
         return String::new();
     };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let raw = format!("{}/{}:{}/{uid}", boot.trim(), dir.dev(), dir.ino());
+    let raw = format!("{boot}/{}:{}/{uid}", dir.dev(), dir.ino());
     handshake::mac(token, &[b"strata host", raw.as_bytes()])
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -593,7 +585,7 @@ pub fn coordinate(cfg: &MeshConfig, listener: TcpListener) -> Result<Communicato
 /// Creates the shared-memory region's file. Its name is the process id and a random id only:
 /// `/dev/shm` is listed by every local user, so nothing of the session token goes into it.
 fn create_region(world: usize) -> Result<(PathBuf, std::fs::File)> {
-    let dir = shm_dir();
+    let dir = crate::shm_place::shm_dir();
     let nonce: u64 = rand::random();
     let path = dir.join(format!("strata-{}-{nonce:016x}", std::process::id()));
     // Owner-only: the rings carry activations (and so, indirectly, prompts).

@@ -24,6 +24,7 @@ mod link;
 mod probe;
 mod seal;
 mod shape;
+mod shm_place;
 
 pub use bootstrap::{
     MeshConfig, SHM_RING_BYTES, Transport, coordinate, join, loopback_pair, new_token,

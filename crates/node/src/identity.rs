@@ -49,12 +49,16 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// This host's name.
+/// This host's name: gethostname(2), which on Linux is what `/proc/sys/kernel/hostname`
+/// holds (the UTS namespace's name) and on macOS the name `hostname` prints; `localhost` when
+/// there is none.
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the local buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).trim().to_string())
+        .filter(|s| rc == 0 && !s.is_empty())
         .unwrap_or_else(|| "localhost".into())
 }
 
@@ -103,6 +107,13 @@ pub fn local_addresses() -> Vec<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_hostname_is_the_one_proc_holds() {
+        let proc = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        assert_eq!(hostname(), proc.trim());
+    }
 
     #[test]
     fn the_id_is_made_once_and_kept() {

@@ -14,6 +14,8 @@
 pub mod control;
 pub mod daemon;
 mod error;
+#[cfg(target_os = "macos")]
+pub mod host;
 pub mod identity;
 pub mod instances;
 pub mod key;

@@ -76,6 +76,7 @@ pub struct Profile {
 }
 
 /// Memory figures from `/proc/meminfo`: (total, available) in bytes.
+#[cfg(not(target_os = "macos"))]
 pub fn memory() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let field = |name: &str| {
@@ -86,6 +87,13 @@ pub fn memory() -> (u64, u64) {
             .map_or(0, |kb| kb * 1024)
     };
     (field("MemTotal:"), field("MemAvailable:"))
+}
+
+/// Memory figures from the kernel (`hw.memsize` and the VM statistics; see
+/// [`crate::host::memory`]): (total, available) in bytes.
+#[cfg(target_os = "macos")]
+pub fn memory() -> (u64, u64) {
+    crate::host::memory()
 }
 
 /// The backend string: `cpu` and the SIMD kernels in use.
@@ -123,12 +131,20 @@ pub struct Speed {
 
 /// What identifies this machine among the nodes: `/etc/machine-id` (the same in every network
 /// namespace and container sharing the host's), else the host name.
+#[cfg(not(target_os = "macos"))]
 pub fn machine_id() -> String {
     std::fs::read_to_string("/etc/machine-id")
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(crate::identity::hostname)
+}
+
+/// What identifies this machine among the nodes: its hardware UUID (`gethostuuid`, the one
+/// System Information shows), else the host name.
+#[cfg(target_os = "macos")]
+pub fn machine_id() -> String {
+    crate::host::host_uuid().unwrap_or_else(crate::identity::hostname)
 }
 
 /// Passes of each read-bandwidth figure of [`bandwidths`].

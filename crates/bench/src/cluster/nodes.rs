@@ -23,6 +23,7 @@ pub(super) fn free_port() -> Result<u16> {
 }
 
 /// The CPU's name as the kernel reports it (figures are meaningless without it).
+#[cfg(not(target_os = "macos"))]
 pub(super) fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -32,6 +33,14 @@ pub(super) fn cpu_name() -> String {
                 .and_then(|l| l.split(':').nth(1))
                 .map(|v| v.trim().to_string())
         })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The CPU's name as the kernel reports it (figures are meaningless without it): sysctl
+/// `machdep.cpu.brand_string` (`Apple M2 Pro`, or an Intel model name).
+#[cfg(target_os = "macos")]
+pub(super) fn cpu_name() -> String {
+    strata_node::host::sysctl_string("machdep.cpu.brand_string")
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
@@ -185,6 +194,7 @@ pub(super) fn own_cpu() -> f64 {
 
 /// CPU seconds (user and system) the processes `pids` and their descendants (the nodes'
 /// rank workers) have used, from `/proc` (`None` where it cannot be read).
+#[cfg(not(target_os = "macos"))]
 pub(super) fn cpu_of(pids: &[u32]) -> Option<f64> {
     // SAFETY: sysconf reads a configuration value.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
@@ -237,4 +247,34 @@ pub(super) fn cpu_of(pids: &[u32]) -> Option<f64> {
         .map(|p| p.2)
         .sum();
     Some(ticks / tick)
+}
+
+/// CPU seconds (user and system) the processes `pids` and their descendants (the nodes'
+/// rank workers) have used, from the kernel's per-process usage (`proc_pid_rusage`), the
+/// descendants found a generation at a time (`None` where a process of `pids` is gone).
+#[cfg(target_os = "macos")]
+pub(super) fn cpu_of(pids: &[u32]) -> Option<f64> {
+    let mut total = 0.0;
+    let mut generation = pids.to_vec();
+    let mut seen: Vec<u32> = Vec::new();
+    let mut first = true;
+    while !generation.is_empty() {
+        let mut next = Vec::new();
+        for pid in generation {
+            if seen.contains(&pid) {
+                continue;
+            }
+            seen.push(pid);
+            match strata_node::host::cpu_seconds(pid) {
+                Some(s) => total += s,
+                None if first => return None,
+                // A worker that ended between the listing and now took its time with it.
+                None => continue,
+            }
+            next.extend(strata_node::host::children(pid));
+        }
+        generation = next;
+        first = false;
+    }
+    Some(total)
 }

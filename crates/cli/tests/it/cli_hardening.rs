@@ -336,6 +336,7 @@ fn schema_chat(p: &Proc, schema: &str) -> String {
 }
 
 /// Peak resident memory of a process, in MiB.
+#[cfg(not(target_os = "macos"))]
 fn peak_rss_mib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = s
@@ -345,6 +346,13 @@ fn peak_rss_mib(pid: u32) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap();
     kb / 1024
+}
+
+/// Peak memory of a process, in MiB: its lifetime maximum physical footprint, macOS's
+/// counterpart of VmHWM (see `strata_node::host::peak_memory`).
+#[cfg(target_os = "macos")]
+fn peak_rss_mib(pid: u32) -> u64 {
+    strata_node::host::peak_memory(Some(pid)).unwrap() >> 20
 }
 
 #[test]
@@ -859,6 +867,7 @@ fn a_key_at_its_concurrency_limit_gets_429_while_another_key_is_served() {
 }
 
 /// The pids of `parent`'s children.
+#[cfg(not(target_os = "macos"))]
 fn children_of(parent: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -873,6 +882,22 @@ fn children_of(parent: u32) -> Vec<u32> {
             })
         })
         .collect()
+}
+
+/// The pids of `parent`'s children (`proc_listchildpids`).
+#[cfg(target_os = "macos")]
+fn children_of(parent: u32) -> Vec<u32> {
+    strata_node::host::children(parent)
+}
+
+/// Whether process `pid` exists (a zombie included).
+fn exists(pid: u32) -> bool {
+    #[cfg(not(target_os = "macos"))]
+    return std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    #[cfg(target_os = "macos")]
+    return unsafe { libc::kill(pid as i32, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
 }
 
 /// Waits (bounded) until `p` answers `/health` with 200.
@@ -913,5 +938,5 @@ fn serve_killed_by_an_abort_is_restarted_on_its_port() {
     eprintln!("answering again {back:?} after the restart was logged");
     // A stop is forwarded, and not taken for a crash: both processes end.
     server.terminate(Duration::from_secs(15));
-    assert!(!std::path::Path::new(&format!("/proc/{}", again[0])).exists());
+    assert!(!exists(again[0]));
 }

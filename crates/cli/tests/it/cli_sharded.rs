@@ -339,6 +339,7 @@ fn impossible_plans_are_refused_clearly() {
 }
 
 /// Worker processes whose parent is `pid`.
+#[cfg(not(target_os = "macos"))]
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -358,10 +359,29 @@ fn children_of(pid: u32) -> Vec<u32> {
     out
 }
 
+#[cfg(not(target_os = "macos"))]
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
         .unwrap_or(false)
+}
+
+/// Worker processes whose parent is `pid` (`proc_listchildpids`).
+#[cfg(target_os = "macos")]
+fn children_of(pid: u32) -> Vec<u32> {
+    strata_node::host::children(pid)
+}
+
+/// Whether `pid` runs (exists and is not a zombie), as ps(1) reports its state.
+#[cfg(target_os = "macos")]
+fn alive(pid: u32) -> bool {
+    Command::new("ps")
+        .args(["-o", "stat=", "-p", &pid.to_string()])
+        .output()
+        .is_ok_and(|o| {
+            let stat = String::from_utf8_lossy(&o.stdout);
+            o.status.success() && !stat.trim().is_empty() && !stat.trim().starts_with('Z')
+        })
 }
 
 /// Starts a long sharded run, waits for tokens, does `signal` to one worker, and checks that rank

@@ -126,7 +126,8 @@ struct Live {
     hosted: BTreeMap<(String, u64), Host>,
     /// The APIs of the instances whose rank 0 runs here, by `id@epoch`.
     served: BTreeMap<String, Router>,
-    /// `/proc/stat`'s (total, idle) ticks at the last publication, for the CPU busy fraction.
+    /// The machine's (total, idle) CPU ticks at the last publication (`/proc/stat`, or the host
+    /// statistics on macOS), for the CPU busy fraction.
     cpu_ticks: Option<(u64, u64)>,
     /// The busy fraction between the last two publications.
     cpu_busy: Option<f64>,

@@ -41,6 +41,7 @@ pub(super) async fn publish(shared: &Shared) -> Result<()> {
 
 /// The machine's (total, idle) CPU ticks from `/proc/stat` (idle time is idle + iowait);
 /// `None` where there is no `/proc/stat`.
+#[cfg(not(target_os = "macos"))]
 fn cpu_ticks() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let fields: Vec<u64> = text
@@ -54,6 +55,13 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
     Some((total, idle))
+}
+
+/// The machine's (total, idle) CPU ticks from the kernel's host statistics (macOS counts no
+/// iowait: a core waiting on a disk is idle).
+#[cfg(target_os = "macos")]
+fn cpu_ticks() -> Option<(u64, u64)> {
+    crate::host::cpu_ticks()
 }
 
 /// The busy fraction of CPU time (0-1) between the ticks in `last` and `now`, which take their
