@@ -264,14 +264,14 @@ pub fn loo_table(loo: &[Loo]) -> String {
     s
 }
 
-/// The fitted constants against `hand` (the constants before the fit) as a Markdown table.
-pub fn constants_table(fitted: &[Fitted], hand: &Presets) -> String {
+/// The fitted constants against those of `shipped` as a Markdown table.
+pub fn constants_table(fitted: &[Fitted], shipped: &Presets) -> String {
     let mut s = String::from(
-        "| class | judged rows | bandwidth share, hand-set | fitted | per-peer overhead, hand-set | \
+        "| class | judged rows | bandwidth share, shipped | fitted | per-peer overhead, shipped | \
          fitted | RMS log error |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for f in fitted {
-        let (hb, ho) = hand.class(&f.class).map_or((f64::NAN, f64::NAN), |c| {
+        let (hb, ho) = shipped.class(&f.class).map_or((f64::NAN, f64::NAN), |c| {
             (c.bandwidth_efficiency, c.message_overhead_us)
         });
         s.push_str(&format!(
