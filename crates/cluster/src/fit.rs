@@ -138,11 +138,11 @@ pub fn leave_one_out(rows: &[Row], base: &Presets) -> Result<Vec<Loo>, String> {
     Ok(out)
 }
 
+/// Judged rows by class, each with its index in the rows given.
+type Groups<'r> = BTreeMap<String, Vec<(usize, &'r Row)>>;
+
 /// The judged rows of each class, with their index in `rows`.
-fn judged_by_class<'r>(
-    rows: &'r [Row],
-    p: &Presets,
-) -> Result<BTreeMap<String, Vec<(usize, &'r Row)>>, String> {
+fn judged_by_class<'r>(rows: &'r [Row], p: &Presets) -> Result<Groups<'r>, String> {
     let mut groups: BTreeMap<String, Vec<(usize, &Row)>> = BTreeMap::new();
     for (i, row) in rows.iter().enumerate().filter(|(_, r)| r.judged) {
         groups.entry(class_of(row, p)?).or_default().push((i, row));
