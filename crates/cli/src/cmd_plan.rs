@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use strata_cluster::hardware::{self, presets};
 use strata_cluster::{
     Combine, Link, ModelFacts, Node, Placement, Request, StrategyChoice, Workload, cards, estimate,
-    place, published,
+    fit, place, published,
 };
 use strata_gguf::GgufFile;
 use strata_parallel::{CombineStyle, Strategy, make_plan};
@@ -90,6 +90,10 @@ pub(crate) struct PlanArgs {
     /// Compare the planner with published cluster measurements (each with its source).
     #[arg(long)]
     published: bool,
+    /// With --published: also fit the class constants to the judged rows and predict each
+    /// row with constants fitted without it (leave-one-out).
+    #[arg(long, requires = "published")]
+    loo: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -115,6 +119,8 @@ struct Described {
     use_nodes: Option<Vec<String>>,
     /// In words.
     what: String,
+    /// Which figures each Apple preset stands for (GPU-class or CPU), one line each.
+    classes: Vec<String>,
 }
 
 pub(crate) fn plan(a: PlanArgs) -> Result<()> {
@@ -122,7 +128,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
         return list(a.json);
     }
     if a.published {
-        return show_published(a.json);
+        return show_published(a.json, a.loo);
     }
     if a.ctx_size == Some(0) {
         bail!("--ctx-size must be at least 1");
@@ -188,6 +194,7 @@ pub(crate) fn plan(a: PlanArgs) -> Result<()> {
                 "estimate": est,
                 "workload": work,
                 "fewest_nodes": fewest,
+                "preset_classes": described.classes,
                 "shards": shards.as_ref().map(|(s, _)| s),
             }))?
         );
@@ -273,6 +280,7 @@ fn describe_cluster(a: &PlanArgs, facts: &ModelFacts) -> Result<Described> {
             }),
             what: format!("the cluster in {}", p.display()),
             cluster,
+            classes: Vec::new(),
         });
     }
     // `--nodes 4x m3-ultra-512` arrives as two words.
@@ -280,6 +288,7 @@ fn describe_cluster(a: &PlanArgs, facts: &ModelFacts) -> Result<Described> {
         let node = this_machine(a.threads, facts.weight_bytes)?;
         return Ok(Described {
             what: format!("this machine ({}, measured now)", node.id),
+            classes: Vec::new(),
             cluster: ClusterFile {
                 nodes: vec![node],
                 links: Vec::new(),
@@ -301,6 +310,15 @@ fn describe_cluster(a: &PlanArgs, facts: &ModelFacts) -> Result<Described> {
     } else {
         None
     };
+    let p = presets();
+    let mut classes: Vec<String> = Vec::new();
+    for (_, name) in &items {
+        if let Some(line) = p.node(name).ok().and_then(|n| n.engine_class(p))
+            && !classes.contains(&line)
+        {
+            classes.push(line);
+        }
+    }
     let (latency, bandwidth, link_words) = link(&a.link)?;
     let (nodes, links) = hardware::cluster(&items, latency, bandwidth, me.as_ref())?;
     let count = total;
@@ -312,6 +330,7 @@ fn describe_cluster(a: &PlanArgs, facts: &ModelFacts) -> Result<Described> {
             format!("one node ({spec})")
         },
         cluster: ClusterFile { nodes, links },
+        classes,
     })
 }
 
@@ -493,6 +512,9 @@ fn print_plan(
     fewest: Option<&Placement>,
 ) {
     println!("{} on {}", m.name, d.what);
+    for line in &d.classes {
+        println!("  assumes {line}");
+    }
     println!(
         "  fits: {} of weights in {} of memory; {} left for KV cache: {} contexts of {} \
          positions at once ({} each)",
@@ -633,8 +655,11 @@ fn list(json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `strata plan --published`.
-fn show_published(json: bool) -> Result<()> {
+/// `strata plan --published`, and with `--loo` the fit and its leave-one-out check.
+fn show_published(json: bool, loo: bool) -> Result<()> {
+    if loo {
+        return show_loo(json);
+    }
     let checked = published::check().map_err(anyhow::Error::msg)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&checked)?);
@@ -647,6 +672,54 @@ fn show_published(json: bool) -> Result<()> {
         if !c.row.judged {
             println!("  not judged: {}", c.row.why);
         }
+    }
+    Ok(())
+}
+
+/// `strata plan --published --loo`.
+fn show_loo(json: bool) -> Result<()> {
+    let rows = published::rows();
+    let p = presets();
+    let (_, fitted) = fit::fit(&rows, p).map_err(anyhow::Error::msg)?;
+    let loo = fit::leave_one_out(&rows, p).map_err(anyhow::Error::msg)?;
+    let (n, median, worst) = fit::summary(&loo);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "fitted": fitted.iter().map(|f| serde_json::json!({
+                    "class": f.class, "rows": f.rows,
+                    "bandwidth_efficiency": f.bandwidth_efficiency,
+                    "message_overhead_us": f.message_overhead_us,
+                    "rms_log_error": f.rms_log_error,
+                })).collect::<Vec<_>>(),
+                "rows": loo.iter().map(|l| serde_json::json!({
+                    "model": l.row.model, "nodes": l.row.nodes, "engine": l.row.engine,
+                    "judged": l.row.judged, "published_tok_s": l.row.tok_s,
+                    "in_sample_tok_s": l.in_sample_tok_s, "loo_tok_s": l.loo_tok_s,
+                    "source": l.row.source,
+                })).collect::<Vec<_>>(),
+                "judged_with_loo": n, "median_abs_loo_error": median, "max_abs_loo_error": worst,
+            }))?
+        );
+        return Ok(());
+    }
+    println!("class constants fitted to the judged rows (squared log error):\n");
+    print!("{}", fit::constants_table(&fitted, p));
+    println!(
+        "\neach row with the shipped (fitted) constants and with its class refitted without it:\n"
+    );
+    print!("{}", fit::loo_table(&loo));
+    println!(
+        "\n{n} judged rows: median |leave-one-out error| {:.0} %, largest {:.0} %",
+        median * 100.0,
+        worst * 100.0
+    );
+    for l in loo.iter().filter(|l| !l.row.judged) {
+        println!(
+            "- {} on {}: not judged: {}",
+            l.row.model, l.row.nodes, l.row.why
+        );
     }
     Ok(())
 }

@@ -65,8 +65,42 @@ pub struct NodePreset {
     pub tflops: f64,
     /// Power drawn while decoding, watts.
     pub power_w: f64,
+    /// Performance cores, for presets of CPUs (0: not given).
+    #[serde(default)]
+    pub p_cores: usize,
+    /// Efficiency cores, for presets of CPUs.
+    #[serde(default)]
+    pub e_cores: usize,
     /// Where the figures come from.
     pub source: String,
+}
+
+impl NodePreset {
+    /// What a prediction on this preset assumes runs the model, in words: Apple silicon is
+    /// planned either as its GPU (what MLX and llama.cpp's Metal backend use, and what the
+    /// published exo rows measure) or as its CPU cores (what strata computes on), and the two
+    /// reach different shares of the same memory, so the plan says which one it took.
+    pub fn engine_class(&self, presets: &Presets) -> Option<String> {
+        match self.class.as_str() {
+            "apple" => {
+                let cpu = format!("{}-cpu", self.id);
+                let hint = if presets.node(&cpu).is_ok() {
+                    format!("; strata computes on the CPU cores: plan those with {cpu}")
+                } else {
+                    "; strata computes on the CPU cores, which reach less".to_string()
+                };
+                Some(format!(
+                    "{}: GPU-class figures (Metal engines: MLX, llama.cpp){hint}",
+                    self.id
+                ))
+            }
+            "apple-cpu" => Some(format!(
+                "{}: CPU-class figures ({} performance + {} efficiency cores, as strata runs)",
+                self.id, self.p_cores, self.e_cores
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// A link preset: latency and bandwidth, or measured on this machine.
@@ -222,39 +256,52 @@ pub fn cluster(
     bandwidth: f64,
     this_machine: Option<&Node>,
 ) -> Result<(Vec<Node>, Vec<Link>), PresetError> {
-    let p = presets();
-    let mut nodes = Vec::new();
-    for (count, name) in items {
-        let template = match this_machine {
-            Some(n) if name.eq_ignore_ascii_case("this-machine") => n.clone(),
-            _ => {
-                let preset = p.node(name)?;
-                let class = p.class(&preset.class).ok_or_else(|| {
-                    PresetError::BadSpec(format!(
-                        "preset {} names the unknown class {}",
-                        preset.id, preset.class
-                    ))
-                })?;
-                preset.node(preset.id.clone(), class)
-            }
-        };
-        for i in 0..*count {
-            let mut n = template.clone();
-            let base = name.to_ascii_lowercase();
-            n.id = if *count == 1 {
-                base
-            } else {
-                format!("{base}-{}", i + 1)
+    presets().cluster(items, latency, bandwidth, this_machine)
+}
+
+impl Presets {
+    /// [`cluster`] with these presets' constants (the fit tries other constants this way).
+    pub fn cluster(
+        &self,
+        items: &[(usize, String)],
+        latency: f64,
+        bandwidth: f64,
+        this_machine: Option<&Node>,
+    ) -> Result<(Vec<Node>, Vec<Link>), PresetError> {
+        let p = self;
+        let mut nodes = Vec::new();
+        for (count, name) in items {
+            let template = match this_machine {
+                Some(n) if name.eq_ignore_ascii_case("this-machine") => n.clone(),
+                _ => {
+                    let preset = p.node(name)?;
+                    let class = p.class(&preset.class).ok_or_else(|| {
+                        PresetError::BadSpec(format!(
+                            "preset {} names the unknown class {}",
+                            preset.id, preset.class
+                        ))
+                    })?;
+                    preset.node(preset.id.clone(), class)
+                }
             };
-            // The same preset named twice in a list still gets distinct ids.
-            if nodes.iter().any(|m: &Node| m.id == n.id) {
-                n.id = format!("{}-{}", n.id, nodes.len() + 1);
+            for i in 0..*count {
+                let mut n = template.clone();
+                let base = name.to_ascii_lowercase();
+                n.id = if *count == 1 {
+                    base
+                } else {
+                    format!("{base}-{}", i + 1)
+                };
+                // The same preset named twice in a list still gets distinct ids.
+                if nodes.iter().any(|m: &Node| m.id == n.id) {
+                    n.id = format!("{}-{}", n.id, nodes.len() + 1);
+                }
+                nodes.push(n);
             }
-            nodes.push(n);
         }
+        let links = full_mesh(&nodes, latency, bandwidth);
+        Ok((nodes, links))
     }
-    let links = full_mesh(&nodes, latency, bandwidth);
-    Ok((nodes, links))
 }
 
 /// Links between every pair of `nodes`, all of one kind.

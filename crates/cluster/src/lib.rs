@@ -7,6 +7,7 @@
 
 pub mod cards;
 mod estimate;
+pub mod fit;
 pub mod hardware;
 mod placement;
 pub mod published;

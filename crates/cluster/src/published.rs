@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cards::cards;
-use crate::hardware::{cluster, parse_nodes, presets};
+use crate::hardware::{Presets, parse_nodes, presets};
 use crate::placement::{Combine, Request, StrategyChoice, place};
 
 /// One published measurement.
@@ -22,6 +22,10 @@ pub struct Row {
     pub strategy: String,
     /// How its tensor-parallel groups combined.
     pub combine: Combine,
+    /// The engine that ran it, for the reader (the class of its nodes' presets is what the
+    /// prediction uses).
+    #[serde(default)]
+    pub engine: String,
     /// Published single-stream decode speed, tokens per second.
     pub tok_s: f64,
     /// Held to the 25 % bound (false: shown with the reason).
@@ -66,18 +70,49 @@ pub fn rows() -> Vec<Row> {
     f.rows
 }
 
-/// Predicts one row.
+/// Predicts one row with the shipped constants.
 pub fn check_row(row: &Row) -> Result<Checked, String> {
-    let (facts, _) = cards().resolve(&row.model).map_err(|e| e.to_string())?;
-    let link = presets().link(&row.link).map_err(|e| e.to_string())?;
+    check_row_with(row, presets())
+}
+
+/// The one hardware class of a row's nodes (the fit is per class, so a row must not mix
+/// classes).
+pub fn class_of(row: &Row, p: &Presets) -> Result<String, String> {
     let items = parse_nodes(&row.nodes).map_err(|e| e.to_string())?;
-    let (nodes, links) = cluster(
-        &items,
-        link.latency_us * 1e-6,
-        link.bandwidth_gbit * 1e9 / 8.0,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
+    let mut class: Option<&str> = None;
+    for (_, name) in &items {
+        let c = p.node(name).map_err(|e| e.to_string())?.class.as_str();
+        match class {
+            Some(k) if k != c => {
+                return Err(format!("{} mixes the classes {k} and {c}", row.nodes));
+            }
+            _ => class = Some(c),
+        }
+    }
+    class
+        .map(str::to_string)
+        .ok_or_else(|| format!("{} names no node", row.nodes))
+}
+
+/// Nodes a row runs on.
+pub fn node_count(row: &Row) -> Result<usize, String> {
+    let items = parse_nodes(&row.nodes).map_err(|e| e.to_string())?;
+    Ok(items.iter().map(|(n, _)| n).sum())
+}
+
+/// Predicts one row with the constants of `p`.
+pub fn check_row_with(row: &Row, p: &Presets) -> Result<Checked, String> {
+    let (facts, _) = cards().resolve(&row.model).map_err(|e| e.to_string())?;
+    let link = p.link(&row.link).map_err(|e| e.to_string())?;
+    let items = parse_nodes(&row.nodes).map_err(|e| e.to_string())?;
+    let (nodes, links) = p
+        .cluster(
+            &items,
+            link.latency_us * 1e-6,
+            link.bandwidth_gbit * 1e9 / 8.0,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
     let strategy = match row.strategy.as_str() {
         "single" => StrategyChoice::Single,
         "tensor" => StrategyChoice::Tensor,
@@ -111,16 +146,17 @@ pub fn check() -> Result<Vec<Checked>, String> {
 /// The comparison as a Markdown table.
 pub fn table(checked: &[Checked]) -> String {
     let mut s = String::from(
-        "| model | nodes | link | strategy | published tok/s | predicted tok/s | error |\n\
-         | --- | --- | --- | --- | ---: | ---: | ---: |\n",
+        "| model | nodes | link | strategy | engine | published tok/s | predicted tok/s | error |\n\
+         | --- | --- | --- | --- | --- | ---: | ---: | ---: |\n",
     );
     for c in checked {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:+.0} %{} |\n",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:+.0} %{} |\n",
             c.row.model,
             c.row.nodes,
             c.row.link,
             c.row.strategy,
+            c.row.engine,
             c.row.tok_s,
             c.predicted_tok_s,
             c.error * 100.0,
