@@ -701,7 +701,10 @@ unsafe fn ktile<const CV: usize>(
 #[derive(Clone, Copy)]
 struct PackedJob<'a> {
     w: &'a QMatrix,
+    // Read only by the x86 tile kernels (elsewhere no matrix is packed).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     packed: &'a [u8],
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     out: OutPtr,
     /// Groups per chunk, chunks per token block, and this job's first unit.
     chunk: usize,
@@ -794,6 +797,9 @@ fn tinyblas_order(w: &QMatrix, n: usize) -> bool {
 
 /// The dot product in tinyBLAS's order for `ty` (see [`crate::dot::dot_tinyblas`]).
 pub(crate) fn tinyblas_dot(ty: GgmlType) -> fn(GgmlType, &[u8], &[u8], usize) -> f32 {
+    // Only the x86 kernels depend on the type; the portable one reads it from its arguments.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ty;
     #[cfg(target_arch = "x86_64")]
     if crate::isa().avx2 {
         // SAFETY (both): `isa().avx2` implies AVX2, FMA and F16C; rows hold `n` elements.
