@@ -2,9 +2,9 @@
 //!
 //! Linux does this in the kernel: PR_SET_PDEATHSIG, set between fork and exec, signals the child
 //! when its parent dies. macOS has no such flag, so there the child watches for itself: the
-//! parent passes its pid (and the signal) in [`PARENT_ENV`], and the child, first thing in
-//! `main`, calls [`watch_parent`], which asks kqueue for the parent's exit (EVFILT_PROC with
-//! NOTE_EXIT) and sends itself the signal when it comes. Every child strata starts this way is
+//! parent passes its pid (and the signal) in `PARENT_ENV`, and the child, first thing in
+//! `main`, calls `watch_parent` (both macOS only), which asks kqueue for the parent's exit
+//! (EVFILT_PROC with NOTE_EXIT) and sends itself the signal when it comes. Every child strata starts this way is
 //! the `strata` binary itself, so the watcher is always there to start.
 
 use std::process::Command;
