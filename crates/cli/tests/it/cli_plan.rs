@@ -250,10 +250,20 @@ fn published_results_and_presets_are_listed_with_sources() {
     let (ok, out, err) = strata(&["plan", "--published"]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("| llama-3.3-70b:f16 | 2x m3-ultra-512 | tb5-rdma | tensor | 9.0 |"),
+        out.contains(
+            "| llama-3.3-70b:f16 | 2x m3-ultra-512 | tb5-rdma | tensor | exo 1.0 (MLX) | 9.0 |"
+        ),
         "{out}"
     );
     assert!(out.contains("Geerling"), "{out}");
+    // The leave-one-out check: every judged row refitted without itself, and the summary.
+    let (ok, out, err) = strata(&["plan", "--published", "--loo"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| apple-cpu |"), "{out}");
+    assert!(
+        out.contains("judged rows: median |leave-one-out error|"),
+        "{out}"
+    );
     let (ok, out, err) = strata(&["plan", "--list"]);
     assert!(ok, "{err}");
     for want in [
