@@ -297,11 +297,11 @@ def main():
     n_gen = 32 if synth else N_GEN
     add_bos = family == "gemma3"
     sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    steps = lambda: [s for s in range(n_gen) if s in LOGIT_STEPS or (synth and s == n_gen - 1)]
+    steps = [s for s in range(n_gen) if s in LOGIT_STEPS or (synth and s == n_gen - 1)]
     if AARCH64:
-        cases, simd = run_aarch64(path, prompts, n_gen, add_bos, steps())
+        cases, simd = run_aarch64(path, prompts, n_gen, add_bos, steps)
     else:
-        cases, simd = run_python(path, prompts, n_gen, add_bos, steps())
+        cases, simd = run_python(path, prompts, n_gen, add_bos, steps)
     json.dump({"model_sha256": sha, "llama_cpp_python": "0.3.36", "n_threads": 1, "simd": simd,
                "add_bos": add_bos, **({"synth": synth} if synth else {}),
                "cases": cases}, sys.stdout, indent=1)

@@ -97,14 +97,12 @@ int main(int argc, char **argv) {
         llama_memory_clear(llama_get_memory(ctx), true);
         printf("prompt=");
         for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", ids[i]);
-        int pos = 0;
         for (int i = 0; i < n_prompt; i += 512) {
             int len = n_prompt - i < 512 ? n_prompt - i : 512;
             if (llama_decode(ctx, llama_batch_get_one(ids + i, len))) {
                 fprintf(stderr, "decode failed\n");
                 return 1;
             }
-            pos += len;
         }
         llama_token out[4096];
         int n_out = 0;
@@ -135,7 +133,6 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "decode failed\n");
                 return 1;
             }
-            pos++;
         }
         printf(" generated=");
         for (int i = 0; i < n_out; i++) printf(i ? ",%d" : "%d", out[i]);
