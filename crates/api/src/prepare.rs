@@ -306,7 +306,7 @@ pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Pr
     st.defaults.fill(&mut req.sampling);
     let (max, max_param) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
-        (None, m) => (m, "max_tokens"),
+        (None, m) => (m.or(st.defaults.max_tokens), "max_tokens"),
     };
     let common = common(&req.sampling, max, max_param)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
@@ -460,7 +460,7 @@ pub(crate) fn prepare_completion_request(
     }
     let common = common(
         &req.sampling,
-        Some(req.max_tokens.unwrap_or(16)),
+        Some(req.max_tokens.or(st.defaults.max_tokens).unwrap_or(16)),
         "max_tokens",
     )?;
     let logprobs = match req.logprobs {

@@ -113,6 +113,9 @@ pub struct SamplingDefaults {
     pub min_p: Option<f32>,
     /// Repetition penalty.
     pub repetition_penalty: Option<f32>,
+    /// The output limit of requests that set none (agents such as Codex CLI send none, and a
+    /// base model may otherwise write until the context is full).
+    pub max_tokens: Option<i64>,
 }
 
 impl SamplingDefaults {

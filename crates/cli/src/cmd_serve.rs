@@ -102,6 +102,9 @@ pub(crate) struct SamplingArgs {
     /// Repetition penalty for requests without one (1: off).
     #[arg(long, value_name = "R")]
     repeat_penalty: Option<f32>,
+    /// Output limit for requests that set none (default: the room left in the context).
+    #[arg(long, value_name = "N")]
+    max_tokens: Option<i64>,
 }
 
 impl SamplingArgs {
@@ -114,6 +117,9 @@ impl SamplingArgs {
         }
         if self.top_k.is_some_and(|k| k < 0) {
             bail!("--top-k must be at least 0");
+        }
+        if self.max_tokens.is_some_and(|n| n < 1) {
+            bail!("--max-tokens must be at least 1");
         }
         let check = strata_engine::SamplingParams {
             top_p: self.top_p.unwrap_or(1.0),
@@ -130,6 +136,7 @@ impl SamplingArgs {
             top_k: self.top_k,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
+            max_tokens: self.max_tokens,
         })
     }
 }

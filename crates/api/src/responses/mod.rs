@@ -23,6 +23,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 pub(crate) mod store;
+mod tools;
+
+use tools::{IGNORED_HEADER, ToolSet};
 
 use crate::ApiError;
 use crate::answer::{Answer, Ending, Reply};
@@ -30,9 +33,7 @@ use crate::output::Piece;
 use crate::prepare::{Prepared, prepare_chat_request};
 use crate::state::AppState;
 use crate::tools::ParsedCall;
-use crate::types::{
-    ChatRequest, FunctionCall, FunctionDef, Message, Sampling, Tool, ToolCall, parse_body,
-};
+use crate::types::{ChatRequest, FunctionCall, Message, Sampling, ToolCall, parse_body};
 use strata_scheduler::Event;
 
 /// `POST /v1/responses`.
@@ -59,7 +60,27 @@ struct ResponsesRequest {
     top_logprobs: Option<i64>,
     /// As the chat dialect's `cache_salt`.
     cache_salt: Option<String>,
+    /// Extra output to include; checked against the values OpenAI knows (see [`INCLUDES`]).
+    include: Option<Vec<String>>,
+    /// A client's hint for routing to a warm cache: echoed (the prefix cache needs no hint).
+    prompt_cache_key: Option<String>,
+    /// `{"effort": …, "summary": …}`: echoed (no model strata serves reasons on request).
+    reasoning: Option<Value>,
 }
+
+/// The `include` values OpenAI accepts. strata writes no reasoning items and runs no hosted
+/// tools, so each of them adds nothing to an answer here, as it adds nothing on OpenAI's side
+/// to an answer without those items.
+const INCLUDES: [&str; 8] = [
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "message.input_image.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+];
 
 /// How an answer is written as a response, and what is stored of it.
 #[derive(Debug, Clone)]
@@ -70,6 +91,8 @@ pub(crate) struct Shape {
     /// The conversation so far (previous responses' and this input), stored with the output.
     history: Vec<Message>,
     store: bool,
+    /// The request's tools, to name calls as the client knows them.
+    tools: ToolSet,
 }
 
 /// `POST /v1/responses`.
@@ -149,31 +172,29 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<(Prepared, Box<Shape>), ApiErro
             })?,
         None => Vec::new(),
     };
+    for (i, inc) in req.include.iter().flatten().enumerate() {
+        if !INCLUDES.contains(&inc.as_str()) {
+            return Err(ApiError::invalid(
+                format!("include[{i}]"),
+                format!(
+                    "Unknown include value `{inc}`: expected one of {}.",
+                    INCLUDES.join(", ")
+                ),
+            ));
+        }
+    }
+    let toolset = ToolSet::parse(req.tools.as_deref().unwrap_or_default())?;
     let input = req
         .input
         .as_ref()
         .ok_or_else(|| ApiError::invalid("input", "input is required."))?;
-    items(input, &mut history)?;
+    items(input, &mut history, &toolset)?;
     let mut messages = history.clone();
     if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         messages.insert(0, Message::plain("system", i.clone()));
     }
-    let tools = tools(req.tools.as_deref().unwrap_or_default())?;
-    let tool_choice = match &req.tool_choice {
-        None | Some(Value::Null) => None,
-        Some(c @ Value::String(_)) => Some(c.clone()),
-        Some(c) => match (c.get("type").and_then(Value::as_str), c.get("name")) {
-            (Some("function"), Some(Value::String(name))) => {
-                Some(json!({"type": "function", "function": {"name": name}}))
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": …}.",
-                ));
-            }
-        },
-    };
+    let tools = &toolset.tools;
+    let tool_choice = toolset.tool_choice(req.tool_choice.as_ref())?;
     let format = req.text.as_ref().and_then(|t| t.get("format")).cloned();
     let response_format = match format
         .as_ref()
@@ -238,12 +259,15 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<(Prepared, Box<Shape>), ApiErro
         "text": {"format": format.unwrap_or_else(|| json!({"type": "text"}))},
         "store": req.store.unwrap_or(true),
         "truncation": "disabled",
+        "prompt_cache_key": req.prompt_cache_key,
+        "reasoning": req.reasoning.unwrap_or_else(|| json!({"effort": null, "summary": null})),
     });
     let shape = Box::new(Shape {
         id: format!("resp_{:016x}", crate::prepare::rand_id()),
         echo,
         history,
         store: req.store.unwrap_or(true),
+        tools: toolset,
     });
     Ok((p, shape))
 }
@@ -289,7 +313,8 @@ fn content_text(content: &Value, param: &str) -> Result<String, ApiError> {
 
 /// Appends the input items to `history` as chat messages: messages, function calls (joined to
 /// the assistant turn they belong to) and their outputs (which must answer a call made before).
-fn items(input: &Value, history: &mut Vec<Message>) -> Result<(), ApiError> {
+/// A call to a namespaced function is named as the prompt names it (see [`ToolSet`]).
+fn items(input: &Value, history: &mut Vec<Message>, tools: &ToolSet) -> Result<(), ApiError> {
     let list = match input {
         Value::String(s) => {
             history.push(Message::plain("user", s.clone()));
@@ -344,7 +369,10 @@ fn items(input: &Value, history: &mut Vec<Message>) -> Result<(), ApiError> {
                     id: Some(field("call_id")?),
                     kind: Some("function".into()),
                     function: FunctionCall {
-                        name: field("name")?,
+                        name: tools.prompt_name(
+                            item.get("namespace").and_then(Value::as_str),
+                            &field("name")?,
+                        ),
                         arguments: field("arguments")?,
                     },
                 };
@@ -401,37 +429,6 @@ fn items(input: &Value, history: &mut Vec<Message>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Function tools (the Responses API writes them flat) as chat tools.
-fn tools(list: &[Value]) -> Result<Vec<Tool>, ApiError> {
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "function" {
-                return Err(ApiError::invalid(
-                    format!("tools[{i}].type"),
-                    format!("Tool type `{kind}` is not supported here; only `function` is (hosted tools do not run on strata)."),
-                ));
-            }
-            let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid(format!("tools[{i}].name"), "A function tool needs a `name`.")
-            })?;
-            Ok(Tool {
-                kind: "function".into(),
-                function: FunctionDef {
-                    name: name.to_string(),
-                    description: t
-                        .get("description")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    parameters: t.get("parameters").cloned().filter(|p| !p.is_null()),
-                    strict: t.get("strict").and_then(Value::as_bool),
-                },
-            })
-        })
-        .collect()
-}
-
 fn message_id(shape: &Shape) -> String {
     format!("msg_{}", shape.id.trim_start_matches("resp_"))
 }
@@ -453,14 +450,19 @@ fn message_item(shape: &Shape, text: &str, status: &str) -> Value {
 
 fn call_item(shape: &Shape, i: usize, call: &ParsedCall, status: &str) -> Value {
     let (id, call_id) = call_ids(shape, i);
-    json!({
+    let (name, namespace) = shape.tools.wire_name(&call.name);
+    let mut item = json!({
         "type": "function_call",
         "id": id,
         "call_id": call_id,
-        "name": call.name,
+        "name": name,
         "arguments": call.arguments,
         "status": status,
-    })
+    });
+    if let Some(ns) = namespace {
+        item["namespace"] = json!(ns);
+    }
+    item
 }
 
 /// The response object; `ending` is `None` while it is being generated.
@@ -544,11 +546,18 @@ impl Reply for Box<Shape> {
         rx: mpsc::UnboundedReceiver<Event>,
         streamed: bool,
     ) -> Result<Response, ApiError> {
-        if streamed {
-            Ok(stream(a, rx, self).into_response())
+        let ignored = self.tools.ignored.join(", ");
+        let mut resp = if streamed {
+            stream(a, rx, self).into_response()
         } else {
-            whole(a, rx, self).await
+            whole(a, rx, self).await?
+        };
+        if !ignored.is_empty()
+            && let Ok(v) = axum::http::HeaderValue::from_str(&ignored)
+        {
+            resp.headers_mut().insert(IGNORED_HEADER, v);
         }
+        Ok(resp)
     }
 }
 
@@ -713,6 +722,7 @@ mod tests {
     #[test]
     fn input_items_become_a_conversation_and_outputs_must_answer_calls() {
         let mut h = Vec::new();
+        let none = ToolSet::default();
         items(
             &json!([
                 {"role": "developer", "content": "Be brief."},
@@ -723,6 +733,7 @@ mod tests {
                 {"type": "function_call_output", "call_id": "c2", "output": "sunny"},
             ]),
             &mut h,
+            &none,
         )
         .unwrap();
         let roles: Vec<&str> = h.iter().map(|m| m.role.as_str()).collect();
@@ -731,10 +742,11 @@ mod tests {
         let e = items(
             &json!([{"type": "function_call_output", "call_id": "nope", "output": "x"}]),
             &mut h,
+            &none,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
-        let e = items(&json!([{"type": "web_search_call"}]), &mut h).unwrap_err();
+        let e = items(&json!([{"type": "web_search_call"}]), &mut h, &none).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].type"));
     }
 }
