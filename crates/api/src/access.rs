@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use crate::ApiError;
 use crate::state::AppState;
 use crate::tenancy::Tenant;
+use strata_http::access::Usage;
 use strata_http::auth::Verdict;
 
 /// The name a request is counted under in `strata_http_requests_total`.
-fn endpoint(path: &str) -> &str {
+pub(crate) fn endpoint(path: &str) -> &str {
     match path {
         "/v1/chat/completions"
         | "/v1/completions"
@@ -53,12 +54,21 @@ pub(crate) fn is_open(method: &Method, path: &str, headers: &HeaderMap) -> bool 
 /// The key check for every route that needs one, and the request counter for every route.
 pub(crate) async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
+    // The access log names the model that answered; a request that names none reached no
+    // model's routes, and the server counts it (see `crate::serve`).
+    let usage = req.extensions().get::<Usage>().cloned();
+    if let Some(u) = &usage {
+        u.update(|f| f.model = Some(st.model_id.clone()));
+    }
     let resp = match &st.keys {
         Some(keys) if !is_open(req.method(), &path, req.headers()) => {
             let auth = strata_http::auth::presented(req.headers());
             match keys.check(auth.as_deref()) {
                 // The slot goes with the answer: a stream holds it until its last event.
                 Verdict::Allowed(grant, slot) => {
+                    if let Some(u) = &usage {
+                        u.update(|f| f.key = Some(grant.name.clone()));
+                    }
                     let mut req = req;
                     req.extensions_mut().insert(Tenant(grant.name));
                     slot.hold(next.run(req).await)

@@ -64,7 +64,7 @@ pub(crate) async fn run(
     crate::tenancy::check_salt(p.cache_salt.as_deref())?;
     let partition = crate::tenancy::partition(
         st.shared_prefix_cache,
-        tenant.as_ref().map(|t| &t.0),
+        tenant.tenant.as_ref(),
         p.cache_salt.as_deref(),
     );
     let room = st.n_ctx - p.prompt.len();
@@ -120,6 +120,7 @@ pub(crate) async fn run(
         first_token: None,
         include_usage: p.include_usage,
         arrived,
+        usage: tenant.usage,
     };
     reply.send(answer, rx, p.stream).await
 }
@@ -153,6 +154,8 @@ pub(crate) struct Answer {
     pub(crate) include_usage: bool,
     /// When the request arrived (Ollama's durations count from it).
     pub(crate) arrived: Instant,
+    /// The access log's record of the request, given the tokens and the first token's time.
+    usage: Option<strata_http::access::Usage>,
 }
 
 /// How a finished generation ended, for the response.
@@ -196,6 +199,13 @@ impl Answer {
         } else {
             if finish.is_length() { "length" } else { "stop" }
         };
+        if let Some(u) = &self.usage {
+            let ttft = self.first_token.map(|t| t - self.arrived);
+            u.update(|f| {
+                f.tokens = Some((prompt, completion));
+                f.ttft = ttft;
+            });
+        }
         (
             pieces,
             Ending {

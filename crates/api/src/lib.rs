@@ -377,5 +377,16 @@ pub async fn serve(
     http: &listen::HttpOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    listen::serve(listener, routing::router(models), http, shutdown).await
+    // A model's routes count the requests that reach them; the first model's metrics count
+    // those refused before any did (the browser checks, a body deadline).
+    let mut http = http.clone();
+    if let Some(first) = models.first() {
+        let metrics = Arc::clone(&first.metrics);
+        http.access.observers.push(Arc::new(move |r| {
+            if r.fields.model.is_none() {
+                metrics.count_request(access::endpoint(r.path), r.status);
+            }
+        }));
+    }
+    listen::serve(listener, routing::router(models), &http, shutdown).await
 }

@@ -295,9 +295,31 @@ pub(crate) async fn prepared<T: Send + 'static>(
     }
 }
 
-/// The [`Tenant`] extension a generating route takes: set by the key check, absent on a
-/// server without keys.
-pub(crate) type From = Option<axum::Extension<Tenant>>;
+/// What a generating route takes from the request besides its body: the [`Tenant`] the key
+/// check set (absent on a server without keys) and the access log's
+/// [`strata_http::access::Usage`], which the answer fills in.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct From {
+    pub(crate) tenant: Option<Tenant>,
+    pub(crate) usage: Option<strata_http::access::Usage>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for From {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<From, Self::Rejection> {
+        Ok(From {
+            tenant: parts.extensions.get::<Tenant>().cloned(),
+            usage: parts
+                .extensions
+                .get::<strata_http::access::Usage>()
+                .cloned(),
+        })
+    }
+}
 
 /// [`prepare_chat`] for a request already parsed (or translated from another API).
 pub(crate) fn prepare_chat_request(st: &AppState, req: ChatRequest) -> Result<Prepared, ApiError> {

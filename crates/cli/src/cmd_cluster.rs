@@ -118,7 +118,7 @@ pub(crate) struct NodeArgs {
     #[arg(long, value_enum, default_value_t = crate::cmd_shard::TransportArg::Auto)]
     transport: crate::cmd_shard::TransportArg,
     #[command(flatten)]
-    http: crate::cmd_serve::HttpArgs,
+    pub(crate) http: crate::cmd_serve::HttpArgs,
 }
 
 pub(crate) fn node(a: NodeArgs) -> Result<()> {

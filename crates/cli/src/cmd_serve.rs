@@ -81,7 +81,7 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
-    http: HttpArgs,
+    pub(crate) http: HttpArgs,
 }
 
 /// Sampling for requests that do not say (clients such as Claude Code cannot).
@@ -241,6 +241,13 @@ pub(crate) struct HttpArgs {
     /// Seconds requests in flight may take to finish after Ctrl-C or SIGTERM.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     shutdown_grace: f64,
+    /// No access log (by default one line per request: method, route, status, model, key name,
+    /// tokens, time to first token, total time).
+    #[arg(long)]
+    quiet: bool,
+    /// How log lines are written: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    log_format: crate::logging::LogFormat,
 }
 
 impl HttpArgs {
@@ -270,7 +277,16 @@ impl HttpArgs {
                 max_connections,
                 shutdown_grace: secs("shutdown-grace", self.shutdown_grace, 0.0)?,
             },
+            access: strata_http::access::AccessOptions {
+                quiet: self.quiet,
+                observers: Vec::new(),
+            },
         })
+    }
+
+    /// How log lines are written.
+    pub(crate) fn log_format(&self) -> crate::logging::LogFormat {
+        self.log_format
     }
 }
 

@@ -82,11 +82,13 @@ pub fn main() -> ExitCode {
         }
         strata_hub::use_token_file(path);
     }
-    if matches!(
-        cli.cmd,
-        Command::Serve(_) | Command::Node(_) | Command::Worker(_)
-    ) {
-        logging::init();
+    if let Some(format) = match &cli.cmd {
+        Command::Serve(a) => Some(a.http.log_format()),
+        Command::Node(a) => Some(a.http.log_format()),
+        Command::Worker(_) => Some(logging::LogFormat::Text),
+        _ => None,
+    } {
+        logging::init(format);
     } else {
         logging::init_plain();
     }

@@ -2,7 +2,9 @@
 //! standard error, one line each with the time, level and the spans they happened in (an
 //! instance's id and epoch, a request's method and path). `STRATA_LOG` takes `tracing`'s
 //! filter syntax (`debug`, `strata_node=debug,warn`); by default strata's own crates log at
-//! `info` and the libraries under them (zenoh, hyper) only warnings.
+//! `info` and the libraries under them (zenoh, hyper) only warnings. The HTTP surfaces' access
+//! lines (`strata::access`) are among strata's own: `STRATA_LOG=info,strata::access=off` (or
+//! `--quiet`) turns them off.
 
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
@@ -11,9 +13,19 @@ use tracing_subscriber::EnvFilter;
 const DEFAULT: &str =
     "warn,strata=info,strata_node=info,strata_api=info,strata_parallel=info,strata_store=info";
 
+/// How the long-running commands write their log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`, `spans`), for log
+    /// shippers.
+    Json,
+}
+
 /// Installs the subscriber (once; a second call changes nothing). A `STRATA_LOG` that does not
 /// parse is reported and the default used.
-pub(crate) fn init() {
+pub(crate) fn init(format: LogFormat) {
     let filter = match std::env::var("STRATA_LOG") {
         Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
             eprintln!("strata: STRATA_LOG={spec:?} is not a log filter ({e}); using {DEFAULT:?}");
@@ -21,12 +33,16 @@ pub(crate) fn init() {
         }),
         _ => EnvFilter::new(DEFAULT),
     };
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => fmt
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .try_init(),
+        LogFormat::Json => fmt.json().with_ansi(false).try_init(),
+    };
 }
 
 /// The filter of the one-shot commands when `STRATA_LOG` is not set: what the store reports

@@ -13,7 +13,14 @@
 //!   OPTIONS) from another origin is refused unless `--cors-origin` names it.
 //! - **Simple requests without `Origin`.** Bodies must be JSON (`Content-Type:
 //!   application/json`): a type no form can send and no cross-origin fetch can send without a
-//!   CORS preflight.
+//!   CORS preflight. Two exceptions, for the command-line clients that send JSON under another
+//!   type or none (litellm's Ollama providers send none; `curl -d`, as Ollama's documentation
+//!   writes its examples, sends `application/x-www-form-urlencoded`): a request that carries no
+//!   mark of a browser (no `Origin`, no `Sec-Fetch-*` header) may send its body with no type or
+//!   as a URL-encoded form. Neither lets a page in: a browser names the page in `Origin` on
+//!   every fetch that is not a GET or HEAD, a form cannot omit the type, and a URL-encoded
+//!   form body cannot be JSON (the encoding escapes `{`, `[` and `"`). A `text/plain` body,
+//!   which a form can shape into JSON, stays refused.
 //!
 //! CORS is off unless `--cors-origin` names origins; then those origins get the preflight and
 //! response headers that let their pages call the API (with their own keys).
@@ -157,14 +164,17 @@ fn verdict(guard: &Guard, method: &Method, headers: &HeaderMap) -> Result<(), Ap
             "A cross-site request from a web page was refused.",
         ));
     }
+    let browser = headers.contains_key(header::ORIGIN)
+        || headers.keys().any(|k| k.as_str().starts_with("sec-fetch-"));
     match headers.get(header::CONTENT_TYPE) {
         Some(ct) if is_json(ct) => Ok(()),
+        Some(ct) if !browser && is_form(ct) => Ok(()),
         Some(ct) => Err(ApiError::unsupported_media_type(format!(
             "Request bodies must be JSON: send Content-Type: application/json (got {:?}; \
              with curl, add -H 'Content-Type: application/json').",
             ct.to_str().unwrap_or("?")
         ))),
-        None if has_body(headers) => Err(ApiError::unsupported_media_type(
+        None if browser && has_body(headers) => Err(ApiError::unsupported_media_type(
             "Request bodies must be JSON: send Content-Type: application/json.".to_string(),
         )),
         None => Ok(()),
@@ -181,10 +191,19 @@ fn has_body(headers: &HeaderMap) -> bool {
 
 /// `application/json`, with any parameters (`; charset=utf-8`).
 fn is_json(ct: &HeaderValue) -> bool {
+    media_type_is(ct, "application/json")
+}
+
+/// `application/x-www-form-urlencoded`, with any parameters.
+fn is_form(ct: &HeaderValue) -> bool {
+    media_type_is(ct, "application/x-www-form-urlencoded")
+}
+
+fn media_type_is(ct: &HeaderValue, want: &str) -> bool {
     ct.to_str().is_ok_and(|s| {
         s.split(';')
             .next()
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case(want))
     })
 }
 
@@ -393,20 +412,38 @@ mod tests {
     fn only_json_bodies_are_accepted() {
         let g = guard(&[], &[]);
         let host = ("host", "127.0.0.1:8000");
+        let page = ("origin", "http://127.0.0.1:8000");
+        let fetch = ("sec-fetch-mode", "no-cors");
         for ct in [
             "text/plain",
             "application/x-www-form-urlencoded",
             "multipart/form-data; boundary=x",
         ] {
-            assert_eq!(
-                status(
-                    &g,
-                    Method::POST,
-                    &[host, ("content-type", ct), ("content-length", "5")]
-                ),
-                415,
-                "{ct}"
-            );
+            for mark in [page, fetch] {
+                assert_eq!(
+                    status(
+                        &g,
+                        Method::POST,
+                        &[host, mark, ("content-type", ct), ("content-length", "5")]
+                    ),
+                    415,
+                    "{ct} {mark:?}"
+                );
+            }
+        }
+        // Without a browser's marks: JSON sent as a URL-encoded form (`curl -d`) or without a
+        // type (litellm) passes; text/plain, which a form can shape into JSON, does not.
+        for (ct, want) in [
+            (Some("application/x-www-form-urlencoded"), 200),
+            (None, 200),
+            (Some("text/plain"), 415),
+            (Some("multipart/form-data; boundary=x"), 415),
+        ] {
+            let mut h = vec![host, ("content-length", "5")];
+            h.extend(ct.map(|c| ("content-type", c)));
+            assert_eq!(status(&g, Method::POST, &h), want, "{ct:?}");
+            h.push(fetch);
+            assert_eq!(status(&g, Method::POST, &h), 415, "{ct:?} from a page");
         }
         assert_eq!(
             status(
@@ -423,11 +460,15 @@ mod tests {
             200
         );
         assert_eq!(
-            status(&g, Method::POST, &[host, ("content-length", "2")]),
+            status(&g, Method::POST, &[host, page, ("content-length", "2")]),
             415
         );
         assert_eq!(
-            status(&g, Method::POST, &[host, ("transfer-encoding", "chunked")]),
+            status(
+                &g,
+                Method::POST,
+                &[host, fetch, ("transfer-encoding", "chunked")]
+            ),
             415
         );
     }

@@ -2,6 +2,7 @@
 //! API and admin routes are both served through it, so both get the same connection limits,
 //! browser checks, key handling and error shapes.
 //!
+//! - [`access`]: the access log, one line per request, and the observers that count requests.
 //! - [`listen`]: the connection server (deadlines, a connection cap, graceful shutdown).
 //! - [`browser`]: the checks of every route against browsers (Host, Origin, JSON bodies, CORS).
 //! - [`auth`]: API keys (constant-time check), per-key token buckets, and the [`auth::Tenant`]
@@ -11,6 +12,7 @@
 //! - [`dashboard`]: the web UI (plain JavaScript modules embedded in the binary).
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod auth;
 pub mod browser;
 pub mod dashboard;

@@ -11,7 +11,8 @@
 //! - a shutdown that stops accepting, lets requests in flight finish for a bounded time, then
 //!   closes whatever is left, so a half-sent request cannot keep the process alive.
 //!
-//! [`crate::browser`] checks sit in front of every route here, so both surfaces get them.
+//! [`crate::browser`] checks sit in front of every route here, so both surfaces get them, and
+//! [`crate::access`] logs and observes every request, those checks' refusals included.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,6 +67,8 @@ pub struct HttpOptions {
     pub browser: BrowserPolicy,
     /// Deadlines and the connection cap.
     pub limits: Limits,
+    /// The access log and the request observers.
+    pub access: crate::access::AccessOptions,
 }
 
 /// Half the process's soft descriptor limit (at least 16, at most 4096): the other half stays
@@ -96,7 +99,11 @@ pub async fn serve(
         .layer(middleware::from_fn(crate::in_dialect))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             body_deadline(body_timeout, req, next)
-        }));
+        }))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(opts.access.clone()),
+            crate::access::log_requests,
+        ));
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -292,7 +299,11 @@ mod tests {
             rt.block_on(async move {
                 let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                let opts = HttpOptions { browser, limits };
+                let opts = HttpOptions {
+                    browser,
+                    limits,
+                    ..HttpOptions::default()
+                };
                 let mut stopped_at = None;
                 let shutdown = async {
                     let _ = rx.await;

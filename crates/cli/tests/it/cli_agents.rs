@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::cli_serve::{serve_model, test_cache_dir};
+use crate::cli_serve::{
+    key_file, run_client_script_with, serve_model, test_cache_dir, venv_python,
+};
 
 /// Claude Code, pinned: the agent client the Anthropic API is meant for.
 const CLAUDE_CODE: &str = "@anthropic-ai/claude-code@2.1.197";
@@ -30,15 +32,6 @@ fn npm_tool(package: &str, bin: &str) -> PathBuf {
         std::fs::write(&ready, b"").unwrap();
     }
     path
-}
-
-/// A key file in `dir` with the test key under `name` (owner-only, as strata requires).
-fn key_file(dir: &std::path::Path, name: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let keys = dir.join("keys");
-    std::fs::write(&keys, format!("sk-test-key-1234 name={name}\n")).unwrap();
-    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    keys
 }
 
 /// The `claude` command of [`CLAUDE_CODE`].
@@ -355,4 +348,13 @@ fn codex_cli_completes_turns_with_its_default_configuration() {
     );
     // The second request repeats the first: its prompt comes from the prefix cache.
     assert!(metric(&server.url, "strata_cached_prompt_tokens_total") > 8_000.0);
+}
+
+/// litellm's Ollama providers (`ollama_chat/`, `ollama/`), which send JSON bodies without a
+/// Content-Type: greedy chat equal to `strata run`'s, streamed and whole, and a key passed as a
+/// header (`crates/api/tests/py/litellm_client.py`).
+#[test]
+fn litellm_ollama_providers_get_answers() {
+    let py = venv_python("test-venv-litellm", &["litellm==1.110.2", "ollama==0.6.3"]);
+    run_client_script_with(&py, "litellm_client.py");
 }

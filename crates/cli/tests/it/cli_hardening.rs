@@ -10,10 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     addr: SocketAddr,
-    lines: std::sync::Mutex<mpsc::Receiver<String>>,
+    pub(crate) lines: std::sync::Mutex<mpsc::Receiver<String>>,
     _dir: tempfile::TempDir,
 }
 
@@ -26,7 +26,7 @@ impl Drop for Proc {
 
 impl Proc {
     /// Starts `strata ARGS` and waits for the line that names its API address.
-    fn start(args: &[&str]) -> Proc {
+    pub(crate) fn start(args: &[&str]) -> Proc {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(args)
@@ -78,13 +78,13 @@ impl Proc {
         String::from_utf8_lossy(&out).into_owned()
     }
 
-    fn get(&self, path: &str, host: &str) -> String {
+    pub(crate) fn get(&self, path: &str, host: &str) -> String {
         self.raw(&format!(
             "GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
         ))
     }
 
-    fn post(&self, path: &str, headers: &[&str], body: &str) -> String {
+    pub(crate) fn post(&self, path: &str, headers: &[&str], body: &str) -> String {
         self.raw(&Self::post_request(self.addr, path, headers, body))
     }
 
@@ -118,7 +118,7 @@ impl Proc {
     }
 }
 
-fn status(answer: &str) -> u16 {
+pub(crate) fn status(answer: &str) -> u16 {
     answer
         .split_whitespace()
         .nth(1)

@@ -130,6 +130,15 @@ pub(crate) fn venv_python(name: &str, packages: &[&str]) -> PathBuf {
     py
 }
 
+/// A key file in `dir` with the test key under `name` (owner-only, as strata requires).
+pub(crate) fn key_file(dir: &std::path::Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("sk-test-key-1234 name={name}\n")).unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    keys
+}
+
 /// The client scripts' prompt through `strata run`, greedy: the APIs must answer the same text.
 fn run_text() -> String {
     let run = strata()
@@ -199,15 +208,14 @@ fn the_openai_client_gets_what_it_expects() {
 /// Runs `crates/api/tests/py/{script}` against an open server (with the alias
 /// `claude-sonnet-4`) and one with a key (and `--temperature 0`).
 fn run_client_script(script: &str) {
-    let py = python();
+    run_client_script_with(&python(), script);
+}
+
+/// [`run_client_script`] with the Python of another venv.
+pub(crate) fn run_client_script_with(py: &std::path::Path, script: &str) {
     let run_text = run_text();
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys");
-    std::fs::write(&keys, "sk-test-key-1234 name=tester\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let keys = key_file(dir.path(), "tester");
     // The open server answers to an alias too; the keyed one samples greedily unless asked.
     let open = serve(&["--parallel", "2", "--alias", "claude-sonnet-4"]);
     let keyed = serve(&[
@@ -218,7 +226,7 @@ fn run_client_script(script: &str) {
         "--temperature",
         "0",
     ]);
-    let out = Command::new(&py)
+    let out = Command::new(py)
         .arg(format!(
             "{}/../api/tests/py/{script}",
             env!("CARGO_MANIFEST_DIR")

@@ -1,6 +1,7 @@
 //! The CLI's end-to-end tests, one module per command or scenario, in one test binary: each
 //! binary links the whole dependency graph, so one instead of eight saves most of the build.
 
+mod cli_access;
 mod cli_agents;
 // Hosts as Linux network namespaces (ip netns, setns): nothing to stand for them on macOS.
 #[cfg(target_os = "linux")]
