@@ -53,6 +53,8 @@ struct ChatBody {
     stream: Option<bool>,
     /// `true`, `false`, or an effort level: whether reasoning is given out.
     think: Option<Value>,
+    /// How long Ollama keeps the model loaded; see [`loaded`].
+    keep_alive: Option<Value>,
     /// As the OpenAI dialect's `cache_salt`.
     cache_salt: Option<String>,
 }
@@ -73,6 +75,7 @@ struct GenerateBody {
     options: Options,
     stream: Option<bool>,
     think: Option<Value>,
+    keep_alive: Option<Value>,
     context: Option<Vec<u32>>,
     images: Option<Vec<Value>>,
     template: Option<String>,
@@ -115,6 +118,10 @@ struct Options {
     seed: Option<i64>,
     /// Tokens to generate; -1 or -2 (or absent): until the context is full.
     num_predict: Option<i64>,
+    /// The context window. Ollama reloads the model with it; here the server's window is
+    /// fixed, so a smaller one caps prompt and answer together and a larger one is the
+    /// server's.
+    num_ctx: Option<i64>,
     stop: Option<Vec<String>>,
     repeat_penalty: Option<f32>,
     presence_penalty: Option<f32>,
@@ -180,12 +187,76 @@ impl Options {
     }
 }
 
-fn thinks(think: Option<&Value>) -> bool {
-    match think {
+/// Whether `think` asks for reasoning, refused as Ollama refuses it for a model that cannot
+/// reason: one without gpt-oss's harmony channels or a template that writes `<think>` blocks
+/// (whose reasoning then stays in the answer's text).
+fn thinks(st: &AppState, think: Option<&Value>) -> Result<bool, ApiError> {
+    let on = match think {
         None | Some(Value::Null | Value::Bool(false)) => false,
         Some(Value::String(s)) => !s.is_empty(),
         Some(_) => true,
+    };
+    let can = st.grammars.format() == crate::call_format::CallFormat::Harmony
+        || st
+            .template
+            .as_ref()
+            .is_some_and(|t| t.source().contains("<think>"));
+    if on && !can {
+        let mut e = ApiError::invalid(
+            "think",
+            format!("\"{}\" does not support thinking", st.model_id),
+        );
+        e.param = None;
+        return Err(e);
     }
+    Ok(on)
+}
+
+/// What a request without anything to generate is answered with: Ollama loads the model
+/// (`load`), or unloads it when `keep_alive` is zero (`unload`). The model here is loaded
+/// for as long as the server runs, so neither changes anything but the answer.
+enum Prep {
+    Run(Prepared, Shape),
+    Loaded(&'static str),
+}
+
+fn loaded(keep_alive: Option<&Value>) -> Prep {
+    let zero = match keep_alive {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => s
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .parse::<f64>()
+            .is_ok_and(|v| v == 0.0),
+        _ => false,
+    };
+    Prep::Loaded(if zero { "unload" } else { "load" })
+}
+
+/// The prompt's and answer's room when `num_ctx` is below the server's window: the answer's
+/// limit, so that both fit in `num_ctx`; the prompt alone over it is refused.
+fn within_num_ctx(st: &AppState, p: &mut Prepared, num_ctx: Option<i64>) -> Result<(), ApiError> {
+    let Some(ctx) = num_ctx
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0 && n < st.n_ctx)
+    else {
+        return Ok(());
+    };
+    let room = ctx
+        .checked_sub(p.prompt.len())
+        .filter(|&r| r > 0)
+        .ok_or_else(|| {
+            let mut e = ApiError::invalid(
+                "options.num_ctx",
+                format!(
+                    "the prompt has {} tokens, more than num_ctx {ctx} leaves room for",
+                    p.prompt.len()
+                ),
+            );
+            e.param = None;
+            e
+        })?;
+    p.common.max_tokens = Some(p.common.max_tokens.map_or(room, |m| m.min(room)));
+    Ok(())
 }
 
 /// `format` as OpenAI's `response_format`.
@@ -277,12 +348,26 @@ pub(crate) async fn chat(
     tenant: crate::prepare::From,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::answer::answer(st, tenant, body, prepare_chat).await
+    let arrived = Instant::now();
+    let body = body_bytes(body, st.max_body)?;
+    match prepared(&st, move |st| prepare_chat(st, &body)).await? {
+        Prep::Run(p, shape) => run(st, p, shape, tenant, arrived).await,
+        Prep::Loaded(reason) => Ok(Json(json!({
+            "model": st.model_id, "created_at": now(),
+            "message": {"role": "assistant", "content": ""}, "done": true,
+            "done_reason": reason,
+        }))
+        .into_response()),
+    }
 }
 
-fn prepare_chat(st: &AppState, body: &[u8]) -> Result<(Prepared, Shape), ApiError> {
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prep, ApiError> {
     let req: ChatBody = parse_body(body)?;
     check_model(st, &req.model)?;
+    let think = thinks(st, req.think.as_ref())?;
+    if req.messages.is_empty() {
+        return Ok(loaded(req.keep_alive.as_ref()));
+    }
     let stops = req.options.stops()?;
     let chat = ChatRequest {
         model: st.model_id.clone(),
@@ -302,11 +387,8 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<(Prepared, Shape), ApiErro
     };
     let mut p = prepare_chat_request(st, chat)?;
     p.common.stops = stops;
-    let shape = Shape {
-        chat: true,
-        think: thinks(req.think.as_ref()),
-    };
-    Ok((p, shape))
+    within_num_ctx(st, &mut p, req.options.num_ctx)?;
+    Ok(Prep::Run(p, Shape { chat: true, think }))
 }
 
 /// `POST /api/generate`.
@@ -319,19 +401,19 @@ pub(crate) async fn generate(
     let body = body_bytes(body, st.max_body)?;
     let p = prepared(&st, move |st| prepare_generate(st, &body)).await?;
     match p {
-        Some((p, shape)) => run(st, p, shape, tenant, arrived).await,
-        // An empty prompt loads the model, in Ollama; here it is loaded already.
-        None => Ok(Json(json!({
+        Prep::Run(p, shape) => run(st, p, shape, tenant, arrived).await,
+        Prep::Loaded(reason) => Ok(Json(json!({
             "model": st.model_id, "created_at": now(), "response": "", "done": true,
-            "done_reason": "load",
+            "done_reason": reason,
         }))
         .into_response()),
     }
 }
 
-fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<(Prepared, Shape)>, ApiError> {
+fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Prep, ApiError> {
     let req: GenerateBody = parse_body(body)?;
     check_model(st, &req.model)?;
+    let think = thinks(st, req.think.as_ref())?;
     no_images(req.images.as_ref(), "images")?;
     for (given, name) in [
         (req.suffix.is_some(), "suffix"),
@@ -352,13 +434,10 @@ fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<(Prepared, Shap
         }
     }
     if req.prompt.is_empty() && req.system.is_none() {
-        return Ok(None);
+        return Ok(loaded(req.keep_alive.as_ref()));
     }
     let stops = req.options.stops()?;
-    let shape = Shape {
-        chat: false,
-        think: thinks(req.think.as_ref()),
-    };
+    let shape = Shape { chat: false, think };
     let stream = Some(req.stream.unwrap_or(true));
     let format = response_format(req.format.as_ref())?;
     let mut p = if req.raw || st.template.is_none() {
@@ -430,7 +509,8 @@ fn prepare_generate(st: &AppState, body: &[u8]) -> Result<Option<(Prepared, Shap
         )?
     };
     p.common.stops = stops;
-    Ok(Some((p, shape)))
+    within_num_ctx(st, &mut p, req.options.num_ctx)?;
+    Ok(Prep::Run(p, shape))
 }
 
 /// Ollama's time stamps: RFC 3339 with nanoseconds.

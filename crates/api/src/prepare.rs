@@ -438,7 +438,12 @@ fn response_format(rf: Option<&Value>) -> Result<Option<Value>, ApiError> {
     let bad = |m: &str| ApiError::invalid("response_format", m);
     match rf.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        // llama.cpp's server (and older instructor versions) send a schema with json_object.
+        Some("json_object") => match rf.get("schema") {
+            None | Some(Value::Null) => Ok(Some(json!({"type": "object"}))),
+            Some(schema) if schema.is_object() => Ok(Some(schema.clone())),
+            Some(_) => Err(bad("response_format.schema must be a JSON schema object.")),
+        },
         Some("json_schema") => {
             let js = rf
                 .get("json_schema")
@@ -568,6 +573,20 @@ mod tests {
 
     fn msg(v: Value) -> Message {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn json_object_takes_a_schema_too() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let rf = json!({"type": "json_object", "schema": schema});
+        assert_eq!(response_format(Some(&rf)).unwrap(), Some(schema));
+        let plain = json!({"type": "json_object"});
+        assert_eq!(
+            response_format(Some(&plain)).unwrap(),
+            Some(json!({"type": "object"}))
+        );
+        let bad = json!({"type": "json_object", "schema": "object"});
+        assert!(response_format(Some(&bad)).is_err());
     }
 
     /// The template renders an earlier answer with `calls`; the output parser, reading that

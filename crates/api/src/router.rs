@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -107,25 +107,47 @@ async fn openapi() -> Response {
         .into_response()
 }
 
-fn model_object(st: &AppState, id: &str) -> Value {
-    json!({"id": id, "object": "model", "created": st.created, "owned_by": "strata"})
+/// Whether a request comes from an Anthropic client (its SDKs and Claude Code send
+/// `anthropic-version` on every request), which reads models in Anthropic's shape.
+fn anthropic(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+fn model_object(st: &AppState, id: &str, anthropic: bool) -> Value {
+    if anthropic {
+        let created = std::time::UNIX_EPOCH + std::time::Duration::from_secs(st.created);
+        json!({"type": "model", "id": id, "display_name": id,
+            "created_at": humantime::format_rfc3339_seconds(created).to_string()})
+    } else {
+        json!({"id": id, "object": "model", "created": st.created, "owned_by": "strata"})
+    }
 }
 
 /// The served model, then each of its aliases.
-async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Json<Value> {
+    let anthropic = anthropic(&headers);
     let data: Vec<Value> = std::iter::once(&st.model_id)
         .chain(&st.aliases)
-        .map(|id| model_object(&st, id))
+        .map(|id| model_object(&st, id, anthropic))
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    if anthropic {
+        let (first, last) = (
+            data.first().map(|m| m["id"].clone()),
+            data.last().map(|m| m["id"].clone()),
+        );
+        Json(json!({"data": data, "has_more": false, "first_id": first, "last_id": last}))
+    } else {
+        Json(json!({"object": "list", "data": data}))
+    }
 }
 
 async fn model(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     if st.serves(&id) {
-        Ok(Json(model_object(&st, &id)))
+        Ok(Json(model_object(&st, &id, anthropic(&headers))))
     } else {
         Err(ApiError::model_not_found(&id, &st.served_names()))
     }

@@ -155,5 +155,15 @@ async fn gathered(served: &Served, req: Request, key: &str) -> Response {
             }
         }
     }
-    axum::Json(merged.unwrap_or(Value::Null)).into_response()
+    let mut merged = merged.unwrap_or(Value::Null);
+    // Anthropic's list names its last entry, which is now another model's.
+    let last = merged
+        .get(key)
+        .and_then(Value::as_array)
+        .and_then(|a| a.last())
+        .map(|m| m["id"].clone());
+    if let (Some(slot), Some(last)) = (merged.get_mut("last_id"), last) {
+        *slot = last;
+    }
+    axum::Json(merged).into_response()
 }

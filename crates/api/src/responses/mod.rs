@@ -202,7 +202,7 @@ fn prepare(st: &AppState, body: &[u8]) -> Result<(Prepared, Box<Shape>), ApiErro
         .and_then(Value::as_str)
     {
         None | Some("text") => None,
-        Some("json_object") => Some(json!({"type": "json_object"})),
+        Some("json_object") => format.clone(),
         Some("json_schema") => Some(json!({"type": "json_schema", "json_schema": format})),
         Some(other) => {
             return Err(ApiError::invalid(

@@ -328,6 +328,12 @@ def an_alias_is_served_and_listed():
     assert r.content[0].text == os.environ["STRATA_RUN_TEXT"], r.content
     status, body = raw("GET", "/v1/models")
     assert [m["id"] for m in json.loads(body)["data"]] == [MODEL, "claude-sonnet-4"], body
+    # The SDK sends anthropic-version: the list comes in Anthropic's shape.
+    models = list(client.models.list())
+    assert [m.id for m in models] == [MODEL, "claude-sonnet-4"], models
+    assert all(m.type == "model" and m.display_name and m.created_at.year >= 2024 for m in models), models
+    one = client.models.retrieve("claude-sonnet-4")
+    assert one.id == "claude-sonnet-4" and one.type == "model", one
 
 
 @check

@@ -187,6 +187,33 @@ def errors_are_ollama_error_objects():
 
 
 @check
+def think_keep_alive_and_num_ctx_are_answered_as_ollama_does():
+    # A model without a thinking template refuses `think`, as Ollama does.
+    try:
+        client.chat(model=MODEL, messages=user("Hi"), think=True)
+        raise AssertionError("think was accepted")
+    except ollama.ResponseError as e:
+        assert e.status_code == 400 and "does not support thinking" in e.error, e.error
+    assert client.chat(model=MODEL, messages=user("Hi"), think=False, options={"num_predict": 2}).message.content
+    # Nothing to generate: the model is loaded, or unloaded with keep_alive 0.
+    for path, empty in [("/api/chat", {"messages": []}), ("/api/generate", {"prompt": ""})]:
+        for keep, reason in [(None, "load"), (0, "unload"), ("0s", "unload"), ("5m", "load")]:
+            body = {"model": MODEL, **empty, **({} if keep is None else {"keep_alive": keep})}
+            status, text = raw("POST", path, body)
+            assert status == 200 and json.loads(text)["done_reason"] == reason, (path, keep, text)
+    # num_ctx below the server's window holds prompt and answer together.
+    r = client.chat(model=MODEL, messages=user("Hi"), options={"num_predict": 50, "temperature": 0})
+    window = r.prompt_eval_count + 3
+    r = client.chat(model=MODEL, messages=user("Hi"), options={"num_predict": 50, "num_ctx": window, "temperature": 0})
+    assert r.eval_count == 3 and r.done_reason == "length", r
+    try:
+        client.chat(model=MODEL, messages=user("Hi"), options={"num_ctx": 4})
+        raise AssertionError("a prompt over num_ctx was accepted")
+    except ollama.ResponseError as e:
+        assert e.status_code == 400 and "num_ctx" in e.error, e.error
+
+
+@check
 def keys_are_required_as_bearer():
     keyed = os.environ["STRATA_KEYED_URL"]
     status, _ = raw("GET", "/api/tags", base=keyed)

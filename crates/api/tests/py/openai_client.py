@@ -329,6 +329,11 @@ def json_schema_and_json_object_output_validate():
         max_tokens=60, temperature=0, response_format={"type": "json_object"})
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
+    # json_object with a schema, as llama.cpp's server takes it: the schema is followed.
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=120, temperature=0,
+        response_format={"type": "json_object", "schema": schema})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
 
 @check

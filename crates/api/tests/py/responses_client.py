@@ -105,6 +105,32 @@ def function_calls_round_trip_through_previous_response_id():
 
 
 @check
+def namespaced_tools_are_called_back_by_name_and_namespace_and_hosted_tools_left_out():
+    ns = {"type": "namespace", "name": "weather_ns", "description": "Weather tools.", "tools": [WEATHER]}
+    tools = [ns, {"type": "web_search", "external_web_access": False}]
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    raw_first = client.responses.with_raw_response.create(
+        model=MODEL, input=[question], tools=tools, tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0, max_output_tokens=64, store=False, include=["reasoning.encrypted_content"],
+        prompt_cache_key="session-1",
+    )
+    assert raw_first.headers.get("x-strata-ignored-tools") == "web_search", raw_first.headers
+    first = raw_first.parse()
+    assert first.prompt_cache_key == "session-1", first
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", first.output
+    assert calls[0].model_extra.get("namespace") == "weather_ns", calls[0]
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    # The call goes back as the client keeps it (with its namespace), and its output after it.
+    second = client.responses.create(
+        model=MODEL, tools=tools, temperature=0, max_output_tokens=8, store=False,
+        input=[question, calls[0].model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C and sunny"}],
+    )
+    assert second.status in ("completed", "incomplete") and second.output, second
+
+
+@check
 def streamed_function_call_arguments_join_into_the_call():
     deltas, done = [], []
     for ev in client.responses.create(
@@ -162,7 +188,10 @@ def stored_responses_can_be_read_and_deleted_and_store_false_keeps_none():
 def errors_name_the_field():
     cases = [
         ({"model": MODEL}, "input"),
-        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}, "tools[0].type"),
+        ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+         "tool_choice"),
+        ({"model": MODEL, "input": "x", "include": ["reasoning.encrypted_content", "nope"]}, "include[1]"),
         ({"model": MODEL, "input": [{"type": "computer_call"}]}, "input[0].type"),
         ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"model": MODEL, "input": "x", "max_output_tokens": 0}, "max_output_tokens"),

@@ -74,17 +74,10 @@ pub(super) fn route<'a>(serving: &'a [Serving], model: Option<&str>) -> Option<&
 /// `/api/ps`) gather every instance's.
 pub(super) async fn to_instance(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     use tracing::Instrument as _;
+    // The access log (strata_http::access) writes the request's line; the span puts the
+    // events of its routing in context.
     let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path());
-    let start = std::time::Instant::now();
-    let r = routed(shared, req).instrument(span.clone()).await;
-    span.in_scope(|| {
-        tracing::debug!(
-            status = r.status().as_u16(),
-            ms = start.elapsed().as_millis() as u64,
-            "answered"
-        );
-    });
-    r
+    routed(shared, req).instrument(span).await
 }
 
 /// [`to_instance`] inside its request's span.
