@@ -119,12 +119,12 @@ def namespaced_tools_are_called_back_by_name_and_namespace_and_hosted_tools_left
     assert first.prompt_cache_key == "session-1", first
     calls = [o for o in first.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather", first.output
-    assert calls[0].model_extra.get("namespace") == "weather_ns", calls[0]
+    assert calls[0].namespace == "weather_ns", calls[0]
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
     # The call goes back as the client keeps it (with its namespace), and its output after it.
     second = client.responses.create(
         model=MODEL, tools=tools, temperature=0, max_output_tokens=8, store=False,
-        input=[question, calls[0].model_dump(exclude_none=True),
+        input=[question, calls[0].model_dump(exclude_none=True, by_alias=True),
                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C and sunny"}],
     )
     assert second.status in ("completed", "incomplete") and second.output, second
