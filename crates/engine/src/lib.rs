@@ -17,6 +17,7 @@
 mod batch;
 mod blocks;
 mod config;
+pub mod embed;
 mod error;
 mod generate;
 mod kv_cache;

@@ -143,6 +143,8 @@ pub struct Scratch {
     pub(crate) rows: Rows,
     /// The mixture of experts' working state.
     pub(crate) moe: MoeScratch,
+    /// Values of [`Scratch::embeddings`] the last [`Model::embed`] left in `xn`.
+    pub(crate) embedded: usize,
 }
 
 /// Buffers of a mixture-of-experts block, kept across steps.
@@ -222,6 +224,23 @@ impl Scratch {
     pub fn hidden(&self) -> &[f32] {
         &self.x
     }
+
+    /// Every row's hidden state after the output norm, after [`Model::embed`].
+    pub fn embeddings(&self) -> &[f32] {
+        &self.xn[..self.embedded]
+    }
+}
+
+/// What a step leaves after its layers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// Logits of the last row only; the last layer skips the other rows after attention (a
+    /// prompt's prefill, as llama.cpp does it).
+    LastRow,
+    /// Logits of one row per sequence (the last row of a single sequence).
+    Rows,
+    /// Every row's hidden state after the output norm, and no logits.
+    Embeddings,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, n: usize) {
@@ -322,6 +341,51 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
+        self.forward_to(pool, cache, scratch, input, comm, false)
+    }
+
+    /// Runs the whole model over `tokens` (appended to `cache`) for their embeddings: every
+    /// row's hidden state after the output norm, as llama.cpp's `result_norm` (what its
+    /// embedding paths pool). After it, [`Scratch::embeddings`] holds `tokens.len()` rows.
+    pub fn embed(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        tokens: &[u32],
+    ) -> Result<()> {
+        self.whole("embeddings without links need")?;
+        self.forward_to(
+            pool,
+            cache,
+            scratch,
+            StageInput::Tokens(tokens),
+            &mut NoComm,
+            true,
+        )
+    }
+
+    /// An error unless this is the whole model (`what` needs it in one process).
+    fn whole(&self, what: &str) -> Result<()> {
+        if self.spec.is_full_width(&self.cfg) && self.spec.is_last_stage(&self.cfg) {
+            Ok(())
+        } else {
+            Err(Error::InvalidShard(format!(
+                "{what} the whole model in one process"
+            )))
+        }
+    }
+
+    /// [`Model::forward`], or with `embed` every row's normed hidden state instead of logits.
+    fn forward_to(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &mut dyn Collective,
+        embed: bool,
+    ) -> Result<()> {
         let n = self.input_rows(&input)?;
         let pos0 = cache.len();
         if pos0 + n > cache.capacity() {
@@ -340,7 +404,13 @@ impl Model {
         };
         // Only the last token's row feeds the logits, so the last stage's last layer skips the
         // other rows after attention (as llama.cpp does).
-        let trim = self.spec.is_last_stage(&self.cfg) && n > 1;
+        let out = if embed {
+            Out::Embeddings
+        } else if self.spec.is_last_stage(&self.cfg) && n > 1 {
+            Out::LastRow
+        } else {
+            Out::Rows
+        };
         let mut caches = [cache];
         let res = self.step(
             pool,
@@ -349,7 +419,7 @@ impl Model {
             &rows,
             input,
             order,
-            trim,
+            out,
             comm,
         );
         scratch.rows = rows;
@@ -376,11 +446,7 @@ impl Model {
         scratch: &mut Scratch,
         tokens: &[u32],
     ) -> Result<()> {
-        if !self.spec.is_full_width(&self.cfg) || !self.spec.is_last_stage(&self.cfg) {
-            return Err(Error::InvalidShard(
-                "batched decoding without links needs the whole model in one process".into(),
-            ));
-        }
+        self.whole("batched decoding without links needs")?;
         self.forward_batch_slots(
             pool,
             slots,
@@ -463,7 +529,7 @@ impl Model {
             &rows,
             input,
             order,
-            false,
+            Out::Rows,
             comm,
         );
         scratch.acts.set_rows_independent(false);
@@ -484,7 +550,7 @@ impl Model {
         rows: &Rows,
         input: StageInput<'_>,
         order: attn::DotOrder,
-        trim: bool,
+        out: Out,
         comm: &mut dyn Collective,
     ) -> Result<()> {
         let cfg = &self.cfg;
@@ -527,12 +593,21 @@ impl Model {
         let mut b = Blocks::new(self, pool, caches, scratch, rows, order, comm);
         for (li, lw) in self.weights.layers.iter().enumerate() {
             b.li = li;
-            b.trim = trim && li == last_layer;
+            b.trim = out == Out::LastRow && li == last_layer;
             family.layer(&mut b, lw)?;
         }
         let live = b.live;
 
-        if let Some((norm, head)) = &self.weights.head {
+        if let (Some((norm, _)), Out::Embeddings) = (&self.weights.head, out) {
+            grow(&mut scratch.xn, n * e);
+            for (src, dst) in scratch.x[..n * e]
+                .chunks_exact(e)
+                .zip(scratch.xn.chunks_exact_mut(e))
+            {
+                ops::rms_norm(src, norm, cfg.rms_eps, dst);
+            }
+            scratch.embedded = n * e;
+        } else if let Some((norm, head)) = &self.weights.head {
             // One row of logits per sequence: the last row when trimmed or single, every row of
             // a multi-sequence batch.
             let (first, count) = if n_caches > 1 {

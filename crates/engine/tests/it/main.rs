@@ -2,6 +2,7 @@
 //! `no_alloc_per_token` stays a binary of its own: it counts allocations process-wide.
 
 mod batched_decode;
+mod embeddings;
 mod hostile_model;
 mod llama_cpp_parity;
 mod prefix_cache;
