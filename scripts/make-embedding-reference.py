@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-# Prompts of 1 to 23 tokens, a chat turn with special tokens among them.
+# Prompts of 1 to about 70 tokens (for the mean: multiples of the vector width and not, leftovers
+# of every kind), a chat turn with special tokens among them.
 PROMPTS = [
     "The capital of France is Paris.",
     "Embeddings turn text into vectors; similar texts end up close together, so a search can rank documents by meaning.",
@@ -27,8 +28,12 @@ PROMPTS = [
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
     "one two three four five six seven eight",
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen",
+    "A cluster of small machines can run a model too large for any one of them: each node holds a "
+    "shard of the weights, the links between them carry the activations, and a planner decides "
+    "which layers and which columns go where, measuring every machine's memory bandwidth and every "
+    "link's latency before it places anything.",
 ]
-POOLINGS = ["last", "cls"]
+POOLINGS = ["mean", "last", "cls"]
 
 
 def build(tree, out):

@@ -1,9 +1,8 @@
 //! Embeddings bit for bit as llama.cpp computes them (`fixtures/reference/embeddings-*.json`,
 //! made by `scripts/make-embedding-reference.py` with llama.cpp's own pooling and
 //! normalisation): each prompt's tokens, the pooled vector and the normalised one, as the
-//! SHA-256 of their f32 bytes, for last-token and CLS pooling over prompts of 1 to 23
-//! tokens (every row of the model's output norm is exact, or the last-token vector would
-//! not be).
+//! SHA-256 of their f32 bytes, for mean, last-token and CLS pooling over prompts of 1 to 64
+//! tokens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
@@ -44,6 +43,7 @@ fn check(id: &str) {
     for case in fx["cases"].as_array().unwrap() {
         let text = case["prompt"].as_str().unwrap();
         let pooling = match case["pooling"].as_str().unwrap() {
+            "mean" => Pooling::Mean,
             "last" => Pooling::Last,
             "cls" => Pooling::Cls,
             other => panic!("pooling {other} is not computed"),
@@ -61,7 +61,7 @@ fn check(id: &str) {
         model
             .embed(&pool, &mut cache, &mut scratch, &tokens)
             .unwrap();
-        let mut v = pool_states(scratch.embeddings(), width, pooling).unwrap();
+        let mut v = pool_states(scratch.embeddings(), width, pooling, model.flavour()).unwrap();
         let raw = digest(&v);
         normalize(&mut v);
         let norm = digest(&v);
