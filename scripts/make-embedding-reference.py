@@ -9,6 +9,12 @@ built with CMake (`cmake -B build && cmake --build build --target llama-common`)
 keeps each vector's SHA-256 (of its f32 bytes) and first values.
 
     python3 scripts/make-embedding-reference.py LLAMA_CPP_TREE MODEL.gguf > fixtures/reference/embeddings-smollm2-135m-instruct.json
+
+For a synthetic model, SYNTH (a JSON object of the `strata synth` options the file was made
+with) is kept with the file's SHA-256, so the test can make the same file again:
+
+    strata synth -o /tmp/qemb.gguf --arch qwen3 --type q8_0 --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --pooling last
+    python3 scripts/make-embedding-reference.py LLAMA_CPP_TREE /tmp/qemb.gguf '{"arch": "qwen3", ...}' > fixtures/reference/embeddings-synth-qwen3-embedding.json
 """
 import hashlib
 import json
@@ -53,6 +59,7 @@ def words_digest(words):
 
 def main():
     tree, model = sys.argv[1], sys.argv[2]
+    synth = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "embed")
         build(tree, exe)
@@ -69,8 +76,12 @@ def main():
                               "raw_sha256": raw, "raw_head": raw_head, "norm_sha256": norm})
     # The tree is built for this CPU (GGML_NATIVE): AVX-512 sums where it has them.
     simd = "avx512" if " avx512f" in open("/proc/cpuinfo").read() else "avx2"
-    json.dump({"model": os.path.basename(model), "simd": simd, "llama_cpp": "0.3.36 (llama-cpp-python's tree)",
-               "cases": cases}, sys.stdout, indent=1)
+    out = {"model": os.path.basename(model), "simd": simd, "llama_cpp": "0.3.36 (llama-cpp-python's tree)"}
+    if synth is not None:
+        out["synth"] = synth
+        out["file_sha256"] = hashlib.sha256(open(model, "rb").read()).hexdigest()
+    out["cases"] = cases
+    json.dump(out, sys.stdout, indent=1)
     print()
 
 

@@ -61,6 +61,7 @@ pub(crate) async fn run(
     tenant: From,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
+    crate::embeddings::refuse_generation(&st)?;
     crate::tenancy::check_salt(p.cache_salt.as_deref())?;
     let partition = crate::tenancy::partition(
         st.shared_prefix_cache,
@@ -71,6 +72,7 @@ pub(crate) async fn run(
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         partition,
+        embed: None,
         max_tokens: p.common.max_tokens.unwrap_or(room).min(room),
         prompt: p.prompt,
         sampling: p.common.sampling,
@@ -343,6 +345,9 @@ impl Answer {
             Some(Event::Refused(m)) => Err(ApiError::bad_body(format!(
                 "The request's schema or tools could not be followed: {m}"
             ))),
+            Some(Event::Embedding(_)) => Err(ApiError::unavailable(
+                "The engine answered a generation with an embedding.",
+            )),
             None => Err(ApiError::unavailable(
                 "The model instance stopped during generation.",
             )),

@@ -20,6 +20,7 @@
 mod access;
 mod answer;
 pub(crate) mod call_format;
+mod embeddings;
 pub(crate) mod grammar;
 mod harmony;
 mod messages;
@@ -176,6 +177,10 @@ pub struct ModelInfo {
     pub size: u64,
     /// The context the model was trained for.
     pub context_length: u64,
+    /// The width of its hidden states (an embedding's length).
+    pub embedding_length: u64,
+    /// The pooling its file sets (`ARCH.pooling_type`): an embedding model.
+    pub pooling: Option<strata_engine::embed::Pooling>,
 }
 
 impl ModelInfo {
@@ -206,6 +211,11 @@ impl ModelInfo {
                 .get_u32(&format!("{arch}.context_length"))
                 .map(u64::from)
                 .unwrap_or(0),
+            embedding_length: meta
+                .get_u32(&format!("{arch}.embedding_length"))
+                .map(u64::from)
+                .unwrap_or(0),
+            pooling: strata_engine::embed::Pooling::of_file(file),
             arch,
         }
     }

@@ -138,7 +138,7 @@ pub(crate) struct Shape {
 }
 
 /// The served model's name as Ollama clients write it (`name:latest`), or the request's error.
-fn check_model(st: &AppState, model: &str) -> Result<(), ApiError> {
+pub(crate) fn check_model(st: &AppState, model: &str) -> Result<(), ApiError> {
     if st.serves(model) || model.strip_suffix(":latest").is_some_and(|m| st.serves(m)) {
         Ok(())
     } else {

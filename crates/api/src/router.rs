@@ -31,6 +31,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/messages/count_tokens",
             post(crate::messages::count_tokens),
         )
+        .route("/v1/embeddings", post(crate::embeddings::openai))
+        .route("/api/embed", post(crate::embeddings::ollama_embed))
+        .route("/api/embeddings", post(crate::embeddings::ollama_legacy))
         .route("/api/chat", post(crate::ollama::chat))
         .route("/api/generate", post(crate::ollama::generate))
         .route("/api/tags", get(crate::ollama::tags))

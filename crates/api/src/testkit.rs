@@ -66,6 +66,7 @@ pub fn tiny_state_with(shared: crate::Shared) -> Result<Arc<AppState>, StartErro
         seed: 7,
         sliding_window: None,
         chat_template: None,
+        pooling: None,
         experts: None,
     };
     let file = GgufFile::from_bytes(synth(&spec, &vocab)?)?;

@@ -69,6 +69,10 @@ pub(crate) struct SynthArgs {
     /// Experts each token uses (default 2).
     #[arg(long)]
     experts_used: Option<usize>,
+    /// Make an embedding model: its pooling (`mean`, `cls`, or `last`, which also appends EOS
+    /// to every text, as Qwen3-Embedding does).
+    #[arg(long, value_parser = parse_pooling)]
+    pooling: Option<strata_engine::embed::Pooling>,
     /// phi3: separate attn_q/k/v instead of the fused attn_qkv.
     #[arg(long)]
     split_qkv: bool,
@@ -130,6 +134,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
             (None, None) => None,
             (n, u) => Some((n.unwrap_or(8), u.unwrap_or(2))),
         },
+        pooling: a.pooling,
     };
     let layout = SynthLayout {
         split_qkv: a.split_qkv,
@@ -156,4 +161,12 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
         spec.ty,
     );
     Ok(())
+}
+
+fn parse_pooling(s: &str) -> std::result::Result<strata_engine::embed::Pooling, String> {
+    use strata_engine::embed::Pooling;
+    [Pooling::Mean, Pooling::Cls, Pooling::Last]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("{s:?} is not a pooling: give mean, cls or last"))
 }

@@ -158,6 +158,26 @@ impl Batch {
         &self.model
     }
 
+    /// The embedding of `tokens`, computed alone in a cache of its own (no slot is taken and
+    /// no other sequence is touched), pooled and not yet normalised (see [`crate::embed`]).
+    pub fn embed(&mut self, tokens: &[u32], pooling: crate::embed::Pooling) -> Result<Vec<f32>> {
+        if tokens.len() > self.n_ctx() {
+            return Err(Error::ContextOverflow {
+                needed: tokens.len(),
+                limit: self.n_ctx(),
+            });
+        }
+        let mut cache = self.model.new_cache(tokens.len().max(1))?;
+        self.model
+            .embed(&self.pool, &mut cache, &mut self.scratch, tokens)?;
+        crate::embed::pool_states(
+            self.scratch.embeddings(),
+            self.model.config().n_embd,
+            pooling,
+            self.model.flavour(),
+        )
+    }
+
     /// Positions each slot holds.
     pub fn n_ctx(&self) -> usize {
         self.caches.first().map_or(0, KvCache::capacity)

@@ -40,6 +40,15 @@ impl Pooling {
         }
     }
 
+    /// llama.cpp's number for it in `ARCH.pooling_type`.
+    pub fn gguf_code(self) -> u32 {
+        match self {
+            Pooling::Mean => 1,
+            Pooling::Cls => 2,
+            Pooling::Last => 3,
+        }
+    }
+
     /// The name llama.cpp's `--pooling` takes.
     pub fn name(self) -> &'static str {
         match self {

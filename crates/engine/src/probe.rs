@@ -74,6 +74,7 @@ pub fn decode_step(threads: usize, round: Duration) -> Result<StepProbe> {
         seed: 11,
         sliding_window: None,
         chat_template: None,
+        pooling: None,
         experts: None,
     };
     let vocab = GgufFile::from_bytes(byte_vocabulary())?;

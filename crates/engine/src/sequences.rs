@@ -150,6 +150,19 @@ pub trait Sequences: Send + 'static {
     fn survives_panic(&self) -> bool {
         true
     }
+    /// The embedding of `tokens` (a text computed alone, in no slot), pooled as `pooling`
+    /// says and not yet normalised (see [`crate::embed`]).
+    fn embed(
+        &mut self,
+        _tokens: &[u32],
+        _pooling: crate::embed::Pooling,
+    ) -> Result<Vec<f32>, EngineError> {
+        Err(EngineError::Slots(
+            "this engine does not compute embeddings (a sharded instance); serve the model \
+             on one node for /v1/embeddings"
+                .into(),
+        ))
+    }
     /// Weight bytes one decode step read on average over the `steps` steps since the last call,
     /// which also restarts the count (`None` where the engine cannot tell): the figure
     /// `strata run --stats-json` reports against the planner.
@@ -194,6 +207,14 @@ impl Sequences for Batch {
 
     fn extend(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
         Batch::extend(self, slot, tokens).map_err(EngineError::from)
+    }
+
+    fn embed(
+        &mut self,
+        tokens: &[u32],
+        pooling: crate::embed::Pooling,
+    ) -> Result<Vec<f32>, EngineError> {
+        Batch::embed(self, tokens, pooling).map_err(EngineError::from)
     }
 
     fn release(&mut self, slot: SlotId) {

@@ -49,6 +49,9 @@ pub struct SynthSpec {
     /// Experts per layer and experts per token, for a mixture-of-experts family (default 8
     /// and 2); `ff` is then one expert's FFN width.
     pub experts: Option<(usize, usize)>,
+    /// An embedding model's pooling (`ARCH.pooling_type`); with last-token pooling the
+    /// tokenizer appends EOS too, as Qwen3-Embedding's does.
+    pub pooling: Option<crate::embed::Pooling>,
 }
 
 /// A chat template in the Qwen2.5 / Qwen3 manner: ChatML turns, tools listed in the system turn
@@ -571,6 +574,12 @@ pub fn synth_with(
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe
     ) {
         overrides.push(("tokenizer.ggml.pre", Value::String("qwen2".into())));
+    }
+    if let Some(p) = s.pooling {
+        w.kv(&k("pooling_type"), Value::U32(p.gguf_code()));
+    }
+    if s.pooling == Some(crate::embed::Pooling::Last) {
+        overrides.push(("tokenizer.ggml.add_eos_token", Value::Bool(true)));
     }
     if let Some(t) = s.chat_template.as_deref().or(chat_template(s.arch)) {
         overrides.push(("tokenizer.chat_template", Value::String(t.into())));

@@ -70,6 +70,7 @@ fn mixture_of_experts_decode_steps_do_not_allocate() {
         seed: 5,
         sliding_window: None,
         chat_template: None,
+        pooling: None,
         experts: Some((8, 2)),
     };
     let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use strata_engine::embed::Pooling;
 use strata_engine::prefix::{BLOCK, Partition, REUSABLE_STEP};
 use strata_engine::{Sampler, SamplingParams, SlotId, StopReason};
 
@@ -84,6 +85,9 @@ pub enum Event {
     /// The request's own grammar gave up (a limit of the grammar compiler, or a dead end it
     /// leads into): the request's fault, not the server's.
     Refused(String),
+    /// The prompt's embedding (pooled, not normalised), the answer to a job with
+    /// [`Job::embed`].
+    Embedding(Vec<f32>),
 }
 
 /// A request for the engine thread.
@@ -104,6 +108,9 @@ pub struct Job {
     pub arrived: Instant,
     /// Whose cached prompt blocks it may reuse (see [`strata_engine::prefix`]).
     pub partition: Partition,
+    /// Compute the prompt's embedding, pooled so, instead of generating: answered with one
+    /// [`Event::Embedding`] without taking a slot.
+    pub embed: Option<Pooling>,
 }
 
 impl std::fmt::Debug for Job {
@@ -647,6 +654,15 @@ fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics
         return;
     }
     m.prompt_tokens.inc_by(job.prompt.len() as u64);
+    if let Some(pooling) = job.embed {
+        // Computed here, between two steps of the running sequences, in one pass.
+        let answer = match batch.embed(&job.prompt, pooling) {
+            Ok(v) => Event::Embedding(v),
+            Err(e) => Event::Failed(e.to_string()),
+        };
+        let _ = job.events.send(answer);
+        return;
+    }
     match batch.admit(&job.prompt, job.partition) {
         Ok((slot, cached)) => {
             m.cached_tokens.inc_by(cached as u64);

@@ -563,6 +563,7 @@ mod tests {
                         }
                         Event::Admitted { .. } => {}
                         Event::Failed(e) | Event::Refused(e) => panic!("{e}"),
+                        Event::Embedding(_) => panic!("an embedding for a generation"),
                     }
                 }
             })

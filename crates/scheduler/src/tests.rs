@@ -43,6 +43,7 @@ pub(super) fn greedy_job(
         events: tx,
         arrived: Instant::now(),
         partition: Partition::SHARED,
+        embed: None,
     };
     (job, rx)
 }
@@ -135,6 +136,7 @@ fn generate(logprobs: Option<usize>) -> (Vec<u32>, Calls) {
             events: tx,
             arrived: Instant::now(),
             partition: Partition::SHARED,
+            embed: None,
         })
         .unwrap();
     let mut tokens = Vec::new();
@@ -152,6 +154,7 @@ fn generate(logprobs: Option<usize>) -> (Vec<u32>, Calls) {
             }
             Event::Admitted { cached } => assert_eq!(cached, 0),
             Event::Failed(e) | Event::Refused(e) => panic!("{e}"),
+            Event::Embedding(_) => panic!("an embedding for a generation"),
         }
     }
     let calls = std::mem::take(&mut *calls.lock().unwrap());
@@ -223,6 +226,7 @@ fn one_job(sched: &Scheduler) -> Result<usize, String> {
             events: tx,
             arrived: Instant::now(),
             partition: Partition::SHARED,
+            embed: None,
         })
         .map_err(|e| format!("{e:?}"))?;
     loop {
@@ -232,6 +236,7 @@ fn one_job(sched: &Scheduler) -> Result<usize, String> {
                 completion_tokens, ..
             }) => return Ok(completion_tokens),
             Some(Event::Failed(e) | Event::Refused(e)) => return Err(e),
+            Some(Event::Embedding(_)) => return Err("an embedding for a generation".into()),
             None => return Err("closed".into()),
         }
     }

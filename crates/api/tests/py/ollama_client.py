@@ -214,6 +214,18 @@ def think_keep_alive_and_num_ctx_are_answered_as_ollama_does():
 
 
 @check
+def embed_and_the_older_embeddings_route_give_the_same_unit_vectors():
+    r = client.embed(model=MODEL, input=["The capital of France is Paris.", "Hello"])
+    assert len(r.embeddings) == 2 and all(len(v) == 576 for v in r.embeddings), r
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in r.embeddings)
+    assert r.prompt_eval_count > 5, r
+    old = client.embeddings(model=MODEL, prompt="Hello")
+    assert list(old.embedding) == list(r.embeddings[1]), "the two routes differ"
+    one = client.embed(model=MODEL, input="Hello", dimensions=32)
+    assert len(one.embeddings[0]) == 32
+
+
+@check
 def keys_are_required_as_bearer():
     keyed = os.environ["STRATA_KEYED_URL"]
     status, _ = raw("GET", "/api/tags", base=keyed)

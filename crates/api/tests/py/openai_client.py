@@ -337,6 +337,28 @@ def json_schema_and_json_object_output_validate():
 
 
 @check
+def embeddings_come_back_as_unit_vectors_in_both_encodings():
+    texts = ["The capital of France is Paris.", "Hello"]
+    floats = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    packed = client.embeddings.create(model=MODEL, input=texts)  # the SDK asks for base64
+    assert [d.index for d in floats.data] == [0, 1] and floats.model == MODEL, floats
+    for a, b in zip(floats.data, packed.data):
+        assert a.embedding == b.embedding, "float and base64 answers differ"
+        assert len(a.embedding) == 576 and abs(sum(x * x for x in a.embedding) - 1) < 1e-5
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > 5, floats.usage
+    # Token ids give the string's vector; dimensions cut and normalise again.
+    ids = raw("POST", "/v1/embeddings", {"model": MODEL, "input": texts[0]})
+    short = client.embeddings.create(model=MODEL, input=texts[0], dimensions=64, encoding_format="float")
+    assert len(short.data[0].embedding) == 64 and abs(sum(x * x for x in short.data[0].embedding) - 1) < 1e-5
+    assert ids[0] == 200 and json.loads(ids[1])["data"][0]["embedding"] == floats.data[0].embedding
+    for body, param in [({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[10**9]]}, "input"),
+                        ({"input": "x", "dimensions": 0}, "dimensions"),
+                        ({"input": "x", "encoding_format": "hex"}, "encoding_format")]:
+        status, text = raw("POST", "/v1/embeddings", {"model": MODEL, **body})
+        assert status == 400 and json.loads(text)["error"]["param"] == param, (body, text)
+
+
+@check
 def invalid_parameters_are_400():
     base = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     for patch, param in [

@@ -438,3 +438,138 @@ fn tool_calls_are_written_in_each_familys_syntax() {
         .unwrap();
     expect_all_passed(&out);
 }
+
+/// A fixture of `fixtures/reference/`.
+fn reference(name: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/../../fixtures/reference/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The SHA-256 of a JSON list of numbers as f32 bytes (how the embedding fixtures keep
+/// vectors).
+fn f32_digest(v: &serde_json::Value) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for x in v.as_array().unwrap() {
+        h.update((x.as_f64().unwrap() as f32).to_le_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// Embeddings through the API are llama.cpp's bit for bit: the server runs the arithmetic of
+/// the build that made `fixtures/reference/embeddings-smollm2-135m-instruct.json`
+/// (`--numerics`), and each of its mean-pooled texts comes back as the fixture's normalised
+/// vector through `/v1/embeddings` and `/api/embed`.
+#[test]
+fn embeddings_through_the_api_are_llama_cpps() {
+    let fx = reference("embeddings-smollm2-135m-instruct");
+    let server = serve(&["--numerics", fx["simd"].as_str().unwrap()]);
+    let base = server.url.trim_end_matches("/v1");
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        ureq::post(&format!("{base}{path}"))
+            .send_json(&body)
+            .unwrap()
+            .into_body()
+            .read_json()
+            .unwrap()
+    };
+    let cases: Vec<&serde_json::Value> = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pooling"] == "mean")
+        .collect();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = &case["prompt"];
+        let openai = post(
+            "/v1/embeddings",
+            serde_json::json!({"model": MODEL, "input": text, "encoding_format": "float"}),
+        );
+        assert_eq!(
+            f32_digest(&openai["data"][0]["embedding"]),
+            case["norm_sha256"],
+            "{text}"
+        );
+        assert_eq!(
+            openai["usage"]["prompt_tokens"],
+            case["tokens"].as_array().unwrap().len()
+        );
+        let ollama = post(
+            "/api/embed",
+            serde_json::json!({"model": MODEL, "input": text}),
+        );
+        assert_eq!(
+            f32_digest(&ollama["embeddings"][0]),
+            case["norm_sha256"],
+            "{text}"
+        );
+    }
+}
+
+/// A model whose file names a pooling is an embedding model: served, it answers embeddings
+/// with that pooling (a Qwen3-Embedding-shaped synthetic model: last token, EOS appended, as
+/// llama.cpp computes it, `fixtures/reference/embeddings-synth-qwen3-embedding.json`) and
+/// refuses generation with a 400 that says why.
+#[test]
+fn an_embedding_model_answers_embeddings_and_refuses_generation() {
+    let fx = reference("embeddings-synth-qwen3-embedding");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3-embedding.gguf");
+    let sy = &fx["synth"];
+    let arg = |k: &str| sy[k].to_string().trim_matches('"').to_string();
+    let out = strata()
+        .args(["synth", "-o", path.to_str().unwrap()])
+        .args(["--arch", &arg("arch"), "--type", &arg("type")])
+        .args([
+            "--layers",
+            &arg("layers"),
+            "--embd",
+            &arg("embd"),
+            "--ff",
+            &arg("ff"),
+        ])
+        .args(["--heads", &arg("heads"), "--kv-heads", &arg("kv_heads")])
+        .args(["--pooling", &arg("pooling")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = serve_model(
+        path.to_str().unwrap(),
+        &["--numerics", fx["simd"].as_str().unwrap()],
+    );
+    let base = server.url.trim_end_matches("/v1");
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["pooling"] == "last")
+        .unwrap();
+    let answer: serde_json::Value = ureq::post(&format!("{base}/v1/embeddings"))
+        .send_json(serde_json::json!({"model": "qwen3-embedding", "input": case["prompt"]}))
+        .unwrap()
+        .into_body()
+        .read_json()
+        .unwrap();
+    assert_eq!(
+        f32_digest(&answer["data"][0]["embedding"]),
+        case["norm_sha256"]
+    );
+    let chat = ureq::post(&format!("{base}/v1/chat/completions"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send_json(serde_json::json!({"model": "qwen3-embedding",
+            "messages": [{"role": "user", "content": "Hi"}]}))
+        .unwrap();
+    assert_eq!(chat.status(), 400);
+    let text = chat.into_body().read_to_string().unwrap();
+    assert!(text.contains("is an embedding model"), "{text}");
+}

@@ -436,6 +436,7 @@ mod tests {
                 seed: 5,
                 sliding_window: Some(window),
                 chat_template: None,
+                pooling: None,
                 experts: (arch == Arch::GptOss).then_some((4, 2)),
             };
             let path = std::env::temp_dir().join(format!(

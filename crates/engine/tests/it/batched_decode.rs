@@ -48,6 +48,7 @@ fn batched_decode_keeps_one_token_order_for_batch_order_formats() {
         seed: 11,
         sliding_window: None,
         chat_template: None,
+        pooling: None,
         experts: None,
     };
     let bytes = synth(&spec, &base).unwrap();

@@ -20,17 +20,27 @@ fn digest(v: &[f32]) -> String {
     format!("{:x}", h.finalize())
 }
 
-fn check(id: &str) {
-    let fx: Value = serde_json::from_str(
+fn fixture(name: &str) -> Value {
+    serde_json::from_str(
         &std::fs::read_to_string(format!(
-            "{}/../../fixtures/reference/embeddings-{id}.json",
+            "{}/../../fixtures/reference/embeddings-{name}.json",
             env!("CARGO_MANIFEST_DIR")
         ))
         .unwrap(),
     )
-    .unwrap();
-    let path = strata_store::Store::from_env().unwrap().ensure(id).unwrap();
-    let file = GgufFile::open(&path).unwrap();
+    .unwrap()
+}
+
+fn catalog(id: &str) -> std::path::PathBuf {
+    strata_store::Store::from_env().unwrap().ensure(id).unwrap()
+}
+
+fn check(id: &str) {
+    check_file(&catalog(id), &fixture(id));
+}
+
+fn check_file(path: &std::path::Path, fx: &Value) {
+    let file = GgufFile::open(path).unwrap();
     let mut model = strata_engine::Model::load_full(&file).unwrap();
     model.set_flavour(match fx["simd"].as_str() {
         Some("avx2") => Flavour::Avx2,
@@ -83,4 +93,48 @@ fn smollm2_embeddings_match_llama_cpp() {
 #[test]
 fn gemma3_embeddings_match_llama_cpp() {
     check("gemma3-270m");
+}
+
+/// A Qwen3-Embedding-shaped synthetic model (qwen3 with last-token pooling and an EOS after
+/// every text), written by strata's synthesiser as the fixture records and run by llama.cpp
+/// with the pooling its file names.
+#[test]
+fn a_synthetic_qwen3_embedding_model_matches_llama_cpp() {
+    use strata_engine::synth::{SynthLayout, SynthSpec, synth_with};
+    let fx = fixture("synth-qwen3-embedding");
+    let sy = &fx["synth"];
+    let n = |k: &str| sy[k].as_u64().unwrap() as usize;
+    assert_eq!(sy["type"], "q8_0");
+    assert_eq!(sy["pooling"], "last");
+    let spec = SynthSpec {
+        arch: strata_engine::Arch::parse(sy["arch"].as_str().unwrap()).unwrap(),
+        layers: n("layers"),
+        embd: n("embd"),
+        ff: n("ff"),
+        heads: n("heads"),
+        kv_heads: n("kv_heads"),
+        head_dim: None,
+        ty: strata_gguf::GgmlType::Q8_0,
+        tensor_types: Vec::new(),
+        seed: 1,
+        sliding_window: None,
+        chat_template: None,
+        pooling: Some(Pooling::Last),
+        experts: None,
+    };
+    let base = GgufFile::open(&catalog("smollm2-135m-instruct")).unwrap();
+    let bytes = synth_with(&spec, SynthLayout::default(), &base).unwrap();
+    assert_eq!(
+        format!("{:x}", Sha256::digest(&bytes)),
+        fx["file_sha256"],
+        "the synthesiser no longer writes the file the fixture was made from"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3-embedding.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(
+        Pooling::of_file(&GgufFile::open(&path).unwrap()),
+        Some(Pooling::Last)
+    );
+    check_file(&path, &fx);
 }

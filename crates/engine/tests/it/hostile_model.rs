@@ -188,6 +188,7 @@ fn load_edited_arch(
         seed: 3,
         sliding_window: None,
         chat_template: None,
+        pooling: None,
         experts: None,
     };
     let file = GgufFile::from_bytes(synth(&spec, &base).unwrap()).unwrap();
@@ -405,6 +406,7 @@ fn load_edited_moe(
         sliding_window: None,
         chat_template: None,
         // DeepSeek's synthetic routing groups need at least eight experts.
+        pooling: None,
         experts: Some((
             if arch == strata_engine::Arch::Deepseek2 {
                 8

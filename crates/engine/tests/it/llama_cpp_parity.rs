@@ -136,6 +136,7 @@ fn check_synthetic(name: &str) {
         seed: sy["seed"].as_u64().unwrap(),
         sliding_window: sy["sliding_window"].as_u64().map(|w| w as usize),
         chat_template: None,
+        pooling: None,
         experts: sy["experts"].as_u64().map(|n| {
             let used = sy["experts_used"].as_u64().unwrap_or(2);
             (n as usize, used as usize)
