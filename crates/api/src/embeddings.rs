@@ -161,18 +161,17 @@ fn dimensions(st: &AppState, d: Option<i64>) -> Result<Option<usize>, ApiError> 
 }
 
 /// Computes every input's vector on the engine thread, in order: pooled, cut to `dims`,
-/// normalised.
+/// normalised. Inputs go one at a time, so a request of many inputs holds one place in the
+/// queue, not as many as it has inputs.
 async fn compute(
     st: &AppState,
     all: Vec<Tokens>,
     dims: Option<usize>,
-    caller: &From,
 ) -> Result<Vec<Vec<f32>>, ApiError> {
-    let arrived = Instant::now();
     let pooling = pooling(st);
-    let mut waiting = Vec::with_capacity(all.len());
+    let mut out = Vec::with_capacity(all.len());
     for tokens in all {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         st.scheduler
             .submit(Job {
                 prompt: tokens,
@@ -181,7 +180,7 @@ async fn compute(
                 logprobs: None,
                 constraint: None,
                 events: tx,
-                arrived,
+                arrived: Instant::now(),
                 partition: Partition::SHARED,
                 embed: Some(pooling),
             })
@@ -189,10 +188,6 @@ async fn compute(
                 SubmitError::Full(n) => ApiError::queue_full(n),
                 SubmitError::Stopped => ApiError::unavailable("The model instance has stopped."),
             })?;
-        waiting.push(rx);
-    }
-    let mut out = Vec::with_capacity(waiting.len());
-    for mut rx in waiting {
         let mut v = match rx.recv().await {
             Some(Event::Embedding(v)) => v,
             Some(Event::Failed(m)) => {
@@ -205,10 +200,6 @@ async fn compute(
         }
         normalize(&mut v);
         out.push(v);
-    }
-    if let Some(u) = &caller.usage {
-        let ttft = arrived.elapsed();
-        u.update(|f| f.ttft = Some(ttft));
     }
     Ok(out)
 }
@@ -245,7 +236,7 @@ pub(crate) async fn openai(
     })
     .await?;
     let tokens: usize = all.iter().map(Vec::len).sum();
-    let vectors = compute(&st, all, dims, &caller).await?;
+    let vectors = compute(&st, all, dims).await?;
     account(&caller, tokens);
     let data: Vec<Value> = vectors
         .iter()
@@ -287,7 +278,7 @@ pub(crate) async fn ollama_embed(
     })
     .await?;
     let tokens: usize = all.iter().map(Vec::len).sum();
-    let vectors = compute(&st, all, dims, &caller).await?;
+    let vectors = compute(&st, all, dims).await?;
     account(&caller, tokens);
     let ns = started.elapsed().as_nanos() as u64;
     Ok(Json(json!({
@@ -320,7 +311,7 @@ pub(crate) async fn ollama_legacy(
         return Ok(Json(json!({"embedding": []})));
     }
     let tokens: usize = all.iter().map(Vec::len).sum();
-    let mut vectors = compute(&st, all, None, &caller).await?;
+    let mut vectors = compute(&st, all, None).await?;
     account(&caller, tokens);
     Ok(Json(
         json!({"embedding": vectors.pop().unwrap_or_default()}),

@@ -351,6 +351,9 @@ def embeddings_come_back_as_unit_vectors_in_both_encodings():
     short = client.embeddings.create(model=MODEL, input=texts[0], dimensions=64, encoding_format="float")
     assert len(short.data[0].embedding) == 64 and abs(sum(x * x for x in short.data[0].embedding) - 1) < 1e-5
     assert ids[0] == 200 and json.loads(ids[1])["data"][0]["embedding"] == floats.data[0].embedding
+    # More inputs than the server's queue holds requests: they queue one at a time.
+    many = client.embeddings.create(model=MODEL, input=[f"item {i}" for i in range(100)])
+    assert [d.index for d in many.data] == list(range(100)), len(many.data)
     for body, param in [({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[10**9]]}, "input"),
                         ({"input": "x", "dimensions": 0}, "dimensions"),
                         ({"input": "x", "encoding_format": "hex"}, "encoding_format")]:
