@@ -28,7 +28,7 @@ pub const MODEL_ID: &str = "tiny";
 pub const N_CTX: usize = 2048;
 
 /// The routes [`exercise`] can send bodies to.
-pub const ROUTES: [&str; 8] = [
+pub const ROUTES: [&str; 11] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
@@ -37,6 +37,9 @@ pub const ROUTES: [&str; 8] = [
     "/api/generate",
     "/api/show",
     "/v1/responses",
+    "/v1/embeddings",
+    "/api/embed",
+    "/api/embeddings",
 ];
 
 /// GGUF metadata of a byte-level vocabulary with ChatML's markers (the engine's, which its
@@ -198,6 +201,7 @@ mod tests {
         let (messages, count) = (ROUTES[2], ROUTES[3]);
         let (ollama_chat, generate, show) = (ROUTES[4], ROUTES[5], ROUTES[6]);
         let responses = ROUTES[7];
+        let (embeddings, embed, legacy_embed) = (ROUTES[8], ROUTES[9], ROUTES[10]);
         let flat = json!({"type": "function", "name": "get_weather",
             "parameters": weather["function"]["parameters"]});
         let anthropic_tool = json!({"name": "get_weather", "description": "Weather of a city",
@@ -241,7 +245,7 @@ mod tests {
                 {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "",
                 "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "P"}}}]},
                 {"role": "tool", "content": "sunny", "tool_name": "get_weather"}],
-                "tools": [weather], "format": "json", "think": true,
+                "tools": [weather], "format": "json", "think": false,
                 "options": {"num_predict": 8}}),
             ),
             (
@@ -255,6 +259,20 @@ mod tests {
                 "options": {"num_predict": 4}}),
             ),
             (show, json!({"model": MODEL_ID})),
+            (
+                embeddings,
+                json!({"model": MODEL_ID, "input": ["Hi", "there"], "dimensions": 8,
+                "encoding_format": "base64"}),
+            ),
+            (
+                embeddings,
+                json!({"model": MODEL_ID, "input": [[1, 2, 3], [4]]}),
+            ),
+            (
+                embed,
+                json!({"model": MODEL_ID, "input": "Hi", "truncate": false, "dimensions": 4}),
+            ),
+            (legacy_embed, json!({"model": MODEL_ID, "prompt": "Hi"})),
             (
                 messages,
                 json!({"model": MODEL_ID, "max_tokens": 8, "system": "Be brief.",
