@@ -3,7 +3,8 @@
 //!
 //! Each input is tokenised as llama.cpp's embedding paths do (the model's BOS and EOS, special
 //! tokens parsed), computed alone by the engine thread between decode steps (one pass, no
-//! slot), pooled as the file's `pooling_type` says (mean for a model that names none) and
+//! slot), pooled as `--pooling` or the file's `pooling_type` says (mean for a model that
+//! names none) and
 //! normalised to unit length, so the vectors are llama.cpp's bit for bit (see
 //! [`strata_engine::embed`]). A model whose file names a pooling is an embedding model and
 //! takes no generation requests (see [`refuse_generation`]).
@@ -31,9 +32,12 @@ use crate::types::parse_body;
 /// Most inputs one request may carry (OpenAI's limit).
 const MAX_INPUTS: usize = 2048;
 
-/// The pooling this model's embeddings use.
+/// The pooling this model's embeddings use: `--pooling`, else the file's, else mean.
 pub(crate) fn pooling(st: &AppState) -> Pooling {
-    st.info.pooling.unwrap_or(Pooling::Mean)
+    st.info
+        .embed_with
+        .or(st.info.pooling)
+        .unwrap_or(Pooling::Mean)
 }
 
 /// The 400 a generation request gets from an embedding model.

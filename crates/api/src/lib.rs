@@ -114,6 +114,9 @@ pub struct ServeOptions {
     pub chat_template: Option<String>,
     /// Which llama.cpp build's arithmetic to reproduce (`None`: the one this CPU would get).
     pub flavour: Option<strata_kernels::attn::Flavour>,
+    /// How embeddings pool, over what the file says (`None`: the file's `pooling_type`, or
+    /// mean for a file that names none).
+    pub pooling: Option<strata_engine::embed::Pooling>,
 }
 
 /// The prefix cache's default budget: 1 GiB holds about 45,000 prompt positions of the
@@ -145,7 +148,8 @@ pub fn start(opts: ServeOptions) -> Result<Arc<AppState>, StartError> {
         .n_ctx
         .unwrap_or(model.config().default_context())
         .max(2);
-    let info = ModelInfo::from_gguf(&file);
+    let mut info = ModelInfo::from_gguf(&file);
+    info.embed_with = opts.pooling;
     let batch = Batch::new(model, opts.threads.max(1), opts.parallel.max(1), n_ctx)?
         .with_prefix_cache(opts.cache_mem);
     start_engine(
@@ -181,6 +185,8 @@ pub struct ModelInfo {
     pub embedding_length: u64,
     /// The pooling its file sets (`ARCH.pooling_type`): an embedding model.
     pub pooling: Option<strata_engine::embed::Pooling>,
+    /// The pooling the server was told to use instead (`strata serve --pooling`).
+    pub embed_with: Option<strata_engine::embed::Pooling>,
 }
 
 impl ModelInfo {
@@ -216,6 +222,7 @@ impl ModelInfo {
                 .map(u64::from)
                 .unwrap_or(0),
             pooling: strata_engine::embed::Pooling::of_file(file),
+            embed_with: None,
             arch,
         }
     }

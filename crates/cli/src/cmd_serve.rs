@@ -78,6 +78,10 @@ pub(crate) struct ServeArgs {
     /// `avx512` or `avx2` (pinning one gives the same greedy answers on every machine).
     #[arg(long, value_enum, default_value_t = crate::cmd_run::Numerics::Native)]
     numerics: crate::cmd_run::Numerics,
+    /// How embeddings pool (`mean`, `cls` or `last`), over the file's `pooling_type` (default:
+    /// the file's, or mean for a chat model).
+    #[arg(long, value_parser = crate::cmd_synth::parse_pooling)]
+    pooling: Option<strata_engine::embed::Pooling>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -363,6 +367,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
             cache_mem: args.cache_mem,
             chat_template: templates[i].clone(),
             flavour: Some(args.numerics.flavour()),
+            pooling: args.pooling,
         })
         .with_context(|| format!("loading {}", path.display()))?;
         states.push(state);

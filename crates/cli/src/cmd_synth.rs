@@ -163,7 +163,7 @@ pub(crate) fn synth(a: SynthArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_pooling(s: &str) -> std::result::Result<strata_engine::embed::Pooling, String> {
+pub(crate) fn parse_pooling(s: &str) -> std::result::Result<strata_engine::embed::Pooling, String> {
     use strata_engine::embed::Pooling;
     [Pooling::Mean, Pooling::Cls, Pooling::Last]
         .into_iter()

@@ -283,6 +283,7 @@ pub fn start_rank0(s: Rank0Start<'_>) -> Result<Arc<strata_api::AppState>> {
             cache_mem,
             chat_template: None,
             flavour: None,
+            pooling: None,
         })
         .map_err(Error::from);
     }

@@ -462,13 +462,15 @@ fn f32_digest(v: &serde_json::Value) -> String {
 /// Embeddings through the API are llama.cpp's bit for bit: the server runs the arithmetic of
 /// the build that made `fixtures/reference/embeddings-smollm2-135m-instruct.json`
 /// (`--numerics`), and each of its mean-pooled texts comes back as the fixture's normalised
-/// vector through `/v1/embeddings` and `/api/embed`.
+/// vector through `/v1/embeddings` and `/api/embed`; with `--pooling last`, each last-token
+/// one.
 #[test]
 fn embeddings_through_the_api_are_llama_cpps() {
     let fx = reference("embeddings-smollm2-135m-instruct");
-    let server = serve(&["--numerics", fx["simd"].as_str().unwrap()]);
+    let numerics = fx["simd"].as_str().unwrap();
+    let server = serve(&["--numerics", numerics]);
     let base = server.url.trim_end_matches("/v1");
-    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+    let post = |base: &str, path: &str, body: serde_json::Value| -> serde_json::Value {
         ureq::post(&format!("{base}{path}"))
             .send_json(&body)
             .unwrap()
@@ -486,6 +488,7 @@ fn embeddings_through_the_api_are_llama_cpps() {
     for case in cases {
         let text = &case["prompt"];
         let openai = post(
+            base,
             "/v1/embeddings",
             serde_json::json!({"model": MODEL, "input": text, "encoding_format": "float"}),
         );
@@ -499,6 +502,7 @@ fn embeddings_through_the_api_are_llama_cpps() {
             case["tokens"].as_array().unwrap().len()
         );
         let ollama = post(
+            base,
             "/api/embed",
             serde_json::json!({"model": MODEL, "input": text}),
         );
@@ -507,6 +511,19 @@ fn embeddings_through_the_api_are_llama_cpps() {
             case["norm_sha256"],
             "{text}"
         );
+    }
+    // `--pooling last` pools by the last token instead of the mean a chat model gets.
+    let last = serve(&["--numerics", numerics, "--pooling", "last"]);
+    let base = last.url.trim_end_matches("/v1");
+    for case in fx["cases"].as_array().unwrap() {
+        if case["pooling"] == "last" {
+            let body = serde_json::json!({"model": MODEL, "input": case["prompt"]});
+            let answer = post(base, "/v1/embeddings", body);
+            assert_eq!(
+                f32_digest(&answer["data"][0]["embedding"]),
+                case["norm_sha256"]
+            );
+        }
     }
 }
 
