@@ -139,37 +139,24 @@ impl Drop for Done {
     }
 }
 
-/// The access line: the request, then what the route added, as fields a JSON log keeps typed.
+/// The access line: the request, then what the route added, as fields a JSON log keeps typed
+/// (token counts and the time to the first token only where the route generated).
 fn log(r: &Record<'_>) {
     let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
     let f = r.fields;
-    let model = f.model.as_deref().unwrap_or("-");
-    let key = f.key.as_deref().unwrap_or("-");
-    match (f.tokens, f.ttft) {
-        (Some((prompt, output)), ttft) => tracing::info!(
-            target: "strata::access",
-            method = r.method,
-            route = r.path,
-            status = r.status,
-            model,
-            key,
-            prompt_tokens = prompt,
-            output_tokens = output,
-            ttft_ms = ttft.map_or(-1.0, ms),
-            total_ms = ms(r.total),
-            "request"
-        ),
-        (None, _) => tracing::info!(
-            target: "strata::access",
-            method = r.method,
-            route = r.path,
-            status = r.status,
-            model,
-            key,
-            total_ms = ms(r.total),
-            "request"
-        ),
-    }
+    tracing::info!(
+        target: "strata::access",
+        method = r.method,
+        route = r.path,
+        status = r.status,
+        model = f.model.as_deref().unwrap_or("-"),
+        key = f.key.as_deref().unwrap_or("-"),
+        prompt_tokens = f.tokens.map(|t| t.0),
+        output_tokens = f.tokens.map(|t| t.1),
+        ttft_ms = f.ttft.map(ms),
+        total_ms = ms(r.total),
+        "request"
+    );
 }
 
 /// A response body that carries its request's report until it is dropped.
