@@ -32,7 +32,13 @@ impl Pooling {
     pub fn of_file(file: &GgufFile) -> Option<Pooling> {
         let md = file.metadata();
         let arch = md.get_str("general.architecture").ok()?;
-        match md.get_u32(&format!("{arch}.pooling_type")).ok()? {
+        Pooling::from_gguf_code(md.get_u32(&format!("{arch}.pooling_type")).ok()?)
+    }
+
+    /// The pooling llama.cpp's number `code` names ([`Pooling::gguf_code`]); `None` for
+    /// none, rank, or a number it does not use.
+    pub fn from_gguf_code(code: u32) -> Option<Pooling> {
+        match code {
             1 => Some(Pooling::Mean),
             2 => Some(Pooling::Cls),
             3 => Some(Pooling::Last),

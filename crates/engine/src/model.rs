@@ -365,6 +365,23 @@ impl Model {
         )
     }
 
+    /// [`Model::embed`] on a shard: runs `input` (tokens on the first stage, hidden states on
+    /// later ones) through this shard's layers, appended to `cache`, its tensor-parallel group
+    /// exchanging partial results through `comm`. After it, the last stage's
+    /// [`Scratch::embeddings`] holds every row's state after the output norm (each rank of a
+    /// tensor group holds the whole residual, so each has the whole vector), and an earlier
+    /// stage's [`Scratch::hidden`] every row's hidden state for the next.
+    pub fn embed_stage(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        input: StageInput<'_>,
+        comm: &mut dyn Collective,
+    ) -> Result<()> {
+        self.forward_to(pool, cache, scratch, input, comm, true)
+    }
+
     /// An error unless this is the whole model (`what` needs it in one process).
     fn whole(&self, what: &str) -> Result<()> {
         if self.spec.is_full_width(&self.cfg) && self.spec.is_last_stage(&self.cfg) {

@@ -158,9 +158,7 @@ pub trait Sequences: Send + 'static {
         _pooling: crate::embed::Pooling,
     ) -> Result<Vec<f32>, EngineError> {
         Err(EngineError::Slots(
-            "this engine does not compute embeddings (a sharded instance); serve the model \
-             on one node for /v1/embeddings"
-                .into(),
+            "this engine does not compute embeddings".into(),
         ))
     }
     /// Weight bytes one decode step read on average over the `steps` steps since the last call,

@@ -22,6 +22,10 @@ pub(crate) enum Kind {
     Save = 5,
     /// Prefix cache: drop the blocks listed.
     Forget = 6,
+    /// The embedding of `tokens`, computed alone in a cache of each rank's own and pooled as
+    /// `seq` names it ([`strata_engine::embed::Pooling::gguf_code`]); the last stage's first
+    /// rank sends the vector to rank 0.
+    Embed = 7,
 }
 
 impl Kind {
@@ -177,6 +181,7 @@ impl Header {
             4 => Kind::Restore,
             5 => Kind::Save,
             6 => Kind::Forget,
+            7 => Kind::Embed,
             k => return Err(Error::Protocol(format!("unknown step kind {k}"))),
         };
         self.want = want != 0;

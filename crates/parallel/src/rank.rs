@@ -149,6 +149,8 @@ pub struct Rank {
     /// This rank's slice of the prefix cache's blocks, by entry (rank 0 keeps the index and
     /// decides what is kept, restored and dropped).
     blocks: HashMap<u64, Arc<[strata_engine::f16]>>,
+    /// Rank 0, when it is also the last stage's first rank: the last embedding it pooled.
+    embedding: Vec<f32>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -215,6 +217,7 @@ impl Rank {
             in_flight: 0,
             max_in_flight: 0,
             blocks: HashMap::new(),
+            embedding: Vec::new(),
         })
     }
 
@@ -387,8 +390,10 @@ impl Rank {
     /// Runs the step in `self.step` (with `self.hidden` as input on later stages) and passes
     /// its result on.
     fn run_step(&mut self) -> Result<()> {
-        if self.step.kind == Kind::Batch {
-            return self.run_batch();
+        match self.step.kind {
+            Kind::Batch => return self.run_batch(),
+            Kind::Embed => return self.run_embed(),
+            _ => {}
         }
         let h = &self.step;
         let seq = h.seq as usize;
@@ -434,6 +439,108 @@ impl Rank {
             }
         }
         Ok(())
+    }
+
+    /// Runs the embedding pass in `self.step` through this rank's layers, in a cache of its
+    /// own (no slot is touched), and passes the hidden states on; the last stage's first rank
+    /// pools the normed states and sends the vector to rank 0 (the other ranks of a tensor
+    /// group hold the same rows and send nothing).
+    fn run_embed(&mut self) -> Result<()> {
+        let h = &self.step;
+        let n = h.tokens.len();
+        let pooling = strata_engine::embed::Pooling::from_gguf_code(h.seq)
+            .ok_or_else(|| Error::Protocol(format!("unknown pooling {}", h.seq)))?;
+        let mut cache = self.model.new_cache(n.max(1))?;
+        let stage = self.stage();
+        let input = if stage == 0 {
+            StageInput::Tokens(&h.tokens)
+        } else {
+            StageInput::Hidden(&self.hidden)
+        };
+        let mut gc = GroupComm {
+            comm: &mut self.comm,
+            group: &self.plan.stages[stage],
+            parts: &self.plan.parts[stage],
+        };
+        self.model
+            .embed_stage(&self.pool, &mut cache, &mut self.scratch, input, &mut gc)?;
+        if !self.is_last_stage() {
+            return self.pass_on(n);
+        }
+        if self.position() != 0 {
+            return Ok(());
+        }
+        let v = strata_engine::embed::pool_states(
+            self.scratch.embeddings(),
+            self.model.config().n_embd,
+            pooling,
+            self.model.flavour(),
+        )?;
+        if self.me == 0 {
+            self.embedding = v;
+        } else {
+            self.comm.send(0, bytemuck::cast_slice(&v))?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0: the embedding of `tokens` (a text computed alone, in no slot, on every rank),
+    /// pooled as `pooling` says and not yet normalised, bit for bit what one process computes
+    /// ([`strata_engine::Batch::embed`]). Nothing may be in flight: the last stage answers in
+    /// order, and this waits for its answer.
+    pub fn embed(
+        &mut self,
+        tokens: &[u32],
+        pooling: strata_engine::embed::Pooling,
+    ) -> Result<Vec<f32>> {
+        // Checked here, before any rank sees it: a worker that failed on its input would leave
+        // the instance out of step.
+        let cfg = self.model.config();
+        if tokens.is_empty() {
+            return Err(strata_engine::Error::EmptyPrompt.into());
+        }
+        if tokens.len() > self.n_ctx() {
+            return Err(strata_engine::Error::ContextOverflow {
+                needed: tokens.len(),
+                limit: self.n_ctx(),
+            }
+            .into());
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.n_vocab) {
+            return Err(strata_engine::Error::BadToken {
+                id,
+                vocab: cfg.n_vocab,
+            }
+            .into());
+        }
+        let width = cfg.n_embd;
+        let h = &mut self.step;
+        h.kind = Kind::Embed;
+        h.seq = pooling.gguf_code();
+        h.pos0 = 0;
+        h.want = true;
+        h.tokens.clear();
+        h.tokens.extend_from_slice(tokens);
+        h.history.clear();
+        self.broadcast_header()?;
+        self.run_embed()?;
+        let last = &self.plan.stages[self.plan.stages.len() - 1];
+        let from = last[0];
+        if from == 0 {
+            return Ok(std::mem::take(&mut self.embedding));
+        }
+        let payload = self.comm.recv(from)?;
+        if payload.len() != width * 4 {
+            return Err(Error::Protocol(format!(
+                "an embedding of {} bytes from rank {from}, not {}",
+                payload.len(),
+                width * 4
+            )));
+        }
+        Ok(payload
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
     }
 
     /// Receives the next step from this rank's source; returns false on shutdown (after passing

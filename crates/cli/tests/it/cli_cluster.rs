@@ -508,6 +508,34 @@ fn wait_for_links_via(net: &Net, least: usize, transport: &str) {
     assert!(text.contains(&format!(", over {transport}")), "{text}");
 }
 
+/// The embeddings of two texts (OpenAI's route) and of one (Ollama's), as `host` answers them.
+fn embeddings(net: &Net, host: usize) -> Vec<Value> {
+    let (code, body) = net.http(
+        host,
+        "/v1/embeddings",
+        r#"{"model":"smollm2-135m-instruct","input":["The sky is blue.","Rust is a language."]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    let mut out: Vec<Value> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["embedding"].clone())
+        .collect();
+    assert_eq!(out.len(), 2, "{body}");
+    assert!(out[0].as_array().is_some_and(|e| e.len() == 576), "{body}");
+    let (code, body) = net.http(
+        host,
+        "/api/embed",
+        r#"{"model":"smollm2-135m-instruct","input":"A third text."}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    out.push(v["embeddings"][0].clone());
+    out
+}
+
 fn complete(net: &Net, host: usize, max_tokens: usize) -> (u16, String) {
     complete_model(net, host, "smollm2-135m-instruct", max_tokens)
 }
@@ -744,6 +772,7 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     let long_reference = complete_long(&net, 3, " The last ship").0;
     let json_reference = complete_json(&net, 3);
     assert!(json_reference.starts_with('{'), "{json_reference}");
+    let embed_reference = embeddings(&net, 3);
     let id = single["id"].as_str().expect("id");
     let out = net.cli(1, &["unload", id, "--json"]).expect("unload");
     let out: Value = serde_json::from_str(&out).expect("unload json");
@@ -784,6 +813,10 @@ fn load_runs_tensor_parallel_across_nodes_and_comes_back_after_a_node_dies() {
     );
     // A grammar's masks are applied on the ranks that hold the vocabulary: the same answer.
     assert_eq!(complete_json(&net, rank0), json_reference);
+    // Embeddings run through both ranks: one process's vectors, bit for bit, at rank 0 and
+    // forwarded from the other node.
+    assert_eq!(embeddings(&net, rank0), embed_reference);
+    assert_eq!(embeddings(&net, rank1), embed_reference);
     // Host 2 holds a verified copy now.
     let copy = net.dir.path().join("store2/models/smollm2-135m-instruct");
     assert!(

@@ -772,8 +772,8 @@ fn expert_parallel_ranks_hold_only_their_experts_and_decode_reads_only_chosen_on
     assert!(read < 0.4 * held, "read {read} of {held}");
 }
 
-/// The answers (text, and why each ended) of `requests` — (route, body) — sent together
-/// through the real HTTP API to a scheduler over `engine`.
+/// The answers (text, and why each ended; an embedding's vector) of `requests` — (route,
+/// body) — sent together through the real HTTP API to a scheduler over `engine`.
 fn answers_through_the_api(
     engine: Box<dyn strata_engine::Sequences>,
     file: &strata_gguf::GgufFile,
@@ -823,6 +823,9 @@ fn answers_through_the_api(
                         .body_mut()
                         .read_json()
                         .expect("json");
+                    if let Some(e) = v["data"][0].get("embedding") {
+                        return (e.to_string(), "embedding".to_string());
+                    }
                     let c = &v["choices"][0];
                     let text = c["text"]
                         .as_str()
@@ -846,7 +849,7 @@ fn answers_through_the_api(
 /// get one process's greedy answers: its prompt chunks run as turns beside the other streams'
 /// steps (a 300-token prompt's blocks kept by the prefix cache on both ranks), requests wait
 /// for slots and join as others leave, and a grammar's forced tokens run as passes of their
-/// own.
+/// own; embeddings sent among them are one process's too.
 #[test]
 fn a_pipeline_serves_requests_sent_together_as_one_process_does() {
     use strata_engine::{Batch, Model, ModelConfig};
@@ -884,6 +887,11 @@ fn a_pipeline_serves_requests_sent_together_as_one_process_does() {
             "required": ["name", "age"], "additionalProperties": false}}}
     });
     requests.insert(2, ("/v1/chat/completions", schema.to_string()));
+    // Embeddings arrive among the streams: computed between their turns, with turns in flight.
+    for text in ["The sky is blue.", long.as_str()] {
+        let body = serde_json::json!({"model": "m", "input": text});
+        requests.push(("/v1/embeddings", body.to_string()));
+    }
     let (slots, n_ctx) = (3, 1024);
     let mut model = Model::load_full(&file).expect("model");
     model.set_flavour(strata_kernels::attn::Flavour::native());
