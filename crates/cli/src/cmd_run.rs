@@ -66,8 +66,31 @@ pub(crate) struct ModelOpts {
     /// this CPU), `avx512` or `avx2` (their attention sums and exponentials differ).
     #[arg(long, value_enum, default_value_t = Numerics::Native)]
     numerics: Numerics,
+    /// Speculative decoding: `ngram` drafts tokens from text the sequence already holds (the
+    /// prompt and the answer so far) and verifies them in one pass; the output is the same.
+    #[arg(long, value_enum, default_value_t = Speculate::Off)]
+    speculate: Speculate,
     #[command(flatten)]
     shard: crate::cmd_shard::ShardOpts,
+}
+
+/// `--speculate`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Speculate {
+    /// One token per step.
+    Off,
+    /// Prompt lookup: what followed the latest earlier occurrence of the last tokens.
+    Ngram,
+}
+
+impl Speculate {
+    fn speculation(self) -> strata_engine::speculate::Speculation {
+        use strata_engine::speculate::Speculation;
+        match self {
+            Speculate::Off => Speculation::Off,
+            Speculate::Ngram => Speculation::Ngram,
+        }
+    }
 }
 
 /// `--numerics`.
@@ -336,6 +359,7 @@ fn stream(
         max_tokens: opts.max_tokens,
         sampling: opts.sampling()?,
         ignore_eos: opts.ignore_eos,
+        speculation: opts.speculate.speculation(),
     };
     let mut ids = Vec::new();
     let mut out = std::io::stdout().lock();

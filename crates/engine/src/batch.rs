@@ -294,6 +294,34 @@ impl Batch {
         Ok(self.scratch.logits_mut())
     }
 
+    /// Appends `tokens` to the sequence in `slot` in one pass and returns a row of logits for
+    /// each, row `i` bit for bit what a [`Batch::step`] of `tokens[i]` would give after the
+    /// tokens before it (see [`Model::verify`]): a speculative draft scored at once. The
+    /// caller cuts the tokens the model did not accept with [`Batch::rewind`].
+    pub fn verify(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32]> {
+        if !self.busy.get(slot.0).copied().unwrap_or(false) {
+            return Err(Error::InvalidShard(format!(
+                "slot {} holds no sequence",
+                slot.0
+            )));
+        }
+        self.model.verify(
+            &self.pool,
+            &mut self.caches[slot.0],
+            &mut self.scratch,
+            tokens,
+        )?;
+        Ok(self.scratch.logits_mut())
+    }
+
+    /// Cuts the sequence in `slot` back to its first `len` positions (drafted tokens the
+    /// model did not accept); a longer `len` changes nothing.
+    pub fn rewind(&mut self, slot: SlotId, len: usize) {
+        if let Some(c) = self.caches.get_mut(slot.0) {
+            c.truncate(len);
+        }
+    }
+
     /// Weight bytes one step read on average over the `steps` steps since the last call (the
     /// fixed tensors, and a mixture's experts as routed), which also restarts the count.
     pub fn weight_bytes_per_step(&mut self, steps: u64) -> f64 {

@@ -28,6 +28,9 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Keep generating past end-of-generation tokens (for benchmarks and tests).
     pub ignore_eos: bool,
+    /// Where speculative drafts come from (off: one token per step). The output is the same
+    /// either way (see [`crate::speculate`]).
+    pub speculation: crate::speculate::Speculation,
 }
 
 /// Why generation ended.
@@ -99,6 +102,20 @@ pub struct GenerationStats {
     /// reads only the experts its tokens chose); absent where not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_bytes_per_token: Option<f64>,
+    /// Speculative decoding: tokens drafted, and how many of them the model accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationStats>,
+}
+
+/// What speculative decoding did for one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct SpeculationStats {
+    /// Tokens drafted.
+    pub drafted: u64,
+    /// Drafted tokens the model accepted (each a decode step saved).
+    pub accepted: u64,
+    /// Verification passes (steps that scored a draft).
+    pub verified_steps: u64,
 }
 
 impl GenerationStats {
@@ -125,6 +142,7 @@ impl GenerationStats {
             },
             stop_reason,
             weight_bytes_per_token: None,
+            speculation: None,
         }
     }
 }

@@ -29,6 +29,7 @@ mod ready;
 mod sampler;
 mod sequences;
 mod shard;
+pub mod speculate;
 pub mod synth;
 mod weights;
 
@@ -38,7 +39,7 @@ pub use config::{
     streamed_params,
 };
 pub use error::{Error, Result};
-pub use generate::{GenerateRequest, GenerationStats, Generator, StopReason};
+pub use generate::{GenerateRequest, GenerationStats, Generator, SpeculationStats, StopReason};
 /// The half-precision float the KV cache keeps keys and values in.
 pub use half::f16;
 pub use kv_cache::KvCache;

@@ -231,6 +231,17 @@ impl Scratch {
     }
 }
 
+/// Which pass [`Model::forward_to`] runs over one sequence's tokens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Prefill or decode: the logits after the last token.
+    Logits,
+    /// Every row's normed hidden state ([`Model::embed`]).
+    Embed,
+    /// Every row's logits, each row in the one-token order ([`Model::verify`]).
+    Verify,
+}
+
 /// What a step leaves after its layers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Out {
@@ -241,6 +252,8 @@ enum Out {
     Rows,
     /// Every row's hidden state after the output norm, and no logits.
     Embeddings,
+    /// Logits of every row (one sequence's drafted tokens, scored in one pass).
+    EveryRow,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, n: usize) {
@@ -341,7 +354,7 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
-        self.forward_to(pool, cache, scratch, input, comm, false)
+        self.forward_to(pool, cache, scratch, input, comm, Pass::Logits)
     }
 
     /// Runs the whole model over `tokens` (appended to `cache`) for their embeddings: every
@@ -361,7 +374,30 @@ impl Model {
             scratch,
             StageInput::Tokens(tokens),
             &mut NoComm,
-            true,
+            Pass::Embed,
+        )
+    }
+
+    /// Appends `tokens` to one sequence's `cache` in one pass and leaves a row of logits for
+    /// each in `scratch.logits()`: row `i` the logits that follow `tokens[..=i]`, bit for bit
+    /// what [`Model::forward`] gives when the tokens come one at a time (every product and
+    /// every row's attention in the one-token order). This is what verifies a speculative
+    /// draft: the weights are read once for all of its tokens.
+    pub fn verify(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        tokens: &[u32],
+    ) -> Result<()> {
+        self.whole("verification without links needs")?;
+        self.forward_to(
+            pool,
+            cache,
+            scratch,
+            StageInput::Tokens(tokens),
+            &mut NoComm,
+            Pass::Verify,
         )
     }
 
@@ -379,7 +415,7 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
-        self.forward_to(pool, cache, scratch, input, comm, true)
+        self.forward_to(pool, cache, scratch, input, comm, Pass::Embed)
     }
 
     /// An error unless this is the whole model (`what` needs it in one process).
@@ -393,7 +429,7 @@ impl Model {
         }
     }
 
-    /// [`Model::forward`], or with `embed` every row's normed hidden state instead of logits.
+    /// [`Model::forward`], [`Model::embed`] or [`Model::verify`], as `pass` says.
     fn forward_to(
         &self,
         pool: &ThreadPool,
@@ -401,7 +437,7 @@ impl Model {
         scratch: &mut Scratch,
         input: StageInput<'_>,
         comm: &mut dyn Collective,
-        embed: bool,
+        pass: Pass,
     ) -> Result<()> {
         let n = self.input_rows(&input)?;
         let pos0 = cache.len();
@@ -413,22 +449,23 @@ impl Model {
         }
         let mut rows = std::mem::take(&mut scratch.rows);
         rows.fill((pos0..pos0 + n).map(|p| (0, p)));
-        // ggml sums attention products in a different order for one token than for a batch.
-        let order = if n == 1 {
+        // ggml sums attention products in a different order for one token than for a batch;
+        // a verification's rows are each a one-token step.
+        let order = if n == 1 || pass == Pass::Verify {
             self.flavour.single()
         } else {
             self.flavour.batch()
         };
         // Only the last token's row feeds the logits, so the last stage's last layer skips the
         // other rows after attention (as llama.cpp does).
-        let out = if embed {
-            Out::Embeddings
-        } else if self.spec.is_last_stage(&self.cfg) && n > 1 {
-            Out::LastRow
-        } else {
-            Out::Rows
+        let out = match pass {
+            Pass::Embed => Out::Embeddings,
+            Pass::Verify => Out::EveryRow,
+            Pass::Logits if self.spec.is_last_stage(&self.cfg) && n > 1 => Out::LastRow,
+            Pass::Logits => Out::Rows,
         };
         let mut caches = [cache];
+        scratch.acts.set_rows_independent(pass == Pass::Verify);
         let res = self.step(
             pool,
             Caches::Refs(&mut caches),
@@ -439,6 +476,7 @@ impl Model {
             out,
             comm,
         );
+        scratch.acts.set_rows_independent(false);
         scratch.rows = rows;
         res?;
         caches[0].advance(n);
@@ -627,7 +665,7 @@ impl Model {
         } else if let Some((norm, head)) = &self.weights.head {
             // One row of logits per sequence: the last row when trimmed or single, every row of
             // a multi-sequence batch.
-            let (first, count) = if n_caches > 1 {
+            let (first, count) = if n_caches > 1 || out == Out::EveryRow {
                 (0, live)
             } else {
                 (live - 1, 1)

@@ -149,18 +149,54 @@ impl Sampler {
             return strata_kernels::ops::argmax(logits) as u32;
         }
         let mut c = std::mem::take(&mut self.candidates);
-        c.clear();
-        let k = self.params.top_k;
-        if k > 1 && k <= HEAP_TOP_K && k < logits.len() {
-            // The top k in one pass (a fifth of the time of selecting among all of them):
-            // `pick` keeps exactly this set.
-            best_k(logits, 0, k, &[], &mut c);
-        } else {
-            c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        }
+        self.gather(logits, &mut c);
         let tok = self.pick(&mut c);
         self.candidates = c;
         tok
+    }
+
+    /// The candidates [`Sampler::filter`] starts from: every logit, or the top k in one pass
+    /// (a fifth of the time of selecting among all of them; the filter keeps exactly this
+    /// set).
+    fn gather(&self, logits: &[f32], c: &mut Vec<(u32, f32)>) {
+        c.clear();
+        let k = self.params.top_k;
+        if k > 1 && k <= HEAP_TOP_K && k < logits.len() {
+            best_k(logits, 0, k, &[], c);
+        } else {
+            c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        }
+    }
+
+    /// Decides a drafted token `draft` against `logits` (modified in place by penalties) so
+    /// that the token that comes out has exactly the distribution [`Sampler::sample`] draws
+    /// from: greedy takes the argmax; otherwise the draft is kept with its probability under
+    /// the filtered distribution and, if refused, a token is drawn from that distribution
+    /// without it (the rejection rule of speculative sampling for a draft that proposes one
+    /// token with certainty). Returns the token and whether it is the draft.
+    pub fn sample_draft(&mut self, logits: &mut [f32], history: &[u32], draft: u32) -> (u32, bool) {
+        self.apply_penalties(logits, history);
+        if self.params.is_greedy() {
+            let t = strata_kernels::ops::argmax(logits) as u32;
+            return (t, t == draft);
+        }
+        let mut c = std::mem::take(&mut self.candidates);
+        self.gather(logits, &mut c);
+        self.filter(&mut c);
+        let total: f32 = c.iter().map(|x| x.1).sum();
+        let p = c.iter().find(|x| x.0 == draft).map_or(0.0, |x| x.1);
+        let out = if self.rng.random::<f32>() * total < p {
+            (draft, true)
+        } else {
+            c.retain(|x| x.0 != draft);
+            if c.is_empty() {
+                (draft, true)
+            } else {
+                (self.draw(&c), false)
+            }
+        };
+        self.candidates = c;
+        out
     }
 
     /// Picks the next token from candidates gathered from vocabulary shards (see
@@ -198,6 +234,14 @@ impl Sampler {
 
     /// Temperature sampling with the top-k, min-p and top-p filters over candidates.
     fn pick(&mut self, c: &mut Vec<(u32, f32)>) -> u32 {
+        self.filter(c);
+        self.draw(c)
+    }
+
+    /// Turns candidate logits into the probabilities temperature sampling draws from, after
+    /// the top-k, min-p and top-p filters (the survivors, best first; they may sum to less
+    /// than 1 after the cuts).
+    fn filter(&self, c: &mut Vec<(u32, f32)>) {
         let p = &self.params;
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < c.len() {
@@ -232,6 +276,10 @@ impl Sampler {
             }
             c.truncate(keep.max(1));
         }
+    }
+
+    /// Draws a token from [`Sampler::filter`]'s probabilities.
+    fn draw(&mut self, c: &[(u32, f32)]) -> u32 {
         let total: f32 = c.iter().map(|x| x.1).sum();
         let mut r = self.rng.random::<f32>() * total;
         for x in c.iter() {
@@ -483,6 +531,60 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&mut logits(), &[]), 1);
         }
+    }
+
+    /// Deciding a draft keeps the sampler's distribution: over many draws, each token comes
+    /// out as often with a draft of any token (in or out of the support) as `sample` draws
+    /// it, and greedy keeps the argmax whatever the draft.
+    #[test]
+    fn a_decided_draft_keeps_the_distribution() {
+        let draws = 40_000;
+        let settings = [
+            SamplingParams {
+                temperature: 0.8,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.3,
+                top_k: 3,
+                top_p: 0.9,
+                ..SamplingParams::default()
+            },
+        ];
+        for params in settings {
+            let mut s = Sampler::new(params.clone());
+            let mut want = [0f64; 5];
+            for _ in 0..draws {
+                want[s.sample(&mut logits(), &[]) as usize] += 1.0;
+            }
+            for draft in 0..5u32 {
+                let mut s = Sampler::new(SamplingParams {
+                    seed: 7 + u64::from(draft),
+                    ..params.clone()
+                });
+                let mut got = [0f64; 5];
+                let mut kept = 0;
+                for _ in 0..draws {
+                    let (t, ok) = s.sample_draft(&mut logits(), &[], draft);
+                    assert_eq!(ok, t == draft);
+                    kept += usize::from(ok);
+                    got[t as usize] += 1.0;
+                }
+                for t in 0..5 {
+                    let (g, w) = (got[t] / draws as f64, want[t] / draws as f64);
+                    assert!(
+                        (g - w).abs() < 0.012,
+                        "{params:?}, draft {draft}: token {t} {g} vs {w}"
+                    );
+                }
+                // A draft is kept as often as the sampler would draw it.
+                let p = want[draft as usize] / draws as f64;
+                assert!((kept as f64 / draws as f64 - p).abs() < 0.012);
+            }
+        }
+        let mut greedy = Sampler::new(SamplingParams::default());
+        assert_eq!(greedy.sample_draft(&mut logits(), &[], 1), (1, true));
+        assert_eq!(greedy.sample_draft(&mut logits(), &[], 4), (1, false));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use crate::prefix::{BLOCK, KvStats, Partition, PrefixStats};
+use crate::speculate::{self, Speculation};
 use crate::{Batch, Error, GenerateRequest, GenerationStats, Sampler, SlotId, StopReason};
 
 /// Prompt tokens per prefill pass: whole prefix-cache blocks, so a prompt's blocks are kept and
@@ -161,6 +162,25 @@ pub trait Sequences: Send + 'static {
             "this engine does not compute embeddings".into(),
         ))
     }
+    /// Whether [`Sequences::verify`] and [`Sequences::rewind`] work here.
+    fn verifies(&self) -> bool {
+        false
+    }
+    /// Appends `tokens` (a sampled token and the draft after it) to `slot` in one pass and
+    /// returns a row of logits for each: row `i` bit for bit what a one-token step of
+    /// `tokens[i]` gives after the tokens before it. The caller then keeps the prefix the
+    /// model accepts and cuts the rest with [`Sequences::rewind`].
+    fn verify(&mut self, _slot: SlotId, _tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+        Err(EngineError::Slots(
+            "this engine does not verify drafts".into(),
+        ))
+    }
+    /// Cuts the sequence in `slot` back to its first `len` positions.
+    fn rewind(&mut self, _slot: SlotId, _len: usize) -> Result<(), EngineError> {
+        Err(EngineError::Slots(
+            "this engine does not verify drafts".into(),
+        ))
+    }
     /// Weight bytes one decode step read on average over the `steps` steps since the last call,
     /// which also restarts the count (`None` where the engine cannot tell): the figure
     /// `strata run --stats-json` reports against the planner.
@@ -217,6 +237,19 @@ impl Sequences for Batch {
 
     fn release(&mut self, slot: SlotId) {
         Batch::release(self, slot);
+    }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    fn verify(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+        Batch::verify(self, slot, tokens).map_err(EngineError::from)
+    }
+
+    fn rewind(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {
+        Batch::rewind(self, slot, len);
+        Ok(())
     }
 
     fn prefix_stats(&self) -> Option<PrefixStats> {
@@ -302,6 +335,8 @@ fn run_slot(
     let mut generated = 1usize;
     let mut steps = 0u64;
     engine.weight_bytes_per_step(1);
+    let mut speculator = (req.speculation == Speculation::Ngram && engine.verifies())
+        .then(speculate::Speculator::default);
     let stop = loop {
         history.push(tok);
         if !on_token(tok) {
@@ -312,6 +347,27 @@ fn run_slot(
             StopReason::after_token(eog, false, generated, req.max_tokens, history.len(), n_ctx)
         {
             break stop;
+        }
+        if let Some(sp) = speculator.as_mut() {
+            // Each drafted token counts against the budget, and the pass needs room for all.
+            let room = (req.max_tokens - generated).min(n_ctx.saturating_sub(history.len() + 1));
+            let mut emit = |t: u32, h: &[u32]| {
+                generated += 1;
+                if !on_token(t) {
+                    return Some(StopReason::Cancelled);
+                }
+                let eog = !req.ignore_eos && is_eog(t);
+                StopReason::after_token(eog, false, generated, req.max_tokens, h.len(), n_ctx)
+            };
+            if let Some(v) = sp.step(engine, slot, &mut sampler, &mut history, room, &mut emit)? {
+                steps += 1;
+                if let Some(stop) = v.stop {
+                    break stop;
+                }
+                tok = v.next;
+                generated += 1;
+                continue;
+            }
         }
         let logits = match top {
             Some(k) => engine.step_top(&[(slot, tok)], k)?,
@@ -332,6 +388,7 @@ fn run_slot(
     if steps > 0 {
         stats.weight_bytes_per_token = engine.weight_bytes_per_step(steps);
     }
+    stats.speculation = speculator.as_ref().map(speculate::Speculator::stats);
     Ok(stats)
 }
 

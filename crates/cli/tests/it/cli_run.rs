@@ -61,6 +61,42 @@ fn greedy_chat_run_prints_llama_cpp_text_and_stats() {
     }
 }
 
+/// With prompt-lookup drafts the text is still llama.cpp's on its reference prompts, and a
+/// prompt whose answer copies it gets drafts accepted and the same text as without them.
+#[test]
+fn speculative_runs_print_the_same_text() {
+    let run = |extra: &[&str], prompt: &str| -> (String, serde_json::Value) {
+        let mut args = vec!["run", "--numerics", "avx512", "--max-tokens", "64"];
+        args.extend_from_slice(extra);
+        args.extend(["--stats-json", prompt]);
+        let out = strata(&args);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(out.status.success(), "{stderr}");
+        let stats = serde_json::from_str(stderr.lines().last().unwrap()).unwrap();
+        (String::from_utf8(out.stdout).unwrap(), stats)
+    };
+    // The cases without a system prompt of their own.
+    for i in [0, 1, 3] {
+        let case = fixture_case(i);
+        let (text, stats) = run(&["--speculate", "ngram"], case["prompt"].as_str().unwrap());
+        assert_eq!(
+            text.trim_end(),
+            case["generated_text"].as_str().unwrap().trim_end()
+        );
+        assert!(stats["speculation"].is_object(), "{stats}");
+    }
+    let code = "Repeat this list exactly:\n- apples, 3 kg\n- pears, 2 kg\n- plums, 5 kg\n\
+                - cherries, 1 kg\n- grapes, 4 kg\n";
+    let (want, plain) = run(&["--speculate", "off"], code);
+    let (got, stats) = run(&["--speculate", "ngram"], code);
+    assert_eq!(got, want);
+    assert!(plain.get("speculation").is_none(), "{plain}");
+    assert!(
+        stats["speculation"]["accepted"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+}
+
 #[test]
 fn greedy_raw_run_matches_llama_cpp() {
     let case = fixture_case(4);

@@ -138,6 +138,7 @@ fn check_batched_decode(path: &std::path::Path) {
             max_tokens: steps,
             sampling: SamplingParams::default(),
             ignore_eos: true,
+            speculation: Default::default(),
         },
         &mut |t| {
             first.push(t);

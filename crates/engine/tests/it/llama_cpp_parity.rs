@@ -321,6 +321,7 @@ fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_toler
             max_tokens: want.len(),
             sampling: SamplingParams::default(),
             ignore_eos: false,
+            speculation: Default::default(),
         };
         let mut got = Vec::new();
         strata_engine::generate(&mut one, &|t| tok.is_eog(t), &req, &mut |t| {

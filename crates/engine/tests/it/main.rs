@@ -6,3 +6,4 @@ mod embeddings;
 mod hostile_model;
 mod llama_cpp_parity;
 mod prefix_cache;
+mod speculation;
