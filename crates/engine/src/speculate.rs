@@ -118,7 +118,15 @@ impl NgramDrafter {
             self.follow = None;
             return;
         };
-        out.extend_from_slice(&history[j..n.min(j + limit)]);
+        // A match close to the end copies a repeating pattern: the copy runs on into the
+        // draft itself, as an overlapping copy does.
+        for i in 0..limit {
+            let t = match history.get(j + i) {
+                Some(&t) => t,
+                None => out[j + i - n],
+            };
+            out.push(t);
+        }
         self.follow = Some(j);
     }
 
@@ -298,6 +306,10 @@ mod tests {
         let mut d = NgramDrafter::new();
         d.draft(&[1, 2, 3, 4, 5, 1, 2, 3], 2, &mut out);
         assert_eq!(out, [4, 5]);
+        // A repeating pattern goes on repeating.
+        let mut d = NgramDrafter::new();
+        d.draft(&[7, 1, 2, 1, 2, 1, 2], 16, &mut out);
+        assert_eq!(out, [1, 2, 1, 2]);
     }
 
     #[test]
