@@ -11,6 +11,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
 use serde_json::{Value, json};
 use strata_engine::StopReason;
+use strata_engine::speculate::Speculation;
 use strata_scheduler::{Event, Job, SubmitError, TokenLogprob};
 use strata_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -80,6 +81,11 @@ pub(crate) async fn run(
         constraint: p.constraint,
         events: tx,
         arrived,
+        speculation: match p.common.speculate {
+            Some(true) => Speculation::Ngram,
+            Some(false) => Speculation::Off,
+            None => st.defaults.speculation,
+        },
     };
     let prompt_len = job.prompt.len();
     let job_max = job.max_tokens;

@@ -187,6 +187,7 @@ async fn compute(
                 arrived: Instant::now(),
                 partition: Partition::SHARED,
                 embed: Some(pooling),
+                speculation: Default::default(),
             })
             .map_err(|e| match e {
                 SubmitError::Full(n) => ApiError::queue_full(n),

@@ -168,6 +168,7 @@ impl Options {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             n: None,
+            speculate: None,
         }
     }
 

@@ -39,6 +39,8 @@ pub(crate) struct Common {
     pub(crate) sampling: SamplingParams,
     pub(crate) max_tokens: Option<usize>,
     pub(crate) stops: Vec<String>,
+    /// The request's own speculative decoding setting (`None`: the server's).
+    pub(crate) speculate: Option<bool>,
 }
 
 fn common(req: &Sampling, max_tokens: Option<i64>, max_param: &str) -> Result<Common, ApiError> {
@@ -100,6 +102,7 @@ fn common(req: &Sampling, max_tokens: Option<i64>, max_param: &str) -> Result<Co
         sampling,
         max_tokens,
         stops,
+        speculate: req.speculate,
     })
 }
 

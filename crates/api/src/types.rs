@@ -97,6 +97,10 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     /// Choices to generate; only 1 is supported.
     pub n: Option<i64>,
+    /// Speculative decoding for this request (extension): `false` turns it off, `true` on
+    /// (prompt-lookup drafts); unset, the server's `--speculate` applies. The tokens are the
+    /// same either way.
+    pub speculate: Option<bool>,
 }
 
 /// Sampling settings the server applies to requests that do not give them (`strata serve
@@ -116,6 +120,9 @@ pub struct SamplingDefaults {
     /// The output limit of requests that set none (agents such as Codex CLI send none, and a
     /// base model may otherwise write until the context is full).
     pub max_tokens: Option<i64>,
+    /// Where speculative drafts come from for requests that do not say (`strata serve
+    /// --speculate`).
+    pub speculation: strata_engine::speculate::Speculation,
 }
 
 impl SamplingDefaults {

@@ -84,7 +84,7 @@ pub(crate) enum Speculate {
 }
 
 impl Speculate {
-    fn speculation(self) -> strata_engine::speculate::Speculation {
+    pub(crate) fn speculation(self) -> strata_engine::speculate::Speculation {
         use strata_engine::speculate::Speculation;
         match self {
             Speculate::Off => Speculation::Off,

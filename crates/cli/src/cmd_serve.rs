@@ -109,6 +109,11 @@ pub(crate) struct SamplingArgs {
     /// Output limit for requests that set none (default: the room left in the context).
     #[arg(long, value_name = "N")]
     max_tokens: Option<i64>,
+    /// Speculative decoding for requests that do not say (`"speculate": true|false` in an
+    /// OpenAI request): `ngram` drafts from text the sequence already holds and verifies the
+    /// drafts of every stream in one pass; the output is the same.
+    #[arg(long, value_enum, default_value_t = crate::cmd_run::Speculate::Off)]
+    speculate: crate::cmd_run::Speculate,
 }
 
 impl SamplingArgs {
@@ -141,6 +146,7 @@ impl SamplingArgs {
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
             max_tokens: self.max_tokens,
+            speculation: self.speculate.speculation(),
         })
     }
 }

@@ -39,6 +39,8 @@ pub struct Batch {
     /// avoid allocating).
     order: Vec<usize>,
     tokens: Vec<u32>,
+    /// The tokens of each slot in a verification pass.
+    counts: Vec<usize>,
     /// Blocks of computed prompts and what each slot holds, when prefix caching is on.
     prefix: Option<SlotBlocks<Arc<[half::f16]>>>,
 }
@@ -63,6 +65,7 @@ impl Batch {
             busy: vec![false; slots],
             order: Vec::with_capacity(slots),
             tokens: Vec::with_capacity(slots),
+            counts: Vec::with_capacity(slots),
             prefix: None,
         })
     }
@@ -294,22 +297,33 @@ impl Batch {
         Ok(self.scratch.logits_mut())
     }
 
-    /// Appends `tokens` to the sequence in `slot` in one pass and returns a row of logits for
-    /// each, row `i` bit for bit what a [`Batch::step`] of `tokens[i]` would give after the
-    /// tokens before it (see [`Model::verify`]): a speculative draft scored at once. The
-    /// caller cuts the tokens the model did not accept with [`Batch::rewind`].
-    pub fn verify(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32]> {
-        if !self.busy.get(slot.0).copied().unwrap_or(false) {
-            return Err(Error::InvalidShard(format!(
-                "slot {} holds no sequence",
-                slot.0
-            )));
+    /// Appends each item's tokens to the sequence in its slot, all in one pass, and returns a
+    /// row of logits for every token, items back to back: row `j` of an item bit for bit what
+    /// a [`Batch::step`] of its token `j` would give after the tokens before it (see
+    /// [`Model::verify`]). Speculative drafts of several sequences, scored at once; the caller
+    /// cuts the tokens the model did not accept with [`Batch::rewind`].
+    pub fn verify(&mut self, items: &[(SlotId, &[u32])]) -> Result<&mut [f32]> {
+        self.order.clear();
+        self.tokens.clear();
+        self.counts.clear();
+        for &(slot, tokens) in items {
+            if !self.busy.get(slot.0).copied().unwrap_or(false) {
+                return Err(Error::InvalidShard(format!(
+                    "slot {} holds no sequence",
+                    slot.0
+                )));
+            }
+            self.order.push(slot.0);
+            self.counts.push(tokens.len());
+            self.tokens.extend_from_slice(tokens);
         }
         self.model.verify(
             &self.pool,
-            &mut self.caches[slot.0],
+            &mut self.caches,
+            &self.order,
+            &self.counts,
             &mut self.scratch,
-            tokens,
+            &self.tokens,
         )?;
         Ok(self.scratch.logits_mut())
     }

@@ -238,8 +238,6 @@ enum Pass {
     Logits,
     /// Every row's normed hidden state ([`Model::embed`]).
     Embed,
-    /// Every row's logits, each row in the one-token order ([`Model::verify`]).
-    Verify,
 }
 
 /// What a step leaves after its layers.
@@ -252,7 +250,7 @@ enum Out {
     Rows,
     /// Every row's hidden state after the output norm, and no logits.
     Embeddings,
-    /// Logits of every row (one sequence's drafted tokens, scored in one pass).
+    /// Logits of every row (drafted tokens, scored in one pass).
     EveryRow,
 }
 
@@ -378,27 +376,79 @@ impl Model {
         )
     }
 
-    /// Appends `tokens` to one sequence's `cache` in one pass and leaves a row of logits for
-    /// each in `scratch.logits()`: row `i` the logits that follow `tokens[..=i]`, bit for bit
+    /// Appends drafted tokens to several sequences in one pass and leaves a row of logits for
+    /// each token: `counts[i]` of `tokens` (back to back) go to `slots[pick[i]]` (`pick`
+    /// distinct), and `scratch.logits()` holds their rows in the same order, row `j` of a
+    /// sequence the logits that follow its first `j + 1` tokens here. Each row is bit for bit
     /// what [`Model::forward`] gives when the tokens come one at a time (every product and
-    /// every row's attention in the one-token order). This is what verifies a speculative
-    /// draft: the weights are read once for all of its tokens.
+    /// every row's attention in the one-token order), whatever else is in the pass. This is
+    /// what verifies speculative drafts: the weights are read once for all of them.
     pub fn verify(
         &self,
         pool: &ThreadPool,
-        cache: &mut KvCache,
+        slots: &mut [KvCache],
+        pick: &[usize],
+        counts: &[usize],
         scratch: &mut Scratch,
         tokens: &[u32],
     ) -> Result<()> {
         self.whole("verification without links needs")?;
-        self.forward_to(
+        if pick.len() != counts.len() || counts.iter().sum::<usize>() != tokens.len() {
+            return Err(Error::InvalidShard(format!(
+                "a verification of {} tokens in {} parts for {} sequences",
+                tokens.len(),
+                counts.len(),
+                pick.len()
+            )));
+        }
+        if tokens.is_empty() || counts.contains(&0) {
+            return Err(Error::EmptyPrompt);
+        }
+        for (i, &s) in pick.iter().enumerate() {
+            let Some(c) = slots.get(s) else {
+                return Err(Error::InvalidShard(format!(
+                    "a verification names slot {s} of {}",
+                    slots.len()
+                )));
+            };
+            if pick[..i].contains(&s) {
+                return Err(Error::InvalidShard(format!(
+                    "a verification names slot {s} twice"
+                )));
+            }
+            if c.len() + counts[i] > c.capacity() {
+                return Err(Error::ContextOverflow {
+                    needed: c.len() + counts[i],
+                    limit: c.capacity(),
+                });
+            }
+        }
+        let mut rows = std::mem::take(&mut scratch.rows);
+        rows.fill(pick.iter().enumerate().flat_map(|(i, &s)| {
+            let at = slots[s].len();
+            (at..at + counts[i]).map(move |p| (i, p))
+        }));
+        scratch.acts.set_rows_independent(true);
+        let res = self.step(
             pool,
-            cache,
+            Caches::Slots {
+                all: &mut *slots,
+                pick,
+            },
             scratch,
+            &rows,
             StageInput::Tokens(tokens),
+            self.flavour.single(),
+            Out::EveryRow,
             &mut NoComm,
-            Pass::Verify,
-        )
+        );
+        scratch.acts.set_rows_independent(false);
+        scratch.rows = rows;
+        res?;
+        for (&s, &n) in pick.iter().zip(counts) {
+            slots[s].advance(n);
+        }
+        Ok(())
     }
 
     /// [`Model::embed`] on a shard: runs `input` (tokens on the first stage, hidden states on
@@ -429,7 +479,7 @@ impl Model {
         }
     }
 
-    /// [`Model::forward`], [`Model::embed`] or [`Model::verify`], as `pass` says.
+    /// [`Model::forward`] or [`Model::embed`], as `pass` says.
     fn forward_to(
         &self,
         pool: &ThreadPool,
@@ -449,9 +499,8 @@ impl Model {
         }
         let mut rows = std::mem::take(&mut scratch.rows);
         rows.fill((pos0..pos0 + n).map(|p| (0, p)));
-        // ggml sums attention products in a different order for one token than for a batch;
-        // a verification's rows are each a one-token step.
-        let order = if n == 1 || pass == Pass::Verify {
+        // ggml sums attention products in a different order for one token than for a batch.
+        let order = if n == 1 {
             self.flavour.single()
         } else {
             self.flavour.batch()
@@ -460,12 +509,10 @@ impl Model {
         // other rows after attention (as llama.cpp does).
         let out = match pass {
             Pass::Embed => Out::Embeddings,
-            Pass::Verify => Out::EveryRow,
             Pass::Logits if self.spec.is_last_stage(&self.cfg) && n > 1 => Out::LastRow,
             Pass::Logits => Out::Rows,
         };
         let mut caches = [cache];
-        scratch.acts.set_rows_independent(pass == Pass::Verify);
         let res = self.step(
             pool,
             Caches::Refs(&mut caches),
@@ -476,7 +523,6 @@ impl Model {
             out,
             comm,
         );
-        scratch.acts.set_rows_independent(false);
         scratch.rows = rows;
         res?;
         caches[0].advance(n);

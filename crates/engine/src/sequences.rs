@@ -166,11 +166,12 @@ pub trait Sequences: Send + 'static {
     fn verifies(&self) -> bool {
         false
     }
-    /// Appends `tokens` (a sampled token and the draft after it) to `slot` in one pass and
-    /// returns a row of logits for each: row `i` bit for bit what a one-token step of
-    /// `tokens[i]` gives after the tokens before it. The caller then keeps the prefix the
-    /// model accepts and cuts the rest with [`Sequences::rewind`].
-    fn verify(&mut self, _slot: SlotId, _tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+    /// Appends each item's tokens (a sampled token and the draft after it) to its slot, all in
+    /// one pass, and returns a row of logits for every token, items back to back: row `j` of
+    /// an item bit for bit what a one-token step of its token `j` gives after the tokens
+    /// before it. The caller then keeps the prefix the model accepts and cuts the rest with
+    /// [`Sequences::rewind`].
+    fn verify(&mut self, _items: &[(SlotId, &[u32])]) -> Result<&mut [f32], EngineError> {
         Err(EngineError::Slots(
             "this engine does not verify drafts".into(),
         ))
@@ -243,8 +244,8 @@ impl Sequences for Batch {
         true
     }
 
-    fn verify(&mut self, slot: SlotId, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
-        Batch::verify(self, slot, tokens).map_err(EngineError::from)
+    fn verify(&mut self, items: &[(SlotId, &[u32])]) -> Result<&mut [f32], EngineError> {
+        Batch::verify(self, items).map_err(EngineError::from)
     }
 
     fn rewind(&mut self, slot: SlotId, len: usize) -> Result<(), EngineError> {

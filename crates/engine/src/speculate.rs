@@ -241,7 +241,7 @@ impl Speculator {
         self.rows.push(tok);
         self.rows.extend_from_slice(&self.draft);
         self.verified_steps += 1;
-        let logits = engine.verify(slot, &self.rows)?;
+        let logits = engine.verify(&[(slot, &self.rows)])?;
         let vocab = logits.len() / self.rows.len();
         let mut accepted = 0;
         let mut next = None;

@@ -26,6 +26,7 @@ mod metrics;
 pub use metrics::{Metrics, RequestLabels};
 
 mod overlap;
+mod speculative;
 
 /// Why a [`Constraint`] cannot go on: the implementation's own error, told to the request.
 pub type ConstraintError = Box<dyn std::error::Error + Send + Sync>;
@@ -111,6 +112,10 @@ pub struct Job {
     /// Compute the prompt's embedding, pooled so, instead of generating: answered with one
     /// [`Event::Embedding`] without taking a slot.
     pub embed: Option<Pooling>,
+    /// Where speculative drafts come from (see [`strata_engine::speculate`]): taken only by
+    /// an engine that verifies drafts, for a request without a grammar or log-probabilities.
+    /// The tokens are the same either way.
+    pub speculation: strata_engine::speculate::Speculation,
 }
 
 impl std::fmt::Debug for Job {
@@ -209,6 +214,8 @@ struct Seq {
     /// row being sampled.
     allowed: Vec<u32>,
     premasked: bool,
+    /// The sequence's drafts, when it speculates.
+    drafter: Option<strata_engine::speculate::NgramDrafter>,
 }
 
 impl Seq {
@@ -549,6 +556,7 @@ fn run(
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
     // A row to compute grammar masks on (see `Seq::compute_allowed`).
     let mut mask_row: Vec<f32> = Vec::new();
+    let mut drafts = speculative::Drafts::default();
     // A pipeline runs decode steps, prompt chunks and forced tokens of different sequences in
     // overlapped turns whenever there are two or more to run.
     let piped = batch.depth() > 1;
@@ -616,6 +624,10 @@ fn run(
         if steps.is_empty() {
             continue;
         }
+        if speculative::round(batch, active, &idx, &mut drafts, tok, n_ctx, m) {
+            m.active_sequences.set(active.len() as i64);
+            continue;
+        }
         let need = need(&*batch, active, &idx, &mut mask_row);
         let masks = masks(active, &idx, &need);
         let pass = batch.step_as(&steps, need.kind(&masks));
@@ -663,11 +675,19 @@ fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics
         let _ = job.events.send(answer);
         return;
     }
+    // Drafts are verified by engines of one stage; a grammar's masks and log-probabilities
+    // are decided per row by paths of their own.
+    let speculates = job.speculation == strata_engine::speculate::Speculation::Ngram
+        && batch.verifies()
+        && batch.depth() == 1
+        && job.constraint.is_none()
+        && job.logprobs.is_none();
     match batch.admit(&job.prompt, job.partition) {
         Ok((slot, cached)) => {
             m.cached_tokens.inc_by(cached as u64);
             let _ = job.events.send(Event::Admitted { cached });
             active.push(Seq {
+                drafter: speculates.then(strata_engine::speculate::NgramDrafter::new),
                 sampler: Sampler::new(job.sampling.clone()),
                 history: job.prompt.clone(),
                 prefilled: cached,

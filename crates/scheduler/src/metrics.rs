@@ -17,6 +17,13 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of the speculative decoding counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DraftLabels {
+    /// Where the drafts came from (`ngram`).
+    pub source: String,
+}
+
 /// Every metric the server keeps.
 #[derive(Debug)]
 pub struct Metrics {
@@ -54,6 +61,13 @@ pub struct Metrics {
     pub kv_shared_bytes: Gauge,
     /// Bytes private copies of those blocks would have taken (one per reading sequence).
     pub kv_shared_read_bytes: Gauge,
+    /// Tokens drafted for speculative decoding, by source.
+    pub drafted_tokens: Family<DraftLabels, Counter>,
+    /// Drafted tokens the model accepted, by source (the acceptance rate is this over
+    /// `drafted_tokens`).
+    pub accepted_tokens: Family<DraftLabels, Counter>,
+    /// Verification passes (decode steps that scored drafts).
+    pub verify_passes: Counter,
 }
 
 impl Default for Metrics {
@@ -177,8 +191,29 @@ impl Metrics {
             "Finished tool calls or JSON answers that break a schema keyword the grammar cannot enforce",
             schema_violations.clone(),
         );
+        let drafted_tokens = Family::<DraftLabels, Counter>::default();
+        registry.register(
+            "speculative_drafted_tokens",
+            "Tokens drafted for speculative decoding, by source",
+            drafted_tokens.clone(),
+        );
+        let accepted_tokens = Family::<DraftLabels, Counter>::default();
+        registry.register(
+            "speculative_accepted_tokens",
+            "Drafted tokens the model accepted, by source",
+            accepted_tokens.clone(),
+        );
+        let verify_passes = Counter::default();
+        registry.register(
+            "speculative_verify_passes",
+            "Decode steps that scored speculative drafts",
+            verify_passes.clone(),
+        );
         drop(root);
         Metrics {
+            drafted_tokens,
+            accepted_tokens,
+            verify_passes,
             schema_violations,
             registry: Arc::clone(shared),
             engine_panics,

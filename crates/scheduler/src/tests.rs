@@ -44,6 +44,7 @@ pub(super) fn greedy_job(
         arrived: Instant::now(),
         partition: Partition::SHARED,
         embed: None,
+        speculation: Default::default(),
     };
     (job, rx)
 }
@@ -137,6 +138,7 @@ fn generate(logprobs: Option<usize>) -> (Vec<u32>, Calls) {
             arrived: Instant::now(),
             partition: Partition::SHARED,
             embed: None,
+            speculation: Default::default(),
         })
         .unwrap();
     let mut tokens = Vec::new();
@@ -227,6 +229,7 @@ fn one_job(sched: &Scheduler) -> Result<usize, String> {
             arrived: Instant::now(),
             partition: Partition::SHARED,
             embed: None,
+            speculation: Default::default(),
         })
         .map_err(|e| format!("{e:?}"))?;
     loop {

@@ -590,3 +590,87 @@ fn an_embedding_model_answers_embeddings_and_refuses_generation() {
     let text = chat.into_body().read_to_string().unwrap();
     assert!(text.contains("is an embedding model"), "{text}");
 }
+
+/// Requests sent together to a server that speculates get, token for token, the greedy
+/// answers of a server that does not: drafts of every stream verified in one pass, a request
+/// that turns drafts off or on for itself, and one with a grammar (which takes none). The
+/// metrics count what was drafted and accepted.
+#[test]
+fn speculative_serving_answers_as_plain_serving_does() {
+    let list = "- apples, 3 kg\n- pears, 2 kg\n- plums, 5 kg\n- cherries, 1 kg\n- grapes, 4 kg\n";
+    let bodies: Vec<serde_json::Value> = vec![
+        serde_json::json!({"model": MODEL, "max_tokens": 48, "temperature": 0,
+            "messages": [{"role": "user", "content": format!("Repeat this list exactly:\n{list}")}]}),
+        serde_json::json!({"model": MODEL, "max_tokens": 48, "temperature": 0,
+            "prompt": format!("{list}{list}{list}")}),
+        serde_json::json!({"model": MODEL, "max_tokens": 32, "temperature": 0, "speculate": false,
+            "prompt": format!("{list}{list}")}),
+        serde_json::json!({"model": MODEL, "max_tokens": 32, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a haiku about the sea."}]}),
+        serde_json::json!({"model": MODEL, "max_tokens": 40, "temperature": 0,
+            "messages": [{"role": "user", "content": "Give me a fruit as JSON."}],
+            "response_format": {"type": "json_object"}}),
+    ];
+    let answers = |server: &Server, extra: Option<(&str, bool)>| -> Vec<String> {
+        std::thread::scope(|s| {
+            let calls: Vec<_> = bodies
+                .iter()
+                .map(|b| {
+                    let mut b = b.clone();
+                    if let Some((k, v)) = extra {
+                        b[k] = v.into();
+                    }
+                    let route = if b.get("prompt").is_some() {
+                        "/v1/completions"
+                    } else {
+                        "/v1/chat/completions"
+                    };
+                    let url = format!("{}{route}", server.url);
+                    s.spawn(move || {
+                        let v: serde_json::Value = ureq::post(&url)
+                            .send_json(&b)
+                            .unwrap()
+                            .into_body()
+                            .read_json()
+                            .unwrap();
+                        let c = &v["choices"][0];
+                        c["text"]
+                            .as_str()
+                            .or(c["message"]["content"].as_str())
+                            .unwrap_or_else(|| panic!("{v}"))
+                            .to_string()
+                    })
+                })
+                .collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        })
+    };
+    let plain = serve(&["--parallel", "4"]);
+    let want = answers(&plain, None);
+    // Turned on per request, on a server that does not speculate by itself.
+    assert_eq!(answers(&plain, Some(("speculate", true))), want);
+    drop(plain);
+    let fast = serve(&["--parallel", "4", "--speculate", "ngram"]);
+    assert_eq!(answers(&fast, None), want);
+    let metrics = ureq::get(format!("{}/metrics", fast.url))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    let count = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{metrics}"))
+    };
+    let drafted = count("strata_speculative_drafted_tokens_total{source=\"ngram\"}");
+    let accepted = count("strata_speculative_accepted_tokens_total{source=\"ngram\"}");
+    assert!(
+        accepted > 10.0 && accepted <= drafted,
+        "{accepted} of {drafted}"
+    );
+    assert!(count("strata_speculative_verify_passes_total") > 0.0);
+}

@@ -75,9 +75,9 @@ fn same(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// Every row of a verification is the one-token step's row, for drafts of 1 to 9 tokens,
-/// after a rewind too.
+/// after a rewind too, and with two sequences in one pass.
 fn check_rows(path: &std::path::Path) {
-    let (mut b, tok) = batch(path, 2);
+    let (mut b, tok) = batch(path, 3);
     let prompt = tok
         .encode_prompt("def add(a, b):\n    return a + b\n\ndef sub(a, b):", false)
         .unwrap();
@@ -95,7 +95,7 @@ fn check_rows(path: &std::path::Path) {
     for k in [1usize, 3, 9] {
         // The right tokens, then a rewind past the last of them: the cache is as if only
         // the first `k - 1` were decoded, and the next pass starts from there.
-        let rows = Sequences::verify(&mut b, spec, &tokens[at..at + k])
+        let rows = Sequences::verify(&mut b, &[(spec, &tokens[at..at + k])])
             .unwrap()
             .to_vec();
         let v = rows.len() / k;
@@ -108,6 +108,21 @@ fn check_rows(path: &std::path::Path) {
         }
         at += k - 1;
         Sequences::rewind(&mut b, spec, prompt.len() + at).unwrap();
+    }
+    // Two sequences' drafts in one pass: each row is still its own one-token step's.
+    let (other, _) = Sequences::admit(&mut b, &prompt, Partition::SHARED).unwrap();
+    Sequences::extend(&mut b, other, &prompt).unwrap();
+    Sequences::rewind(&mut b, spec, prompt.len()).unwrap();
+    let rows = Sequences::verify(&mut b, &[(other, &tokens[..5]), (spec, &tokens[..2])])
+        .unwrap()
+        .to_vec();
+    let v = rows.len() / 7;
+    for (i, want) in want[1..6].iter().chain(&want[1..3]).enumerate() {
+        assert!(
+            same(&rows[i * v..(i + 1) * v], want),
+            "{}: row {i} of a pass of two sequences",
+            path.display()
+        );
     }
 }
 
