@@ -119,6 +119,9 @@ pub(super) fn round(
         at += n;
         let s = &mut active[i];
         let draft = &d.drafts[k];
+        // The cache held all of the history but its last token; the pass added that token
+        // and the draft.
+        let before = s.history.len();
         let (goes_on, accepted) = s.decide(rows, vocab, draft, tok, n_ctx, m);
         if let Some(drafter) = s.drafter.as_mut().filter(|_| !draft.is_empty()) {
             drafter.judged(draft.len(), accepted);
@@ -130,9 +133,9 @@ pub(super) fn round(
                 .inc_by(accepted as u64);
         }
         if goes_on {
-            // The cache holds the last token and the whole draft; it keeps everything but the
-            // token just chosen, which runs next.
-            d.keep.push((s.slot, s.history.len() - 1));
+            // It keeps that token and the accepted part of the draft; the token chosen after
+            // them runs next.
+            d.keep.push((s.slot, before + accepted));
         } else {
             d.gone[i] = true;
         }
