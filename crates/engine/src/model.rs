@@ -254,6 +254,21 @@ enum Out {
     EveryRow,
 }
 
+/// An error unless every slot `pick` names is one of `slots` and none is named twice.
+fn check_pick(slots: usize, pick: &[usize]) -> Result<()> {
+    if let Some(&bad) = pick.iter().find(|&&i| i >= slots) {
+        return Err(Error::InvalidShard(format!(
+            "a batch names slot {bad} of {slots}"
+        )));
+    }
+    for (i, a) in pick.iter().enumerate() {
+        if pick[..i].contains(a) {
+            return Err(Error::InvalidShard(format!("a batch names slot {a} twice")));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn grow(v: &mut Vec<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -404,21 +419,12 @@ impl Model {
         if tokens.is_empty() || counts.contains(&0) {
             return Err(Error::EmptyPrompt);
         }
-        for (i, &s) in pick.iter().enumerate() {
-            let Some(c) = slots.get(s) else {
-                return Err(Error::InvalidShard(format!(
-                    "a verification names slot {s} of {}",
-                    slots.len()
-                )));
-            };
-            if pick[..i].contains(&s) {
-                return Err(Error::InvalidShard(format!(
-                    "a verification names slot {s} twice"
-                )));
-            }
-            if c.len() + counts[i] > c.capacity() {
+        check_pick(slots.len(), pick)?;
+        for (&s, &n) in pick.iter().zip(counts) {
+            let c = &slots[s];
+            if c.len() + n > c.capacity() {
                 return Err(Error::ContextOverflow {
-                    needed: c.len() + counts[i],
+                    needed: c.len() + n,
                     limit: c.capacity(),
                 });
             }
@@ -573,17 +579,7 @@ impl Model {
         input: StageInput<'_>,
         comm: &mut dyn Collective,
     ) -> Result<()> {
-        if let Some(&bad) = pick.iter().find(|&&i| i >= slots.len()) {
-            return Err(Error::InvalidShard(format!(
-                "a batch names slot {bad} of {}",
-                slots.len()
-            )));
-        }
-        for (i, a) in pick.iter().enumerate() {
-            if pick[..i].contains(a) {
-                return Err(Error::InvalidShard(format!("a batch names slot {a} twice")));
-            }
-        }
+        check_pick(slots.len(), pick)?;
         self.forward_rows(
             pool,
             Caches::Slots { all: slots, pick },
