@@ -63,7 +63,8 @@ pub(crate) struct ModelOpts {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Which llama.cpp build to reproduce bit for bit: `native` (the build llama.cpp makes on
-    /// this CPU), `avx512` or `avx2` (their attention sums and exponentials differ).
+    /// this CPU), `avx512`, `avx2` or `neon` (aarch64 for plain NEON); their matrix and
+    /// attention sums and exponentials differ.
     #[arg(long, value_enum, default_value_t = Numerics::Native)]
     numerics: Numerics,
     /// Speculative decoding: `ngram` drafts tokens from text the sequence already holds (the
@@ -102,6 +103,8 @@ pub(crate) enum Numerics {
     Avx512,
     /// An AVX2 build without AVX-512.
     Avx2,
+    /// An aarch64 build for plain NEON (`-march=armv8-a`).
+    Neon,
 }
 
 impl Numerics {
@@ -110,6 +113,7 @@ impl Numerics {
             Numerics::Native => Flavour::native(),
             Numerics::Avx512 => Flavour::Avx512,
             Numerics::Avx2 => Flavour::Avx2,
+            Numerics::Neon => Flavour::Neon,
         }
     }
 }

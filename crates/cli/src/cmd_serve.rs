@@ -75,7 +75,7 @@ pub(crate) struct ServeArgs {
     #[arg(long = "chat-template", value_name = "[MODEL=]NAME|FILE")]
     chat_templates: Vec<String>,
     /// Which llama.cpp build to reproduce bit for bit, as `strata run --numerics`: `native`,
-    /// `avx512` or `avx2` (pinning one gives the same greedy answers on every machine).
+    /// `avx512`, `avx2` or `neon` (pinning one gives the same greedy answers on every machine).
     #[arg(long, value_enum, default_value_t = crate::cmd_run::Numerics::Native)]
     numerics: crate::cmd_run::Numerics,
     /// How embeddings pool (`mean`, `cls` or `last`), over the file's `pooling_type` (default:

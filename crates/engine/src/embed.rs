@@ -106,6 +106,7 @@ fn mean(x: &[f32], inv: f32, flavour: Flavour) -> f32 {
     let lanes = match flavour {
         Flavour::Avx512 => 16,
         Flavour::Avx2 => 8,
+        Flavour::Neon => 4,
     };
     let n = x.len();
     let step = 4 * lanes;
@@ -136,6 +137,8 @@ fn mean(x: &[f32], inv: f32, flavour: Flavour) -> f32 {
             let t: Vec<f32> = (0..4).map(|i| v[i] + v[i + 4]).collect();
             (t[0] + t[1]) + (t[2] + t[3])
         }
+        // vaddvq_f32: pairwise.
+        Flavour::Neon => (v[0] + v[1]) + (v[2] + v[3]),
     };
     let mut i = whole;
     let unfused = |sum: &mut f32, i: &mut usize, width: usize| {
@@ -147,7 +150,8 @@ fn mean(x: &[f32], inv: f32, flavour: Flavour) -> f32 {
     while n - i >= lanes {
         unfused(&mut sum, &mut i, lanes);
     }
-    if n - i >= lanes / 2 {
+    // GCC vectorises the aarch64 leftovers four at a time only.
+    if n - i >= lanes / 2 && flavour != Flavour::Neon {
         unfused(&mut sum, &mut i, lanes / 2);
     }
     for &v in &x[i..] {

@@ -19,6 +19,14 @@ pub enum DotOrder {
     Batch,
     /// A batch of tokens, as an AVX2 build sums it (tinyBLAS: 8 lanes, `hsum` of a `__m256`).
     Batch8,
+    /// One token, as an aarch64 NEON build without half-precision arithmetic sums it
+    /// (`ggml_vec_dot_f16`: 4 x 4 lanes over 16-element steps, reduced pairwise).
+    Neon,
+    /// A batch of tokens' value sums, as an aarch64 NEON build computes them: tinyBLAS
+    /// multiplies the f16 values by the *f32* probabilities, unrounded, in one fused 4-lane
+    /// accumulator reduced pairwise (its scores take [`DotOrder::Neon`], see
+    /// [`DotOrder::scores`]).
+    NeonBatch,
 }
 
 impl DotOrder {
@@ -29,7 +37,28 @@ impl DotOrder {
             DotOrder::Single8 => 32,
             DotOrder::Batch => 16,
             DotOrder::Batch8 => 8,
+            DotOrder::Neon => 16,
+            DotOrder::NeonBatch => 4,
         }
+    }
+
+    /// The order of the scores (`K·q`) in a step whose value sums take this order. The same
+    /// but for the aarch64 build's batches: its tinyBLAS takes only contiguous f32 operands, and
+    /// a batch's queries are a permuted view, so its scores stay with `vec_dot_f16` (queries
+    /// rounded to f16), while the contiguous probabilities go through tinyBLAS.
+    pub fn scores(self) -> DotOrder {
+        if self == DotOrder::NeonBatch {
+            DotOrder::Neon
+        } else {
+            self
+        }
+    }
+
+    /// Whether llama.cpp rounds the f32 operand (queries, probabilities) to f16 first: it does
+    /// wherever it converts the activations to the weights' f16 (`vec_dot_f16`, x86 tinyBLAS),
+    /// not where the aarch64 tinyBLAS takes them as f32.
+    pub fn rounds_operand(self) -> bool {
+        self != DotOrder::NeonBatch
     }
 }
 
@@ -42,16 +71,51 @@ pub enum Flavour {
     Avx512,
     /// A build with AVX2 but no AVX-512.
     Avx2,
+    /// An aarch64 build for plain NEON (`-march=armv8-a`: no dotprod, no half-precision
+    /// arithmetic), as on a Cortex-A72; any aarch64 CPU can run it.
+    Neon,
+}
+
+impl Default for Flavour {
+    fn default() -> Self {
+        Flavour::native()
+    }
 }
 
 impl Flavour {
-    /// The flavour llama.cpp would be built with on this CPU.
+    /// The flavour llama.cpp would be built with on this CPU (on aarch64, the plain NEON
+    /// build, the one whose arithmetic strata reproduces there).
     pub fn native() -> Flavour {
+        #[cfg(target_arch = "aarch64")]
+        return Flavour::Neon;
         #[cfg(target_arch = "x86_64")]
         if !is_x86_feature_detected!("avx512f") {
             return Flavour::Avx2;
         }
+        #[allow(unreachable_code)]
         Flavour::Avx512
+    }
+
+    /// The flavour's name (`--numerics`, cluster assignments).
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Avx512 => "avx512",
+            Flavour::Avx2 => "avx2",
+            Flavour::Neon => "neon",
+        }
+    }
+
+    /// The flavour named `name` (see [`Flavour::name`]).
+    pub fn from_name(name: &str) -> Option<Flavour> {
+        [Flavour::Avx512, Flavour::Avx2, Flavour::Neon]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+
+    /// Whether this is one of llama.cpp's aarch64 builds (their matrix products follow
+    /// [`crate::arm`]'s orders).
+    pub fn arm(self) -> bool {
+        self == Flavour::Neon
     }
 
     /// The order of a single-token attention step.
@@ -59,6 +123,7 @@ impl Flavour {
         match self {
             Flavour::Avx512 => DotOrder::Single,
             Flavour::Avx2 => DotOrder::Single8,
+            Flavour::Neon => DotOrder::Neon,
         }
     }
 
@@ -67,6 +132,7 @@ impl Flavour {
         match self {
             Flavour::Avx512 => DotOrder::Batch,
             Flavour::Avx2 => DotOrder::Batch8,
+            Flavour::Neon => DotOrder::NeonBatch,
         }
     }
 }
@@ -140,6 +206,10 @@ enum Acc {
     Single8([[f32; 8]; 4]),
     /// `ggml_vec_dot_f16`, 4 x 16 lanes.
     Single([[f32; 16]; 4]),
+    /// `ggml_vec_dot_f16` on NEON, 4 x 4 lanes.
+    Neon([[f32; 4]; 4]),
+    /// aarch64 tinyBLAS, 4 lanes.
+    NeonBatch([f32; 4]),
 }
 
 impl Acc {
@@ -150,6 +220,8 @@ impl Acc {
             DotOrder::Batch8 => Acc::Batch8([0.0; 8]),
             DotOrder::Single8 => Acc::Single8([[0.0; 8]; 4]),
             DotOrder::Single => Acc::Single([[0.0; 16]; 4]),
+            DotOrder::Neon => Acc::Neon([[0.0; 4]; 4]),
+            DotOrder::NeonBatch => Acc::NeonBatch([0.0; 4]),
         }
     }
 
@@ -190,6 +262,22 @@ impl Acc {
                     }
                 }
             }
+            Acc::Neon(s) => {
+                for (qc, kc) in q.chunks_exact(16).zip(k.chunks_exact(16)) {
+                    for j in 0..4 {
+                        for l in 0..4 {
+                            s[j][l] = qc[4 * j + l].mul_add(kc[4 * j + l].get(), s[j][l]);
+                        }
+                    }
+                }
+            }
+            Acc::NeonBatch(acc) => {
+                for (qc, kc) in q.chunks_exact(4).zip(k.chunks_exact(4)) {
+                    for l in 0..4 {
+                        acc[l] = qc[l].mul_add(kc[l].get(), acc[l]);
+                    }
+                }
+            }
         }
     }
 
@@ -201,6 +289,12 @@ impl Acc {
             Acc::Batch8(acc) => crate::dot::hsum8(acc),
             Acc::Single8(s) => reduce4x8(s),
             Acc::Single(s) => reduce4x16(s),
+            Acc::Neon(s) => {
+                let x: [f32; 4] =
+                    std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+                crate::arm::hsum4(&x)
+            }
+            Acc::NeonBatch(acc) => crate::arm::hsum4(acc),
         }
     }
 }
@@ -209,7 +303,10 @@ impl Acc {
 fn dot_impl<T: Elem>(order: DotOrder, q: &[f32], k: &[T]) -> f32 {
     let mut acc = Acc::new(order);
     acc.add(q, k);
-    if matches!(order, DotOrder::Batch | DotOrder::Batch8) {
+    if matches!(
+        order,
+        DotOrder::Batch | DotOrder::Batch8 | DotOrder::NeonBatch
+    ) {
         return acc.finish();
     }
     // ggml adds leftover elements of single tokens (head widths not a multiple of its step)
@@ -263,8 +360,9 @@ fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
     let width = match order {
         DotOrder::Single | DotOrder::Batch => 16,
         DotOrder::Single8 | DotOrder::Batch8 => 8,
+        DotOrder::Neon | DotOrder::NeonBatch => 4,
     };
-    if matches!(order, DotOrder::Single | DotOrder::Single8) {
+    if matches!(order, DotOrder::Single | DotOrder::Single8 | DotOrder::Neon) {
         // `ggml_vec_dot_f16`'s four accumulators: slot `width * j + l` is accumulator j, lane
         // l; (s0 + s2) + (s1 + s3) into rows 0..width.
         let w = width;
@@ -282,9 +380,12 @@ fn reduce_slots(order: DotOrder, acc: &mut [f32], out: &mut [f32]) {
             add_rows(acc, hd, i, i + w, i);
         }
     }
-    // The last four lanes: `_mm_hadd_ps` twice in the AVX2 `ggml_vec_dot_f16` reduction,
-    // `movehl` then `movehdup` everywhere else.
-    let (a, b) = if order == DotOrder::Single8 {
+    // The last four lanes: `_mm_hadd_ps` twice in the AVX2 `ggml_vec_dot_f16` reduction and
+    // NEON's pairwise `vaddvq_f32`, `movehl` then `movehdup` everywhere else.
+    let (a, b) = if matches!(
+        order,
+        DotOrder::Single8 | DotOrder::Neon | DotOrder::NeonBatch
+    ) {
         add_rows(acc, hd, 0, 0, 1);
         add_rows(acc, hd, 2, 2, 3);
         (0, 2)
@@ -341,6 +442,7 @@ fn grouped_simd(order: DotOrder, hd: usize) -> Option<DotOrder> {
         DotOrder::Single8 => hd.is_multiple_of(32),
         DotOrder::Batch => hd.is_multiple_of(16),
         DotOrder::Single => hd.is_multiple_of(64),
+        DotOrder::Neon | DotOrder::NeonBatch => return None,
     };
     (crate::isa().avx2 && hd > 0 && fits).then_some(order)
 }

@@ -173,11 +173,11 @@ pub(crate) fn decode(ty: GgmlType, x: &[u8], out: &mut KBlock) {
     }
 }
 
-fn q8k_d(a: &[u8]) -> f32 {
+pub(crate) fn q8k_d(a: &[u8]) -> f32 {
     f32::from_le_bytes([a[0], a[1], a[2], a[3]])
 }
 
-fn q8k_bsum(a: &[u8], k: usize) -> i32 {
+pub(crate) fn q8k_bsum(a: &[u8], k: usize) -> i32 {
     i32::from(i16::from_le_bytes([
         a[4 + QK_K + 2 * k],
         a[5 + QK_K + 2 * k],
@@ -200,7 +200,7 @@ fn lanes(b: &KBlock, y: &[u8]) -> [i32; 8] {
 }
 
 /// The exact sum of the minimums times the activations' 16-element sums.
-fn min_sum(b: &KBlock, y: &[u8]) -> i32 {
+pub(crate) fn min_sum(b: &KBlock, y: &[u8]) -> i32 {
     (0..16).map(|k| b.mins[k] * q8k_bsum(y, k)).sum()
 }
 

@@ -24,7 +24,7 @@ pub(crate) const Q6_K_BYTES: usize = 210;
 /// Bytes of a Q8_K block.
 pub(crate) const Q8_K_BYTES: usize = 292;
 
-fn rd_f32(b: &[u8], at: usize) -> f32 {
+pub(crate) fn rd_f32(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
@@ -93,7 +93,7 @@ pub(crate) fn q4k_scales_mins(b: &[u8]) -> ([i32; 8], [i32; 8]) {
 }
 
 /// The 6-bit code of element `e` (0..256) of a Q6_K block.
-fn q6k_code(b: &[u8], e: usize) -> i32 {
+pub(crate) fn q6k_code(b: &[u8], e: usize) -> i32 {
     let (half, r) = (e / 128, e % 128);
     let (k, p) = (r / 32, r % 32);
     let ql = &b[64 * half..64 * half + 64];
@@ -107,7 +107,7 @@ fn q6k_code(b: &[u8], e: usize) -> i32 {
     i32::from(lo | (((qh >> (2 * k)) & 3) << 4))
 }
 
-fn q6k_scale(b: &[u8], s: usize) -> i32 {
+pub(crate) fn q6k_scale(b: &[u8], s: usize) -> i32 {
     i32::from(b[192 + s] as i8)
 }
 

@@ -11,12 +11,15 @@
 //! for the names of the formats.
 #![warn(missing_docs)]
 
+mod acts;
+pub(crate) mod arm;
 pub mod attn;
 pub(crate) mod dot;
 pub mod formats;
 pub(crate) mod kformats;
 pub(crate) mod kquants;
 mod matmul;
+mod matmul_arm;
 pub mod membw;
 pub mod ops;
 pub(crate) mod packed;
@@ -37,7 +40,8 @@ mod x86_rowdot;
 
 use std::sync::OnceLock;
 
-pub use matmul::{QMatrix, QuantActs, WeightBytes, matmul, matmul_multi};
+pub use acts::QuantActs;
+pub use matmul::{QMatrix, WeightBytes, matmul, matmul_multi};
 pub use pool::ThreadPool;
 pub use strata_gguf::GgmlType;
 

@@ -7,7 +7,8 @@
 
 use strata_gguf::{GgmlType, GgufFile};
 
-use crate::formats::{QK, act_type, quantize_act_row};
+use crate::acts::{QuantActs, needs_ys};
+use crate::formats::{QK, act_type};
 use crate::{Error, Result, ThreadPool, dot::dot_scalar};
 
 /// Where a weight matrix's bytes live.
@@ -27,7 +28,7 @@ pub enum WeightBytes {
 }
 
 impl WeightBytes {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             WeightBytes::Owned(v) => v,
             WeightBytes::Mapped { file, start, len } => file.range(*start, *len),
@@ -37,7 +38,7 @@ impl WeightBytes {
 
 /// How a matrix's bytes are laid out.
 #[derive(Clone, Debug)]
-enum Storage {
+pub(crate) enum Storage {
     /// Row by row, as in the GGUF file.
     Plain(WeightBytes),
     /// Rows interleaved in groups for the SIMD kernels (see [`crate::packed`]).
@@ -47,18 +48,18 @@ enum Storage {
 /// A weight matrix in one of the GGUF formats.
 #[derive(Clone, Debug)]
 pub struct QMatrix {
-    ty: GgmlType,
-    rows: usize,
+    pub(crate) ty: GgmlType,
+    pub(crate) rows: usize,
     /// The row count of the whole tensor this matrix was cut from: llama.cpp picks its kernel
     /// (and with it the float order strata must follow) by the tensor's row count, so a slice
     /// keeps its tensor's order.
-    order_rows: usize,
+    pub(crate) order_rows: usize,
     /// Whether llama.cpp may repack this matrix (every 2-D weight; not the per-head slices of a
     /// 3-D tensor multiplied by `ggml_mul_mat`, such as DeepSeek's `attn_k_b`).
-    repackable: bool,
-    cols: usize,
-    row_bytes: usize,
-    data: Storage,
+    pub(crate) repackable: bool,
+    pub(crate) cols: usize,
+    pub(crate) row_bytes: usize,
+    pub(crate) data: Storage,
 }
 
 impl QMatrix {
@@ -183,198 +184,6 @@ impl QMatrix {
     }
 }
 
-/// Activations converted for a product with a given weight format; reused across calls so the
-/// hot path does not allocate once it has seen its largest batch.
-///
-/// Besides the blocks in ggml's layout, it keeps side arrays the SIMD kernels read instead of
-/// re-deriving them for every weight row: block scales as f32, Q8_1 block sums as f32, and for
-/// Q4_0 weights eight times the sum of each group of four quants.
-#[derive(Debug, Default)]
-pub struct QuantActs {
-    ty: Option<GgmlType>,
-    weight_ty: Option<GgmlType>,
-    n: usize,
-    cols: usize,
-    row_bytes: usize,
-    buf: Vec<u8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    ys: Vec<i32>,
-    /// Q8_K rows interleaved by eight tokens for the K-quant tile kernels (batches of
-    /// [`KTILE_MIN_BATCH`] or more on AVX2), else empty.
-    tiles: Vec<u8>,
-    /// The batch whose float order the products follow, if not these rows' own: its size and
-    /// the index of row 0 in it (see [`QuantActs::as_rows_of`]).
-    order: Option<(usize, usize)>,
-    /// Whether every row is computed in the order of a batch of one (kept across
-    /// [`QuantActs::quantize`] calls; see [`QuantActs::set_rows_independent`]).
-    independent: bool,
-    /// Products for llama.cpp's `mul_mat_id` (see [`QuantActs::set_mul_mat_id`]).
-    mul_mat_id: bool,
-    /// BF16 / F16 rows widened to f32 for the half-precision tile path (batches of
-    /// `HALF_TILE.1` or more on AVX2), else empty.
-    wide: Vec<f32>,
-}
-
-impl QuantActs {
-    /// An empty buffer.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Converts `n` rows of `cols` activations (`x.len() >= n * cols`) for weights of
-    /// `weight_ty`.
-    pub fn quantize(&mut self, weight_ty: GgmlType, x: &[f32], n: usize, cols: usize) {
-        let act = act_type(weight_ty);
-        let row_bytes = act.row_bytes(cols).unwrap_or(0);
-        let need = n * row_bytes;
-        if self.buf.len() < need {
-            self.buf.resize(need, 0);
-        }
-        let blocked = matches!(act, GgmlType::Q8_0 | GgmlType::Q8_1);
-        let nb = if blocked { cols / QK } else { 0 };
-        if blocked && self.d.len() < n * nb {
-            self.d.resize(n * nb, 0.0);
-            self.s.resize(n * nb, 0.0);
-        }
-        let want_ys = needs_ys(weight_ty);
-        if want_ys && self.ys.len() < n * nb * 8 {
-            self.ys.resize(n * nb * 8, 0);
-        }
-        for (t, (xr, out)) in x
-            .chunks_exact(cols)
-            .zip(self.buf.chunks_exact_mut(row_bytes))
-            .take(n)
-            .enumerate()
-        {
-            match act {
-                GgmlType::Q8_0 | GgmlType::Q8_1 => {
-                    let sides = crate::formats::Q8Sides {
-                        d: &mut self.d[t * nb..(t + 1) * nb],
-                        s: &mut self.s[t * nb..(t + 1) * nb],
-                        ys: if want_ys {
-                            Some(&mut self.ys[t * nb * 8..(t + 1) * nb * 8])
-                        } else {
-                            None
-                        },
-                        ys_scale: if weight_ty == GgmlType::Q5_0 { 16 } else { 8 },
-                    };
-                    crate::formats::quantize_row_q8(act == GgmlType::Q8_1, xr, out, sides);
-                }
-                _ => quantize_act_row(act, xr, out),
-            }
-        }
-        self.tiles.clear();
-        self.order = None;
-        if act == GgmlType::Q8K && n >= KTILE_MIN_BATCH && ktiles_enabled() {
-            crate::kquants::interleave_q8k(
-                &self.buf,
-                row_bytes,
-                n,
-                cols / crate::kquants::QK_K,
-                &mut self.tiles,
-            );
-        }
-        self.wide.clear();
-        // Only the tile path reads them: not `mul_mat_id` products, nor rows in one-token order
-        // (batched decoding), which go one dot at a time.
-        #[cfg(target_arch = "x86_64")]
-        if matches!(act, GgmlType::BF16 | GgmlType::F16)
-            && n >= HALF_TILE.1
-            && !self.mul_mat_id
-            && !self.independent
-            && crate::isa().avx2
-        {
-            self.wide.resize(n * cols, 0.0);
-            for (src, dst) in self
-                .buf
-                .chunks_exact(row_bytes)
-                .zip(self.wide.chunks_exact_mut(cols))
-            {
-                // SAFETY: `isa().avx2` implies AVX2 and F16C.
-                unsafe {
-                    if act == GgmlType::BF16 {
-                        crate::x86_rowdot::widen_half::<true>(src, dst)
-                    } else {
-                        crate::x86_rowdot::widen_half::<false>(src, dst)
-                    }
-                }
-            }
-        }
-        self.ty = Some(act);
-        self.weight_ty = Some(weight_ty);
-        self.n = n;
-        self.cols = cols;
-        self.row_bytes = row_bytes;
-    }
-
-    /// Makes the products of these rows follow the float order llama.cpp uses for them inside a
-    /// batch of `batch` tokens of which they are the rows from `first` on. llama.cpp projects a
-    /// prompt's attention output through the output matrix for every token and keeps the last
-    /// row after that; strata projects only the last row, so it must pick the kernel order the
-    /// whole batch would get. Reset by the next [`QuantActs::quantize`].
-    pub fn as_rows_of(&mut self, batch: usize, first: usize) {
-        self.order = (batch != self.n || first != 0).then_some((batch, first));
-    }
-
-    /// Makes every row's products follow the order of a one-token batch, until switched off:
-    /// batched decoding of independent sequences must give each sequence the bits it would get
-    /// alone. Unlike [`QuantActs::as_rows_of`], this persists across quantisations.
-    pub fn set_rows_independent(&mut self, on: bool) {
-        self.independent = on;
-    }
-
-    /// Whether products with these activations stand for llama.cpp's `mul_mat_id` (a mixture
-    /// of experts' expert matrices): it never sends them through tinyBLAS, so BF16, F16, F32
-    /// and IQ4_NL keep `vec_dot`'s order at every batch size, and it runs the experts it
-    /// repacks one token at a time (Q4_K never takes the four-token kernel's order). Stays set
-    /// across [`QuantActs::quantize`] calls.
-    pub fn set_mul_mat_id(&mut self, on: bool) {
-        self.mul_mat_id = on;
-    }
-
-    /// The batch whose float order these rows' products follow and the index of row 0 in it.
-    fn order_batch(&self) -> (usize, usize) {
-        if self.independent {
-            (1, 0)
-        } else {
-            self.order.unwrap_or((self.n, 0))
-        }
-    }
-
-    /// Number of activation rows (tokens).
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn simd_row(&self, t: usize) -> crate::x86::ActRow {
-        let nb = self.cols / QK;
-        let qoff = if self.ty == Some(GgmlType::Q8_1) {
-            4
-        } else {
-            2
-        };
-        let ys = if self.weight_ty.is_some_and(needs_ys) {
-            self.ys[t * nb * 8..].as_ptr()
-        } else {
-            std::ptr::null()
-        };
-        crate::x86::ActRow {
-            q: self.buf[t * self.row_bytes + qoff..].as_ptr(),
-            stride: self.row_bytes / nb.max(1),
-            d: self.d[t * nb..].as_ptr(),
-            s: self.s[t * nb..].as_ptr(),
-            ys,
-        }
-    }
-}
-
-/// Whether packed weights of `ty` read the activation quant sums (their codes are offset).
-fn needs_ys(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
-}
-
 /// Fewest groups of four rows a thread claims at a time.
 const MIN_GROUP_CHUNK: usize = 4;
 /// Chunks per thread a matrix is cut into (dynamic claiming absorbs uneven progress).
@@ -386,7 +195,7 @@ const TOKEN_BLOCK: usize = 64;
 
 /// A raw output pointer that threads write disjoint elements through.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: each thread writes only the rows of the chunks it claimed from an atomic counter, so no
 // two threads write the same element.
 unsafe impl Send for OutPtr {}
@@ -394,7 +203,7 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// Taking `self` makes closures capture the whole wrapper (which is `Sync`), not the field.
-    fn ptr(self) -> *mut f32 {
+    pub(crate) fn ptr(self) -> *mut f32 {
         self.0
     }
 }
@@ -404,6 +213,9 @@ impl OutPtr {
 /// `acts` must have been quantised for `w`'s format and `w.cols()` columns; `out` must hold
 /// `acts.n() * w.rows()` floats.
 pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32]) {
+    if acts.flavour.arm() {
+        return crate::matmul_arm::matmul(pool, w, acts, out);
+    }
     let n = acts.n;
     check_shapes(w, acts, out);
     let optr = OutPtr(out.as_mut_ptr());
@@ -470,7 +282,7 @@ pub fn matmul(pool: &ThreadPool, w: &QMatrix, acts: &QuantActs, out: &mut [f32])
 /// Rows times tokens of a BF16 / F16 tile (12 accumulators and 4 row vectors in the 16 AVX2
 /// registers).
 #[cfg(target_arch = "x86_64")]
-const HALF_TILE: (usize, usize) = (4, 3);
+pub(crate) const HALF_TILE: (usize, usize) = (4, 3);
 
 /// Whether the product of a BF16 / F16 `w` with `acts` goes through [`matmul_half_tiles`]: it
 /// is in tinyBLAS's order (so the tile kernel's bits are the row-by-row ones), on AVX2.
@@ -555,7 +367,7 @@ fn matmul_half_tiles(pool: &ThreadPool, w: &QMatrix, bytes: &[u8], acts: &QuantA
 }
 
 /// Smallest batch the K-quant tile kernels take (smaller ones go row by row, token by token).
-const KTILE_MIN_BATCH: usize = 4;
+pub(crate) const KTILE_MIN_BATCH: usize = 4;
 /// Smallest batch of Q6_K products the tile kernels take (below it, the half-empty group costs
 /// more than it saves).
 const KTILE_MIN_Q6_K: usize = 6;
@@ -568,7 +380,7 @@ const KTILE_GROUPS: usize = 4;
 
 /// Whether the K-quant tile kernels may run: AVX2, unless `STRATA_NO_KTILES` is set (to time or
 /// check the row-by-row path).
-fn ktiles_enabled() -> bool {
+pub(crate) fn ktiles_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         cfg!(target_arch = "x86_64")
@@ -941,7 +753,11 @@ pub fn matmul_multi(pool: &ThreadPool, acts: &QuantActs, parts: &mut [(&QMatrix,
     let all_packed = parts
         .iter()
         .all(|(w, _)| w.is_packed() && w.ty == parts[0].0.ty);
-    if !all_packed || parts.len() > MAX_FUSED || acts.ty != Some(act_type(parts[0].0.ty)) {
+    if !all_packed
+        || acts.flavour.arm()
+        || parts.len() > MAX_FUSED
+        || acts.ty != Some(act_type(parts[0].0.ty))
+    {
         for (w, out) in parts.iter_mut() {
             matmul(pool, w, acts, out);
         }
@@ -969,7 +785,7 @@ pub fn matmul_multi(pool: &ThreadPool, acts: &QuantActs, parts: &mut [(&QMatrix,
 /// Most products [`matmul_multi`] fuses into one parallel region.
 const MAX_FUSED: usize = 4;
 
-fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
+pub(crate) fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
     assert_eq!(
         acts.ty,
         Some(act_type(w.ty)),
@@ -981,15 +797,4 @@ fn check_shapes(w: &QMatrix, acts: &QuantActs, out: &[f32]) {
         !needs_ys(w.ty) || !w.is_packed() || acts.weight_ty == Some(w.ty),
         "packed Q4_0 / Q5_0 weights need activations quantised for their own format"
     );
-}
-
-#[cfg(test)]
-impl QuantActs {
-    pub(crate) fn buf_for_test(&self) -> &[u8] {
-        &self.buf
-    }
-
-    pub(crate) fn has_tiles(&self) -> bool {
-        !self.tiles.is_empty()
-    }
 }

@@ -152,6 +152,19 @@ pub fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     rope_impl(x, cos, sin)
 }
 
+/// [`rope_apply`] as llama.cpp's aarch64 build computes it: GCC vectorises its loop over
+/// adjacent pairs four pairs at a time there and contracts `x0*cos - x1*sin` the other way
+/// round (`x0*cos` rounded, `x1*sin` fused); the pairs past the last four keep the scalar form.
+pub fn rope_apply_neon(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let whole = cos.len() / 4 * 4;
+    for (pair, (&c, &s)) in x.chunks_exact_mut(2).zip(cos.iter().zip(sin)).take(whole) {
+        let (x0, x1) = (pair[0], pair[1]);
+        pair[0] = (-x1).mul_add(s, x0 * c);
+        pair[1] = x0.mul_add(s, x1 * c);
+    }
+    rope_impl(&mut x[2 * whole..], &cos[whole..], &sin[whole..]);
+}
+
 /// Rotates NEOX-style halves `(x[i], x[i + n/2])` (used by some architectures, e.g. Gemma),
 /// with the same fused multiply-adds as [`rope_apply`].
 pub fn rope_apply_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
@@ -310,7 +323,8 @@ pub fn ggml_expf_avx2(x: f32) -> f32 {
 fn expf_of(flavour: Flavour, x: f32) -> f32 {
     match flavour {
         Flavour::Avx512 => ggml_expf(x),
-        Flavour::Avx2 => ggml_expf_avx2(x),
+        // The NEON `ggml_v_expf` is the AVX2 one operation for operation.
+        Flavour::Avx2 | Flavour::Neon => ggml_expf_avx2(x),
     }
 }
 
@@ -324,8 +338,9 @@ fn softmax_impl(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
     for v in x.iter_mut() {
         *v = expf_of(flavour, *v - max);
     }
-    // ggml sums a vector of exponentials at a time in f32 (16 with AVX-512, 8 with AVX2; its
-    // rows are padded with zeros to a multiple of that), then adds the block sums in f64.
+    // ggml sums a vector of exponentials at a time in f32 (16 with AVX-512, 8 with AVX2, 4 with
+    // NEON; its rows are padded with zeros to a multiple of that), then adds the block sums in
+    // f64.
     match flavour {
         Flavour::Avx512 => {
             let mut block = [0.0f32; 16];
@@ -341,6 +356,14 @@ fn softmax_impl(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
                 block.fill(0.0);
                 block[..chunk.len()].copy_from_slice(chunk);
                 sum += f64::from(crate::dot::hsum8(&block));
+            }
+        }
+        Flavour::Neon => {
+            let mut block = [0.0f32; 4];
+            for chunk in x.chunks(4) {
+                block.fill(0.0);
+                block[..chunk.len()].copy_from_slice(chunk);
+                sum += f64::from(crate::arm::hsum4(&block));
             }
         }
     }
@@ -378,6 +401,7 @@ pub fn softmax(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::softmax(x, sink),
                 Flavour::Avx2 => crate::x86_ops::softmax_avx2(x, sink),
+                Flavour::Neon => softmax_ref(x, sink, flavour),
             }
         };
     }
@@ -394,6 +418,7 @@ pub fn softmax_op(x: &mut [f32], flavour: Flavour) {
     let width = match flavour {
         Flavour::Avx512 => 16,
         Flavour::Avx2 => 8,
+        Flavour::Neon => 4,
     };
     let whole = x.len() / width * width;
     let mut sum = 0.0f64;
@@ -407,6 +432,11 @@ pub fn softmax_op(x: &mut [f32], flavour: Flavour) {
                 let mut b = [0.0f32; 8];
                 b.copy_from_slice(chunk);
                 crate::dot::hsum8(&b)
+            }
+            Flavour::Neon => {
+                let mut b = [0.0f32; 4];
+                b.copy_from_slice(chunk);
+                crate::arm::hsum4(&b)
             }
         });
     }
@@ -460,6 +490,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], flavour: Flavour) {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::swiglu(gate, up),
                 Flavour::Avx2 => crate::x86_ops::swiglu_avx2(gate, up),
+                Flavour::Neon => swiglu_ref(gate, up, flavour),
             }
         };
     }

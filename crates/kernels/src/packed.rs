@@ -144,8 +144,8 @@ pub(crate) fn pack(ty: GgmlType, plain: &[u8], rows: usize, nb: usize) -> Vec<u8
     out
 }
 
-/// Restores row `r` in the file layout: the inverse the packing tests check against.
-#[cfg(test)]
+/// Restores row `r` in the file layout: the inverse the packing tests check against, and how
+/// an ARM flavour's products read a matrix packed for the x86 kernels.
 pub(crate) fn unpack_row(ty: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut [u8]) {
     let gbb = group_block_bytes(ty);
     let bb = ty.block_bytes();

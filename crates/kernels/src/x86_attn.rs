@@ -301,5 +301,8 @@ where
         DotOrder::Batch => dots_batch::<V16, I>(g, d, runs),
         DotOrder::Single8 => dots_single::<__m256, I>(g, d, runs),
         DotOrder::Single => dots_single::<V16, I>(g, d, runs),
+        DotOrder::Neon | DotOrder::NeonBatch => {
+            unreachable!("grouped_simd takes no ARM order")
+        }
     }
 }

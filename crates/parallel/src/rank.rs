@@ -45,26 +45,20 @@ pub struct Assignment {
     pub n_ctx: usize,
     /// Sequences that may be in flight at once (KV cache slots).
     pub max_seqs: usize,
-    /// Which llama.cpp build's arithmetic to reproduce (`avx512` or `avx2`).
+    /// Which llama.cpp build's arithmetic to reproduce (`avx512`, `avx2` or `neon`).
     pub numerics: String,
 }
 
 impl Assignment {
     fn flavour(&self) -> Result<Flavour> {
-        match self.numerics.as_str() {
-            "avx512" => Ok(Flavour::Avx512),
-            "avx2" => Ok(Flavour::Avx2),
-            other => Err(Error::Protocol(format!("unknown numerics {other:?}"))),
-        }
+        Flavour::from_name(&self.numerics)
+            .ok_or_else(|| Error::Protocol(format!("unknown numerics {:?}", self.numerics)))
     }
 }
 
 /// The name of a flavour in an [`Assignment`].
 pub fn numerics_name(f: Flavour) -> &'static str {
-    match f {
-        Flavour::Avx512 => "avx512",
-        Flavour::Avx2 => "avx2",
-    }
+    f.name()
 }
 
 /// The engine's view of a tensor-parallel group: collectives over the group's links.

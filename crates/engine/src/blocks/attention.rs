@@ -175,12 +175,14 @@ impl Blocks<'_, '_> {
         let gl = self.spec.layers.start + li;
         let table = if cfg.is_swa(gl) { n } else { 0 };
         let use_rope = cfg.uses_rope(gl);
+        let flavour = self.flavour;
         let rope = |x: &mut [f32], c: &[f32], sn: &[f32]| {
             if use_rope {
-                rotate(cfg, x, c, sn);
+                rotate(cfg, flavour, x, c, sn);
             }
         };
         let rows = self.rows;
+        let rounds = self.order.scores().rounds_operand();
         for t in 0..n {
             let at = (table + t) * half;
             let (c, sn) = (&s.rope_cos[at..at + half], &s.rope_sin[at..at + half]);
@@ -197,7 +199,11 @@ impl Blocks<'_, '_> {
                 if let Some(f) = temperature {
                     ops::scale(q, f);
                 }
-                ops::round_f16_slice(q);
+                // llama.cpp converts the queries to the f16 of the cache, except where its
+                // aarch64 tinyBLAS takes them as f32 (a batch).
+                if rounds {
+                    ops::round_f16_slice(q);
+                }
             }
             for h in 0..n_kv {
                 let k = &mut s.k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
@@ -346,7 +352,7 @@ impl Blocks<'_, '_> {
             for (pos, keys) in cache.key_runs(li, kvh, first, len) {
                 let n = keys.len() / hd;
                 let out = &mut sc[pos..];
-                attn::scores_grouped(order, qg, hd, keys, n, scale, out, stride);
+                attn::scores_grouped(order.scores(), qg, hd, keys, n, scale, out, stride);
             }
             let sc = &mut sc[first..];
             for (i, row) in sc.chunks_mut(stride).take(g).enumerate() {
@@ -358,8 +364,11 @@ impl Blocks<'_, '_> {
                 mask_window(&mut row[..len], first, query_pos, window);
                 let sink = sinks.map(|k| k[job.q0 + h0 + i]);
                 ops::softmax(&mut row[..len], sink, flavour);
-                // llama.cpp converts the probabilities to f16 before the product with V.
-                ops::round_f16_slice(&mut row[..len]);
+                // llama.cpp converts the probabilities to f16 before the product with V
+                // (except where its aarch64 tinyBLAS takes them as f32).
+                if order.rounds_operand() {
+                    ops::round_f16_slice(&mut row[..len]);
+                }
                 // Padded positions weigh nothing.
                 row[len..].fill(0.0);
             }

@@ -59,6 +59,8 @@ impl Blocks<'_, '_> {
         s.acts.quantize(m.kv_a.ggml_type(), xn, n, e);
         mm(pool, &m.kv_a, &s.acts, &mut s.k);
         let rows = self.rows;
+        let rounds = self.order.scores().rounds_operand();
+        let flavour = self.flavour;
         for t in 0..n {
             let (c, sn) = (
                 &s.rope_cos[t * half..(t + 1) * half],
@@ -66,7 +68,7 @@ impl Blocks<'_, '_> {
             );
             let k = &mut s.k[t * kw..(t + 1) * kw];
             ops::rms_norm_in_place(&mut k[..kl], &m.kv_a_norm, cfg.rms_eps);
-            rotate(cfg, &mut k[kl..], c, sn);
+            rotate(cfg, flavour, &mut k[kl..], c, sn);
             let (k, v) = (&s.k[t * kw..(t + 1) * kw], &s.k[t * kw..t * kw + kl]);
             self.caches
                 .get_mut(rows.seq[t])
@@ -98,8 +100,10 @@ impl Blocks<'_, '_> {
                 let src = (t * n_q + h) * qh + nope;
                 let dst = &mut s.q[(t * n_q + h) * kw..(t * n_q + h + 1) * kw];
                 dst[kl..].copy_from_slice(&s.up[src..src + rope]);
-                rotate(cfg, &mut dst[kl..], c, sn);
-                ops::round_f16_slice(dst);
+                rotate(cfg, flavour, &mut dst[kl..], c, sn);
+                if rounds {
+                    ops::round_f16_slice(dst);
+                }
             }
         }
 

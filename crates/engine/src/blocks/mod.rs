@@ -57,9 +57,11 @@ pub(crate) struct Blocks<'a, 'c> {
 }
 
 /// RoPE with the family's pairing (halves, or adjacent elements) and the step's tables.
-fn rotate(cfg: &ModelConfig, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+fn rotate(cfg: &ModelConfig, flavour: Flavour, x: &mut [f32], cos: &[f32], sin: &[f32]) {
     if cfg.rope_neox {
         ops::rope_apply_neox(x, cos, sin);
+    } else if flavour.arm() {
+        ops::rope_apply_neon(x, cos, sin);
     } else {
         ops::rope_apply(x, cos, sin);
     }
@@ -106,6 +108,7 @@ impl<'a, 'c> Blocks<'a, 'c> {
         order: attn::DotOrder,
         comm: &'a mut dyn Collective,
     ) -> Self {
+        s.acts.set_flavour(model.flavour());
         Blocks {
             cfg: model.config(),
             spec: model.spec(),

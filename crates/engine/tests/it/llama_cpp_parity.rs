@@ -21,6 +21,18 @@ fn smollm2_matches_an_avx2_build_of_llama_cpp_too() {
     check_against_llama_cpp_fixture("smollm2-135m-instruct", "smollm2-135m-instruct-avx2", 1e-3);
 }
 
+#[test]
+fn smollm2_matches_an_aarch64_neon_build_of_llama_cpp() {
+    // llama.cpp's aarch64 build for plain NEON (`-march=armv8-a`, run under qemu): other
+    // integer lane groupings and float orders in every product, other activation rounding,
+    // tinyBLAS with f32 queries for batches. strata reproduces it on any CPU.
+    check_against_llama_cpp_fixture(
+        "smollm2-135m-instruct",
+        "smollm2-135m-instruct-aarch64-neon",
+        1e-3,
+    );
+}
+
 fn model_path(id: &str) -> PathBuf {
     strata_store::Store::from_env()
         .expect("model store")
@@ -290,6 +302,7 @@ fn check_model_against(path: &std::path::Path, id: &str, fx: &Value, logit_toler
     // Reproduce the llama.cpp build that made the reference (AVX-512 or AVX2 sums).
     g.set_flavour(match fx["simd"].as_str() {
         Some("avx2") => Flavour::Avx2,
+        Some("aarch64-neon") => Flavour::Neon,
         _ => Flavour::Avx512,
     });
     // Tokens come from the loop `strata run` uses, on a one-slot batch of the same model.

@@ -1,0 +1,410 @@
+//! llama.cpp's aarch64 arithmetic, in portable code: the orders its NEON build (GCC,
+//! `-march=armv8-a`, `-std=gnu11`, so multiplies and adds fuse where the C source writes them
+//! together) sums one-row dot products in. These are the definitions the NEON kernels
+//! (`aarch64`) must match bit for bit, and they run on any CPU, so x86 tests check them against
+//! llama.cpp's own aarch64 results (`fixtures/quant/dots-aarch64-neon.json`) too.
+//!
+//! What differs from the x86 orders ([`crate::dot`]):
+//! - **activations**: `quantize_row_q8_0` / `q8_1` scale by `1 / d` with `d = amax / 127`
+//!   (x86: `127 / amax`), which rounds differently ([`quantize_row_q8`]);
+//! - **the 32-element formats** take blocks in pairs into two 4-lane accumulators; each lane is
+//!   an exact integer sum (without dotprod, `ggml_vdotq_s32` pairs products `2l, 2l + 1` of each
+//!   half vector with `2l + 8, 2l + 9`), converted, multiplied by `d_w * d_a` and added
+//!   *unfused* (GCC keeps `vmlaq_n_f32` a multiply then an add); an odd last block is added in
+//!   scalar code;
+//! - **the K formats and IQ4_XS** sum each super-block to one exact integer first, then add it
+//!   scaled with one fused multiply-add;
+//! - **F32 and F16** use four 4-lane accumulators over 16-element steps; BF16 has no NEON path
+//!   and sums in f64 element by element.
+
+use strata_gguf::GgmlType;
+
+use crate::formats::{QK, block_codes, rd_f16};
+use crate::kformats::{KBlock, decode, min_sum, q8k_bsum, q8k_d};
+use crate::kquants::{Q6_K_BYTES, Q8_K_BYTES, QK_K, q6k_code, q6k_scale};
+
+/// Which integer lane grouping the build's `ggml_vdotq_s32` has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lanes {
+    /// No dotprod: `vmull_s8` pairs, lane `l` = products `2l, 2l + 1, 2l + 8, 2l + 9`.
+    Neon,
+    /// `sdot`: lane `l` = products `4l..4l + 4`.
+    #[allow(dead_code)]
+    Dotprod,
+}
+
+/// `vaddvq_f32`: pairwise, `(a0 + a1) + (a2 + a3)`.
+#[inline(always)]
+pub(crate) fn hsum4(a: &[f32; 4]) -> f32 {
+    (a[0] + a[1]) + (a[2] + a[3])
+}
+
+/// Dot product of `n` elements: weight row `w` in format `ty`, activation row `a` in
+/// [`crate::formats::act_type`]`(ty)` (quantised by [`quantize_row_q8`] for Q8_0 / Q8_1), in the
+/// order of llama.cpp's aarch64 `vec_dot` for the format.
+pub(crate) fn dot(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    match ty {
+        GgmlType::F32 => dot_f32(w, a, n),
+        GgmlType::F16 => dot_f16(w, a, n),
+        GgmlType::BF16 => dot_bf16(w, a, n),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            dot_legacy(lanes, ty, w, a, n)
+        }
+        GgmlType::IQ4NL | GgmlType::MXFP4 => dot_lut(ty, w, a, n),
+        GgmlType::Q6K => dot_q6_k(w, a, n),
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS => {
+            dot_k(ty, w, a, n)
+        }
+        _ => f32::NAN,
+    }
+}
+
+#[inline(always)]
+fn f32_at(row: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+}
+
+#[inline(always)]
+fn f16_at(row: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32()
+}
+
+/// `ggml_vec_dot_f32`/`_f16`'s four 4-lane accumulators, reduced `(c0 + c2) + (c1 + c3)` lane
+/// by lane, then pairwise.
+#[inline(always)]
+fn reduce4x4(c: &[[f32; 4]; 4]) -> f32 {
+    let x: [f32; 4] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+    hsum4(&x)
+}
+
+/// F32: 16 elements a step into four fused 4-lane accumulators, then the elements past the
+/// last whole step into the reduced sum one by one, as GCC vectorises that loop: where four or
+/// more are left, multiplied four at a time unfused and added in order, the last `rem % 4`
+/// (or all of them, if fewer than four) fused.
+fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut c = [[0.0f32; 4]; 4];
+    let steps = n / 16 * 16;
+    for i in (0..steps).step_by(16) {
+        for (k, c) in c.iter_mut().enumerate() {
+            for (l, c) in c.iter_mut().enumerate() {
+                let j = i + 4 * k + l;
+                *c = f32_at(w, j).mul_add(f32_at(a, j), *c);
+            }
+        }
+    }
+    let mut sum = reduce4x4(&c);
+    let rem = n - steps;
+    let unfused = if rem >= 4 { rem / 4 * 4 } else { 0 };
+    for j in steps..steps + unfused {
+        sum += f32_at(w, j) * f32_at(a, j);
+    }
+    for j in steps + unfused..n {
+        sum = f32_at(w, j).mul_add(f32_at(a, j), sum);
+    }
+    sum
+}
+
+/// F16 without half-precision arithmetic: as [`dot_f32`] on the widened values (their products
+/// are exact, so fusing changes nothing), the leftover elements added in f64.
+fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut c = [[0.0f32; 4]; 4];
+    let steps = n / 16 * 16;
+    for i in (0..steps).step_by(16) {
+        for (k, c) in c.iter_mut().enumerate() {
+            for (l, c) in c.iter_mut().enumerate() {
+                let j = i + 4 * k + l;
+                *c += f16_at(w, j) * f16_at(a, j);
+            }
+        }
+    }
+    let mut sum = f64::from(reduce4x4(&c));
+    for j in steps..n {
+        sum += f64::from(f16_at(w, j) * f16_at(a, j));
+    }
+    sum as f32
+}
+
+/// BF16: every (exact) product added in f64, in element order.
+fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let at = |row: &[u8], i: usize| {
+        crate::formats::bf16_to_f32(u16::from_le_bytes([row[2 * i], row[2 * i + 1]]))
+    };
+    let mut sum = 0.0f64;
+    for j in 0..n {
+        sum += f64::from(at(w, j) * at(a, j));
+    }
+    sum as f32
+}
+
+/// llama.cpp's aarch64 tinyBLAS for F16 or F32 weights times a batch (`a`: the f32 activations
+/// themselves, not their f16 conversion): one fused 4-lane accumulator over 4-element steps,
+/// reduced pairwise (`n` a multiple of 4, which tinyBLAS requires).
+pub(crate) fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[f32], n: usize) -> f32 {
+    let at = |i: usize| {
+        if ty == GgmlType::F16 {
+            f16_at(w, i)
+        } else {
+            f32_at(w, i)
+        }
+    };
+    let mut acc = [0.0f32; 4];
+    for i in (0..n / 4 * 4).step_by(4) {
+        for (l, acc) in acc.iter_mut().enumerate() {
+            *acc = at(i + l).mul_add(a[i + l], *acc);
+        }
+    }
+    hsum4(&acc)
+}
+
+/// The four integer lanes of one 32-element block: `vdot(lo 16) + vdot(hi 16)`.
+#[inline(always)]
+pub(crate) fn block_lanes(lanes: Lanes, codes: &[i8; QK], y: &[u8]) -> [i32; 4] {
+    let p = |i: usize| i32::from(codes[i]) * i32::from(y[i] as i8);
+    std::array::from_fn(|l| match lanes {
+        Lanes::Neon => {
+            let half = |h: usize| {
+                let b = 16 * h;
+                (p(b + 2 * l) + p(b + 2 * l + 1)) + (p(b + 8 + 2 * l) + p(b + 9 + 2 * l))
+            };
+            half(0) + half(1)
+        }
+        Lanes::Dotprod => (0..2)
+            .map(|h| (0..4).map(|k| p(16 * h + 4 * l + k)).sum::<i32>())
+            .sum(),
+    })
+}
+
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: blocks in pairs into two 4-lane accumulators (unfused),
+/// the minimum terms of Q4_1 / Q5_1 beside them, an odd last block in scalar code.
+fn dot_legacy(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let q81 = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    let (ab, qoff) = if q81 { (36, 4) } else { (34, 2) };
+    let wb = ty.block_bytes();
+    let nb = n / QK;
+    let mut acc = [[0.0f32; 4]; 2];
+    // Q4_1 keeps one sum of minimum terms, Q5_1 one per accumulator.
+    let mut summs = [0.0f32; 2];
+    let mut codes = [0i8; QK];
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let mut ms = [0.0f32; 2];
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let (xb, yb) = (&w[(ib + k) * wb..], &a[(ib + k) * ab..]);
+            let (dx, m) = block_codes(ty, xb, &mut codes);
+            let dd = dx * rd_f16(yb, 0);
+            let s = block_lanes(lanes, &codes, &yb[qoff..]);
+            for (acc, s) in acc.iter_mut().zip(s) {
+                *acc += s as f32 * dd;
+            }
+            if q81 {
+                ms[k] = m;
+                if ty == GgmlType::Q5_1 {
+                    summs[k] = m.mul_add(rd_f16(yb, 2), summs[k]);
+                }
+            }
+        }
+        if ty == GgmlType::Q4_1 {
+            // `summs += m0 * s0 + m1 * s1`: GCC fuses the first product.
+            let (s0, s1) = (rd_f16(&a[ib * ab..], 2), rd_f16(&a[(ib + 1) * ab..], 2));
+            summs[0] += ms[0].mul_add(s0, ms[1] * s1);
+        }
+        ib += 2;
+    }
+    let mut sum = hsum4(&acc[0]) + hsum4(&acc[1]);
+    if q81 {
+        sum = sum + summs[0] + summs[1];
+    }
+    for ib in ib..nb {
+        let (xb, yb) = (&w[ib * wb..], &a[ib * ab..]);
+        let (dx, m) = block_codes(ty, xb, &mut codes);
+        let dy = rd_f16(yb, 0);
+        let si: i32 = block_lanes(lanes, &codes, &yb[qoff..]).iter().sum();
+        let si = si as f32;
+        sum = match ty {
+            // `sumf += sumi * d_x * d_y`.
+            GgmlType::Q4_0 => (si * dx).mul_add(dy, sum),
+            // `sumf += (d_x * d_y) * sumi + m * s`.
+            GgmlType::Q4_1 | GgmlType::Q5_1 => sum + (dx * dy).mul_add(si, m * rd_f16(yb, 2)),
+            // `sumf += (d_x * d_y) * sumi` (Q8_0: `sumi * (d_x * d_y)`).
+            _ => (dx * dy).mul_add(si, sum),
+        };
+    }
+    sum
+}
+
+/// IQ4_NL and MXFP4: blocks in pairs, each pair's two scaled integer sums added together (the
+/// first product fused) before they join the sum; an odd last block added fused.
+fn dot_lut(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let wb = ty.block_bytes();
+    let nb = n / QK;
+    let mut codes = [0i8; QK];
+    let mut block = |ib: usize| {
+        let (xb, yb) = (&w[ib * wb..], &a[ib * 34..]);
+        let (dx, _) = block_codes(ty, xb, &mut codes);
+        let s: i32 = block_lanes(Lanes::Dotprod, &codes, &yb[2..]).iter().sum();
+        (dx, rd_f16(yb, 0), s as f32)
+    };
+    let mut sum = 0.0f32;
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let (x0, y0, s0) = block(ib);
+        let (x1, y1, s1) = block(ib + 1);
+        sum += (x0 * y0).mul_add(s0, (x1 * y1) * s1);
+        ib += 2;
+    }
+    for ib in ib..nb {
+        let (dx, dy, s) = block(ib);
+        sum = (dy * dx).mul_add(s, sum);
+    }
+    sum
+}
+
+/// Q2_K, Q3_K, Q4_K, Q5_K and IQ4_XS: each super-block's exact integer sums, then one or two
+/// fused steps in the format's own arrangement.
+fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let bb = ty.block_bytes();
+    let mut blk = KBlock::default();
+    let mut sum = 0.0f32;
+    for (x, y) in w
+        .chunks_exact(bb)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        decode(ty, x, &mut blk);
+        let yd = q8k_d(y);
+        let s = crate::kformats::block_dot(&blk, y) as f32;
+        match ty {
+            GgmlType::Q2K => {
+                let mins: i32 = (0..16).map(|k| blk.mins[k] * q8k_bsum(y, k)).sum();
+                sum = (-yd * blk.dmin).mul_add(mins as f32, sum);
+                sum = (yd * blk.d).mul_add(s, sum);
+            }
+            GgmlType::Q4K => {
+                let mins = min_sum(&blk, y) as f32;
+                sum = (-(yd * blk.dmin)).mul_add(mins, sum);
+                sum = (yd * blk.d).mul_add(s, sum);
+            }
+            GgmlType::Q5K => {
+                // `sumf += d * sumi - dmin * sumi_mins`: the first product fused.
+                let mins = min_sum(&blk, y) as f32;
+                sum += (yd * blk.d).mul_add(s, -((yd * blk.dmin) * mins));
+            }
+            // Q3_K: `d = y.d * x.d`; IQ4_XS: `x.d * y.d`.
+            GgmlType::Q3K => sum = (yd * blk.d).mul_add(s, sum),
+            _ => sum = (blk.d * yd).mul_add(s, sum),
+        }
+    }
+    sum
+}
+
+/// Q6_K: the super-block's exact integer sum (codes less 32), times `d_w * d_a`, fused.
+fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for (x, y) in w
+        .chunks_exact(Q6_K_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+        .take(n / QK_K)
+    {
+        let mut total = 0i32;
+        for sb in 0..16 {
+            let s: i32 = (16 * sb..16 * (sb + 1))
+                .map(|e| (q6k_code(x, e) - 32) * i32::from(y[4 + e] as i8))
+                .sum();
+            total += q6k_scale(x, sb) * s;
+        }
+        sum = (rd_f16(x, 208) * q8k_d(y)).mul_add(total as f32, sum);
+    }
+    sum
+}
+
+/// Quantises `x` (a multiple of 32 long) to Q8_0 (`q81 == false`) or Q8_1 blocks as the NEON
+/// `quantize_row_q8_0` / `_q8_1` do: `d = amax / 127`, codes `round_even(v * (1 / d))`, Q8_1's
+/// sum `d * sum(codes)`.
+pub(crate) fn quantize_row_q8(q81: bool, x: &[f32], out: &mut [u8]) {
+    let bb = if q81 { 36 } else { 34 };
+    let qoff = if q81 { 4 } else { 2 };
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, &v) in ob[qoff..].iter_mut().zip(xb) {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            *o = q as i8 as u8;
+        }
+        ob[0..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+        if q81 {
+            let s = half::f16::from_f32(d * sum as f32);
+            ob[2..4].copy_from_slice(&s.to_bits().to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::formats::{act_type, quantize_act_row, quantize_weights};
+
+    /// An activation row as llama.cpp's aarch64 build converts it for weights of `ty`.
+    pub(crate) fn arm_acts(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+        let act = act_type(ty);
+        let mut out = vec![0u8; act.row_bytes(x.len()).unwrap()];
+        match act {
+            GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_row_q8(act == GgmlType::Q8_1, x, &mut out),
+            _ => quantize_act_row(act, x, &mut out),
+        }
+        out
+    }
+
+    /// Every format's one-row products equal llama.cpp's aarch64 NEON build's own `vec_dot`
+    /// bit for bit (`fixtures/quant/dots-aarch64-neon.json`, written by
+    /// `scripts/make-dot-vectors.py --aarch64 neon` under qemu).
+    #[test]
+    fn neon_orders_match_llama_cpp_aarch64() {
+        let doc: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../fixtures/quant/dots-aarch64-neon.json"
+        ))
+        .unwrap();
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for (name, cases) in doc["types"].as_object().unwrap() {
+            let ty = GgmlType::from_name(name).unwrap();
+            for c in cases.as_array().unwrap() {
+                let n = c["n"].as_u64().unwrap() as usize;
+                let row = |k: &str| crate::quantize::tests::case(c[k].as_u64().unwrap() as usize);
+                let (w, x) = (row("w"), row("a"));
+                // Rows the aarch64 quantiser rounds differently come with their bytes.
+                let wq = match doc["weights"][name.as_str()][c["w"].to_string()].as_str() {
+                    Some(hex) => {
+                        let bytes = ty.row_bytes(n).unwrap();
+                        (0..bytes)
+                            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                            .collect()
+                    }
+                    None => quantize_weights(ty, &w[..n]),
+                };
+                let a = arm_acts(ty, &x[..n]);
+                let want = c["bits"].as_u64().unwrap() as u32;
+                let got = dot(Lanes::Neon, ty, &wq, &a, n);
+                if got.to_bits() != want {
+                    wrong.push(format!(
+                        "{name} n{n} w{} a{}: {got} vs {}",
+                        c["w"],
+                        c["a"],
+                        f32::from_bits(want)
+                    ));
+                }
+                checked += 1;
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of {checked} differ:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+        assert!(checked >= 300, "{checked} cases");
+    }
+}
