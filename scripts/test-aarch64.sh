@@ -6,16 +6,19 @@
 #
 #   scripts/test-aarch64.sh            (CI runs it)
 #
-# Trimmed for emulation (each runs 20-50x slower than natively). The engine's integration suite
-# runs 8 of its llama.cpp parity tests on synthetic models (see `parity` below), on the
-# dotprod + i8mm level only: strata has no ARM kernels yet, so
-# both levels run the same portable code, which the kernel suite checks at each. Not run under
-# emulation: the parity tests on the two real models (64 tokens x 7 prompts take over 10
-# minutes each there), the other synthetic families, and the batching, prefix-cache and
-# hostile-file tests (the same arithmetic, covered natively). The engine's
-# unit test that times a real batched step is skipped (a timing under emulation means nothing),
-# and so is the sliding-window test that runs three synthetic models twice per order (window
-# bookkeeping, no arithmetic of its own).
+# Trimmed for emulation (each runs 20-50x slower than natively). The kernel suite checks the
+# NEON kernels against their portable definitions and against llama.cpp's aarch64 NEON build's
+# own products (fixtures/quant/dots-aarch64-neon.json), at both levels; both run the NEON
+# flavour (strata does not use dotprod or i8mm yet). The engine's integration suite runs 8 of
+# its llama.cpp parity tests on synthetic models (see `parity` below) in the x86 builds'
+# flavour, which strata reproduces on ARM too, on the dotprod + i8mm level only. Not run under
+# emulation: the parity tests on the two real models, x86 and aarch64 references alike (64
+# tokens x 7 prompts take over 10 minutes each there; the aarch64 ones run natively on x86 in
+# the main suite, through the portable definitions), the other synthetic families, and the
+# batching, prefix-cache and hostile-file tests (the same arithmetic, covered natively). The
+# engine's unit test that times a real batched step is skipped (a timing under emulation means
+# nothing), and so is the sliding-window test that runs three synthetic models twice per order
+# (window bookkeeping, no arithmetic of its own).
 #
 # Needs the rustup target aarch64-unknown-linux-gnu and Debian's gcc-aarch64-linux-gnu and
 # qemu-user; as root (CI) it installs what is missing.

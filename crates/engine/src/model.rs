@@ -726,7 +726,7 @@ impl Model {
                 ops::scale(&mut scratch.logits, f);
             }
             if let Some(cap) = cfg.final_softcap {
-                ops::softcap(&mut scratch.logits, cap);
+                ops::softcap(&mut scratch.logits, cap, self.flavour);
             }
         }
         Ok(())

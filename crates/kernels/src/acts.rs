@@ -83,6 +83,9 @@ impl QuantActs {
                 GgmlType::Q8_0 | GgmlType::Q8_1 if self.flavour.arm() => {
                     crate::arm::quantize_row_q8(act == GgmlType::Q8_1, xr, out);
                 }
+                GgmlType::Q8K if self.flavour.arm() => {
+                    crate::kquants::quantize_row_q8_k_as(true, xr, out);
+                }
                 GgmlType::Q8_0 | GgmlType::Q8_1 => {
                     let sides = crate::formats::Q8Sides {
                         d: &mut self.d[t * nb..(t + 1) * nb],

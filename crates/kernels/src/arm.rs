@@ -6,7 +6,8 @@
 //!
 //! What differs from the x86 orders ([`crate::dot`]):
 //! - **activations**: `quantize_row_q8_0` / `q8_1` scale by `1 / d` with `d = amax / 127`
-//!   (x86: `127 / amax`), which rounds differently ([`quantize_row_q8`]);
+//!   (x86: `127 / amax`), which rounds differently ([`quantize_row_q8`]), and Q8_K's reference
+//!   quantiser fuses `iscale * x + 12582912` (`crate::kquants::quantize_row_q8_k_as`);
 //! - **the 32-element formats** take blocks in pairs into two 4-lane accumulators; each lane is
 //!   an exact integer sum (without dotprod, `ggml_vdotq_s32` pairs products `2l, 2l + 1` of each
 //!   half vector with `2l + 8, 2l + 9`), converted, multiplied by `d_w * d_a` and added
@@ -41,8 +42,33 @@ pub(crate) fn hsum4(a: &[f32; 4]) -> f32 {
 
 /// Dot product of `n` elements: weight row `w` in format `ty`, activation row `a` in
 /// [`crate::formats::act_type`]`(ty)` (quantised by [`quantize_row_q8`] for Q8_0 / Q8_1), in the
-/// order of llama.cpp's aarch64 `vec_dot` for the format.
+/// order of llama.cpp's aarch64 `vec_dot` for the format: the NEON kernel where one exists
+/// (on aarch64), else [`dot_portable`].
 pub(crate) fn dot(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    #[cfg(target_arch = "aarch64")]
+    if crate::aarch64::handles(lanes, ty) {
+        return crate::aarch64::dot(ty, w, a, n);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa().avx2 {
+        // SAFETY: `isa().avx2` implies AVX2, FMA and F16C.
+        return unsafe { dot_avx2(lanes, ty, w, a, n) };
+    }
+    dot_portable(lanes, ty, w, a, n)
+}
+
+/// [`dot_portable`] compiled for AVX2 with FMA and F16C, so the fused steps are single
+/// instructions and the integer lanes vectorise: an x86 CPU computing in an ARM flavour
+/// (the aarch64 parity tests run natively this way).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_portable(lanes, ty, w, a, n)
+}
+
+/// The portable definition of [`dot`], which every NEON kernel must match bit for bit.
+#[inline(always)]
+pub(crate) fn dot_portable(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     match ty {
         GgmlType::F32 => dot_f32(w, a, n),
         GgmlType::F16 => dot_f16(w, a, n),
@@ -81,6 +107,7 @@ fn reduce4x4(c: &[[f32; 4]; 4]) -> f32 {
 /// last whole step into the reduced sum one by one, as GCC vectorises that loop: where four or
 /// more are left, multiplied four at a time unfused and added in order, the last `rem % 4`
 /// (or all of them, if fewer than four) fused.
+#[inline(always)]
 fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut c = [[0.0f32; 4]; 4];
     let steps = n / 16 * 16;
@@ -106,6 +133,7 @@ fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 /// F16 without half-precision arithmetic: as [`dot_f32`] on the widened values (their products
 /// are exact, so fusing changes nothing), the leftover elements added in f64.
+#[inline(always)]
 fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut c = [[0.0f32; 4]; 4];
     let steps = n / 16 * 16;
@@ -125,6 +153,7 @@ fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// BF16: every (exact) product added in f64, in element order.
+#[inline(always)]
 fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
     let at = |row: &[u8], i: usize| {
         crate::formats::bf16_to_f32(u16::from_le_bytes([row[2 * i], row[2 * i + 1]]))
@@ -159,23 +188,27 @@ pub(crate) fn dot_tinyblas(ty: GgmlType, w: &[u8], a: &[f32], n: usize) -> f32 {
 /// The four integer lanes of one 32-element block: `vdot(lo 16) + vdot(hi 16)`.
 #[inline(always)]
 pub(crate) fn block_lanes(lanes: Lanes, codes: &[i8; QK], y: &[u8]) -> [i32; 4] {
-    let p = |i: usize| i32::from(codes[i]) * i32::from(y[i] as i8);
+    // All 32 products first (a shape compilers vectorise), then each lane's eight.
+    let mut p = [0i32; QK];
+    for ((p, &c), &y) in p.iter_mut().zip(codes).zip(&y[..QK]) {
+        *p = i32::from(c) * i32::from(y as i8);
+    }
     std::array::from_fn(|l| match lanes {
         Lanes::Neon => {
-            let half = |h: usize| {
-                let b = 16 * h;
-                (p(b + 2 * l) + p(b + 2 * l + 1)) + (p(b + 8 + 2 * l) + p(b + 9 + 2 * l))
+            let half = |b: usize| {
+                (p[b + 2 * l] + p[b + 2 * l + 1]) + (p[b + 8 + 2 * l] + p[b + 9 + 2 * l])
             };
-            half(0) + half(1)
+            half(0) + half(16)
         }
         Lanes::Dotprod => (0..2)
-            .map(|h| (0..4).map(|k| p(16 * h + 4 * l + k)).sum::<i32>())
+            .map(|h| (0..4).map(|k| p[16 * h + 4 * l + k]).sum::<i32>())
             .sum(),
     })
 }
 
 /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: blocks in pairs into two 4-lane accumulators (unfused),
 /// the minimum terms of Q4_1 / Q5_1 beside them, an odd last block in scalar code.
+#[inline(always)]
 fn dot_legacy(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let q81 = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     let (ab, qoff) = if q81 { (36, 4) } else { (34, 2) };
@@ -234,6 +267,7 @@ fn dot_legacy(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 
 /// IQ4_NL and MXFP4: blocks in pairs, each pair's two scaled integer sums added together (the
 /// first product fused) before they join the sum; an odd last block added fused.
+#[inline(always)]
 fn dot_lut(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let wb = ty.block_bytes();
     let nb = n / QK;
@@ -261,6 +295,7 @@ fn dot_lut(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 
 /// Q2_K, Q3_K, Q4_K, Q5_K and IQ4_XS: each super-block's exact integer sums, then one or two
 /// fused steps in the format's own arrangement.
+#[inline(always)]
 fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     let bb = ty.block_bytes();
     let mut blk = KBlock::default();
@@ -271,33 +306,38 @@ fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         .take(n / QK_K)
     {
         decode(ty, x, &mut blk);
-        let yd = q8k_d(y);
-        let s = crate::kformats::block_dot(&blk, y) as f32;
-        match ty {
-            GgmlType::Q2K => {
-                let mins: i32 = (0..16).map(|k| blk.mins[k] * q8k_bsum(y, k)).sum();
-                sum = (-yd * blk.dmin).mul_add(mins as f32, sum);
-                sum = (yd * blk.d).mul_add(s, sum);
-            }
-            GgmlType::Q4K => {
-                let mins = min_sum(&blk, y) as f32;
-                sum = (-(yd * blk.dmin)).mul_add(mins, sum);
-                sum = (yd * blk.d).mul_add(s, sum);
-            }
-            GgmlType::Q5K => {
-                // `sumf += d * sumi - dmin * sumi_mins`: the first product fused.
-                let mins = min_sum(&blk, y) as f32;
-                sum += (yd * blk.d).mul_add(s, -((yd * blk.dmin) * mins));
-            }
-            // Q3_K: `d = y.d * x.d`; IQ4_XS: `x.d * y.d`.
-            GgmlType::Q3K => sum = (yd * blk.d).mul_add(s, sum),
-            _ => sum = (blk.d * yd).mul_add(s, sum),
-        }
+        let s = crate::kformats::block_dot(&blk, y);
+        sum = k_step(ty, &blk, y, s, sum);
     }
     sum
 }
 
+/// One super-block of [`dot_k`]: its exact integer sum `s` (and its minimums' with `y`) added
+/// to `sum` in the format's arrangement of fused steps.
+#[inline(always)]
+pub(crate) fn k_step(ty: GgmlType, blk: &KBlock, y: &[u8], s: i32, sum: f32) -> f32 {
+    let yd = q8k_d(y);
+    let s = s as f32;
+    match ty {
+        GgmlType::Q2K => {
+            let mins: i32 = (0..16).map(|k| blk.mins[k] * q8k_bsum(y, k)).sum();
+            let sum = (-yd * blk.dmin).mul_add(mins as f32, sum);
+            (yd * blk.d).mul_add(s, sum)
+        }
+        GgmlType::Q4K => {
+            let sum = (-(yd * blk.dmin)).mul_add(min_sum(blk, y) as f32, sum);
+            (yd * blk.d).mul_add(s, sum)
+        }
+        // `sumf += d * sumi - dmin * sumi_mins`: the first product fused.
+        GgmlType::Q5K => sum + (yd * blk.d).mul_add(s, -((yd * blk.dmin) * min_sum(blk, y) as f32)),
+        // Q3_K: `d = y.d * x.d`; IQ4_XS: `x.d * y.d`.
+        GgmlType::Q3K => (yd * blk.d).mul_add(s, sum),
+        _ => (blk.d * yd).mul_add(s, sum),
+    }
+}
+
 /// Q6_K: the super-block's exact integer sum (codes less 32), times `d_w * d_a`, fused.
+#[inline(always)]
 fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0.0f32;
     for (x, y) in w
@@ -353,6 +393,7 @@ mod tests {
         let mut out = vec![0u8; act.row_bytes(x.len()).unwrap()];
         match act {
             GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_row_q8(act == GgmlType::Q8_1, x, &mut out),
+            GgmlType::Q8K => crate::kquants::quantize_row_q8_k_as(true, x, &mut out),
             _ => quantize_act_row(act, x, &mut out),
         }
         out
@@ -387,10 +428,11 @@ mod tests {
                 };
                 let a = arm_acts(ty, &x[..n]);
                 let want = c["bits"].as_u64().unwrap() as u32;
-                let got = dot(Lanes::Neon, ty, &wq, &a, n);
-                if got.to_bits() != want {
+                let got = dot_portable(Lanes::Neon, ty, &wq, &a, n);
+                let fast = dot(Lanes::Neon, ty, &wq, &a, n);
+                if got.to_bits() != want || fast.to_bits() != want {
                     wrong.push(format!(
-                        "{name} n{n} w{} a{}: {got} vs {}",
+                        "{name} n{n} w{} a{}: {got} (kernel {fast}) vs {}",
                         c["w"],
                         c["a"],
                         f32::from_bits(want)
@@ -406,5 +448,128 @@ mod tests {
             wrong.join("\n")
         );
         assert!(checked >= 300, "{checked} cases");
+    }
+
+    /// The kernels this CPU runs give their portable definitions' bits on random blocks of
+    /// every format, at lengths with odd and even block counts and with extreme activations.
+    #[test]
+    fn kernels_match_the_portable_orders() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let types = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2K,
+            GgmlType::Q3K,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::IQ4NL,
+            GgmlType::IQ4XS,
+            GgmlType::MXFP4,
+        ];
+        let mut checked = 0;
+        for ty in types {
+            let bs = ty.block_size();
+            for blocks in [1usize, 2, 3, 7, 16] {
+                let n = blocks * bs.max(32);
+                for scale in [1e-3f32, 1.0, 300.0] {
+                    let unit = |r: u64| (r >> 40) as f32 / 8_388_608.0 - 1.0;
+                    let w: Vec<f32> = (0..n).map(|_| unit(next()) * scale).collect();
+                    let x: Vec<f32> = (0..n).map(|_| unit(next()) * scale).collect();
+                    let wq = quantize_weights(ty, &w);
+                    let a = arm_acts(ty, &x);
+                    let want = dot_portable(Lanes::Neon, ty, &wq, &a, n);
+                    let got = dot(Lanes::Neon, ty, &wq, &a, n);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} n{n} x{scale}: {got} vs {want}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 16 * 5 * 3);
+    }
+
+    /// `matmul` in the NEON flavour gives every element its one-row product: `vec_dot` order,
+    /// or for batches of F16 (two or more tokens) and F32 (four or more) tinyBLAS with the f32
+    /// activations; plain and packed matrices alike, one and two threads, and rows in the order
+    /// of a batch of one when asked.
+    #[test]
+    fn matmul_in_the_neon_flavour_is_the_row_products() {
+        use crate::attn::Flavour;
+        use crate::{QMatrix, QuantActs, ThreadPool, WeightBytes, matmul};
+        let (rows, cols) = (12, 256);
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+                .collect();
+            let wq = quantize_weights(ty, &w);
+            let rb = ty.row_bytes(cols).unwrap();
+            for packed in [false, true] {
+                let mut m = QMatrix::new(ty, rows, cols, WeightBytes::Owned(wq.clone())).unwrap();
+                if packed {
+                    m = m.packed();
+                }
+                for (n, independent) in [(1, false), (2, false), (5, false), (5, true)] {
+                    let x: Vec<f32> = (0..n * cols)
+                        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 32.0)
+                        .collect();
+                    let mut acts = QuantActs::new();
+                    acts.set_flavour(Flavour::Neon);
+                    acts.set_rows_independent(independent);
+                    acts.quantize(ty, &x, n, cols);
+                    let tiny = !independent
+                        && match ty {
+                            GgmlType::F16 => n >= 2,
+                            GgmlType::F32 => n >= 4,
+                            _ => false,
+                        };
+                    for threads in [1, 2] {
+                        let mut out = vec![f32::NAN; n * rows];
+                        matmul(&ThreadPool::new(threads), &m, &acts, &mut out);
+                        for t in 0..n {
+                            let xa = &x[t * cols..(t + 1) * cols];
+                            let a = arm_acts(ty, xa);
+                            for r in 0..rows {
+                                let row = &wq[r * rb..(r + 1) * rb];
+                                let want = if tiny {
+                                    dot_tinyblas(ty, row, xa, cols)
+                                } else {
+                                    dot_portable(Lanes::Neon, ty, row, &a, cols)
+                                };
+                                let got = out[t * rows + r];
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{ty} packed {packed} n{n} t{t} r{r}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

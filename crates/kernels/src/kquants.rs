@@ -36,6 +36,12 @@ fn nearest_int(x: f32) -> i32 {
 
 /// Quantises `x` (a multiple of 256 long) to Q8_K blocks exactly as `quantize_row_q8_K_ref`.
 pub(crate) fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+    quantize_row_q8_k_as(false, x, out)
+}
+
+/// [`quantize_row_q8_k`] as an aarch64 build compiles it when `fused`: GCC fuses
+/// `nearest_int`'s `iscale * x + 12582912` there, which rounds a few codes the other way.
+pub(crate) fn quantize_row_q8_k_as(fused: bool, x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         let (mut max, mut amax) = (0.0f32, 0.0f32);
         for &v in xb {
@@ -50,7 +56,13 @@ pub(crate) fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
         }
         let iscale = -127.0 / max;
         for (o, &v) in ob[4..4 + QK_K].iter_mut().zip(xb) {
-            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+            let q = if fused {
+                let v = iscale.mul_add(v, 12_582_912.0);
+                ((v.to_bits() & 0x007F_FFFF) as i32) - 0x0040_0000
+            } else {
+                nearest_int(iscale * v)
+            };
+            *o = q.min(127) as i8 as u8;
         }
         for j in 0..QK_K / 16 {
             let sum: i32 = ob[4 + 16 * j..4 + 16 * (j + 1)]

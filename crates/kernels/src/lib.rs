@@ -11,6 +11,8 @@
 //! for the names of the formats.
 #![warn(missing_docs)]
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod acts;
 pub(crate) mod arm;
 pub mod attn;
@@ -18,6 +20,7 @@ pub(crate) mod dot;
 pub mod formats;
 pub(crate) mod kformats;
 pub(crate) mod kquants;
+pub(crate) mod libm;
 mod matmul;
 mod matmul_arm;
 pub mod membw;

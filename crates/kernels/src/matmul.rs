@@ -8,7 +8,7 @@
 use strata_gguf::{GgmlType, GgufFile};
 
 use crate::acts::{QuantActs, needs_ys};
-use crate::formats::{QK, act_type};
+use crate::formats::act_type;
 use crate::{Error, Result, ThreadPool, dot::dot_scalar};
 
 /// Where a weight matrix's bytes live.
@@ -732,7 +732,7 @@ fn matmul_packed(pool: &ThreadPool, jobs: &mut [PackedJob<'_>], acts: &QuantActs
                 j.w.ty,
                 repacked_b32(j.w.ty, j.w.repack_rows()),
                 j.packed.as_ptr(),
-                j.w.cols / QK,
+                j.w.cols / crate::formats::QK,
                 j.w.rows,
                 g0..g1,
                 t0..t1,

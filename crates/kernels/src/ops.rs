@@ -193,31 +193,33 @@ fn rope_neox_impl(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 /// ggml's tanh-approximation GELU in f32, with the fused multiply-add GCC forms from
-/// `1 + GELU_COEF_A * x * x`.
-fn gelu_f32(x: f32) -> f32 {
+/// `1 + GELU_COEF_A * x * x`, and the `tanhf` of the flavour's C library.
+fn gelu_f32(x: f32, flavour: Flavour) -> f32 {
     let gelu_coef_a = f32::from_bits(0x3D37_2713); // 0.044715
     let sqrt_2_over_pi = f32::from_bits(0x3F4C_422A); // sqrt(2 / pi)
     let inner = (gelu_coef_a * x).mul_add(x, 1.0);
-    0.5 * x * (1.0 + (sqrt_2_over_pi * x * inner).tanh())
+    0.5 * x * (1.0 + crate::libm::tanhf(sqrt_2_over_pi * x * inner, flavour.arm()))
 }
 
-/// ggml's GELU table: the f16 result for every f16 input (ggml evaluates GELU through it).
-fn gelu_table() -> &'static [u16] {
-    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
+/// ggml's GELU table: the f16 result for every f16 input (ggml evaluates GELU through it), as
+/// the flavour's build computes it.
+fn gelu_table(flavour: Flavour) -> &'static [u16] {
+    static TABLES: [std::sync::OnceLock<Vec<u16>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    TABLES[usize::from(flavour.arm())].get_or_init(|| {
         (0..=u16::MAX)
             .map(|bits| {
                 let x = half::f16::from_bits(bits).to_f32();
-                half::f16::from_f32(gelu_f32(x)).to_bits()
+                half::f16::from_f32(gelu_f32(x, flavour)).to_bits()
             })
             .collect()
     })
 }
 
 /// `gate = gelu(gate) * up`, the GeGLU activation, as ggml computes it: inputs at or below -10
-/// give 0, at or above 10 pass through, others go through the f16 table.
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    let table = gelu_table();
+/// give 0, at or above 10 pass through, others go through the f16 table of the flavour.
+pub fn geglu(gate: &mut [f32], up: &[f32], flavour: Flavour) {
+    let table = gelu_table(flavour);
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
         *g = if x <= -10.0 {
@@ -239,11 +241,12 @@ pub fn scale(x: &mut [f32], s: f32) {
 }
 
 /// Soft-capping, `cap * tanh(x / cap)` in place, in ggml's three steps (`ggml_scale` by the f32
-/// `1 / cap`, `ggml_tanh`, which is libm's `tanhf`, `ggml_scale` by `cap`), so the bits match.
-pub fn softcap(x: &mut [f32], cap: f32) {
+/// `1 / cap`, `ggml_tanh`, which is the C library's `tanhf`, `ggml_scale` by `cap`), so the bits
+/// match the flavour's build.
+pub fn softcap(x: &mut [f32], cap: f32, flavour: Flavour) {
     let inv = 1.0 / cap;
     for v in x {
-        *v = (*v * inv).tanh() * cap;
+        *v = crate::libm::tanhf(*v * inv, flavour.arm()) * cap;
     }
 }
 
@@ -401,7 +404,7 @@ pub fn softmax(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::softmax(x, sink),
                 Flavour::Avx2 => crate::x86_ops::softmax_avx2(x, sink),
-                Flavour::Neon => softmax_ref(x, sink, flavour),
+                Flavour::Neon => softmax_fma(x, sink, flavour),
             }
         };
     }
@@ -490,11 +493,26 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], flavour: Flavour) {
             match flavour {
                 Flavour::Avx512 => crate::x86_ops::swiglu(gate, up),
                 Flavour::Avx2 => crate::x86_ops::swiglu_avx2(gate, up),
-                Flavour::Neon => swiglu_ref(gate, up, flavour),
+                Flavour::Neon => swiglu_fma(gate, up, flavour),
             }
         };
     }
     swiglu_ref(gate, up, flavour)
+}
+
+/// [`softmax_ref`] compiled with FMA, so its fused steps are instructions (the NEON flavour's
+/// softmax on an x86 CPU).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_fma(x: &mut [f32], sink: Option<f32>, flavour: Flavour) {
+    softmax_impl(x, sink, flavour)
+}
+
+/// [`swiglu_ref`] compiled with FMA (as [`softmax_fma`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32], flavour: Flavour) {
+    swiglu_impl(gate, up, flavour)
 }
 
 /// The scalar definition of [`swiglu`].

@@ -60,7 +60,7 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, threads: usize, seed:
         WeightBytes::Owned(quantize_weights(ty, &wf)),
     )
     .unwrap();
-    let mut acts = QuantActs::new();
+    let mut acts = x86_acts();
     acts.quantize(ty, &x, n, cols);
     let pool = ThreadPool::new(threads);
     let mut out = vec![0.0f32; n * rows];
@@ -240,7 +240,7 @@ fn simd_activation_quantisation_matches_scalar() {
             GgmlType::Q5_1,
             GgmlType::Q8_0,
         ] {
-            let mut acts = QuantActs::new();
+            let mut acts = x86_acts();
             acts.quantize(ty, &x, 1, 96);
             let act = act_type(ty);
             let mut want = vec![0u8; act.row_bytes(96).unwrap()];
@@ -467,7 +467,7 @@ fn fused_products_equal_separate_ones() {
             .collect();
         for n in [1usize, 5] {
             let x = rng.vec(n * cols, 1.0);
-            let mut acts = QuantActs::new();
+            let mut acts = x86_acts();
             acts.quantize(ty, &x, n, cols);
             let pool = ThreadPool::new(2);
             let mut sep: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0; n * m.rows()]).collect();
@@ -600,7 +600,7 @@ fn kquant_batches_match_the_per_row_kernels() {
                         1 => vec![1.0; n * cols],
                         _ => vec![-1.0; n * cols],
                     };
-                    let mut acts = QuantActs::new();
+                    let mut acts = x86_acts();
                     acts.quantize(ty, &x, n, cols);
                     let ab = act_type(ty).row_bytes(cols).unwrap();
                     assert_eq!(acts.has_tiles(), isa().avx2 && n >= 4, "{ty} n{n}");
@@ -642,7 +642,7 @@ fn vec_dot_orders_match_llama_cpp() {
             let row = |k: &str| crate::quantize::tests::case(c[k].as_u64().unwrap() as usize);
             let (w, x) = (row("w"), row("a"));
             let wq = quantize_weights(ty, &w[..n]);
-            let mut acts = QuantActs::new();
+            let mut acts = x86_acts();
             acts.quantize(ty, &x[..n], 1, n);
             let a = &acts.buf_for_test()[..act_type(ty).row_bytes(n).unwrap()];
             let want = c["bits"].as_u64().unwrap() as u32;
@@ -704,7 +704,7 @@ fn mxfp4_extreme_exponents_match_the_scalar_reference() {
     }
     let w = QMatrix::new(GgmlType::MXFP4, rows, cols, WeightBytes::Owned(bytes)).unwrap();
     let x = rng.vec(n * cols, 3.0);
-    let mut acts = QuantActs::new();
+    let mut acts = x86_acts();
     acts.quantize(GgmlType::MXFP4, &x, n, cols);
     let mut out = vec![0.0f32; n * rows];
     matmul(&ThreadPool::new(2), &w.clone().prepared(), &acts, &mut out);
@@ -769,4 +769,12 @@ fn weighted_sums_over_split_runs_equal_those_over_one_row() {
             }
         }
     }
+}
+
+/// Activations for products in the x86 builds' orders (the ones these tests check), which strata
+/// reproduces on every CPU, an aarch64 one included.
+fn x86_acts() -> QuantActs {
+    let mut acts = QuantActs::new();
+    acts.set_flavour(attn::Flavour::Avx512);
+    acts
 }

@@ -359,7 +359,7 @@ impl Blocks<'_, '_> {
                 let (len, lenp) = (len - first, lenp - first);
                 let row = &mut row[..lenp];
                 if let Some(cap) = softcap {
-                    ops::softcap(&mut row[..len], cap);
+                    ops::softcap(&mut row[..len], cap, flavour);
                 }
                 mask_window(&mut row[..len], first, query_pos, window);
                 let sink = sinks.map(|k| k[job.q0 + h0 + i]);

@@ -46,7 +46,7 @@ pub(super) fn gated(
     add_bias(up, f.up_b.as_deref(), rows);
     match act {
         FfnAct::Silu => ops::swiglu(&mut gate[..rows * ff], &up[..rows * ff], flavour),
-        FfnAct::Gelu => ops::geglu(&mut gate[..rows * ff], &up[..rows * ff]),
+        FfnAct::Gelu => ops::geglu(&mut gate[..rows * ff], &up[..rows * ff], flavour),
         FfnAct::SwigluOai => ops::swiglu_oai(&mut gate[..rows * ff], &up[..rows * ff]),
     }
 }

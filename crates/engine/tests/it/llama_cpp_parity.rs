@@ -33,6 +33,13 @@ fn smollm2_matches_an_aarch64_neon_build_of_llama_cpp() {
     );
 }
 
+#[test]
+fn gemma3_matches_an_aarch64_neon_build_of_llama_cpp() {
+    // Q5_0, Q8_0, Q4_K and Q6_K products, GELU through the aarch64 C library's `tanhf`, NEOX
+    // RoPE and sliding windows, as llama.cpp's NEON build computes them.
+    check_against_llama_cpp_fixture("gemma3-270m", "gemma3-270m-aarch64-neon", 1e-3);
+}
+
 fn model_path(id: &str) -> PathBuf {
     strata_store::Store::from_env()
         .expect("model store")
