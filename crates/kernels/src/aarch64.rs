@@ -3,9 +3,9 @@
 //! them bit for bit under qemu at two CPU levels), with vector instructions. NEON is part of
 //! the aarch64 baseline, so no run-time detection is needed.
 //!
-//! - The 32-element formats: two blocks a step, their integer lanes from `vmull_s8` pairs
-//!   added by `vpaddlq_s16` (the grouping of ggml's `vdotq_s32` fallback), scaled and added
-//!   unfused into two accumulators.
+//! - The 32-element formats: each block's integer lanes from `vmull_s8` pairs added by
+//!   `vpaddlq_s16` (the grouping of ggml's `vdotq_s32` fallback), into the float steps of
+//!   `crate::arm::legacy_with`.
 //! - The K formats and IQ4_XS: the block decoded by [`crate::kformats::decode`], its
 //!   16-element integer products summed with NEON, then the portable float steps.
 
@@ -98,53 +98,24 @@ unsafe fn codes(ty: GgmlType, b: &[u8]) -> (int8x16_t, int8x16_t, f32, f32) {
     }
 }
 
-/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (see `crate::arm::dot_legacy`).
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (see `crate::arm::dot_legacy`): the lanes by NEON.
 unsafe fn dot_legacy(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
-    let q81 = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-    let (ab, qoff) = if q81 { (36, 4) } else { (34, 2) };
-    let wb = ty.block_bytes();
-    let nb = n / QK;
-    // SAFETY: every block read lies inside the rows (`nb` blocks each).
-    unsafe {
-        // A block's integer lanes, its scales and its minimum terms.
-        let lanes = |ib: usize| {
-            let (xb, yb) = (&w[ib * wb..], &a[ib * ab..]);
+    let qoff = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        4
+    } else {
+        2
+    };
+    crate::arm::legacy_with(ty, w, a, n, |xb, yb| {
+        // SAFETY: whole blocks of both rows (the caller's shapes).
+        unsafe {
             let (lo, hi, dx, m) = codes(ty, xb);
             let y = yb.as_ptr().add(qoff).cast::<i8>();
             let p = vaddq_s32(vdot(lo, vld1q_s8(y)), vdot(hi, vld1q_s8(y.add(16))));
-            (p, dx, rd_f16(yb, 0), m, rd_f16(yb, 2))
-        };
-        let mut acc = [vdupq_n_f32(0.0); 2];
-        let mut summs = [0.0f32; 2];
-        let mut ib = 0;
-        while ib + 1 < nb {
-            let (p0, x0, y0, m0, s0) = lanes(ib);
-            let (p1, x1, y1, m1, s1) = lanes(ib + 1);
-            acc[0] = vaddq_f32(acc[0], vmulq_n_f32(vcvtq_f32_s32(p0), x0 * y0));
-            acc[1] = vaddq_f32(acc[1], vmulq_n_f32(vcvtq_f32_s32(p1), x1 * y1));
-            if ty == GgmlType::Q4_1 {
-                summs[0] += m0.mul_add(s0, m1 * s1);
-            } else if ty == GgmlType::Q5_1 {
-                summs[0] = m0.mul_add(s0, summs[0]);
-                summs[1] = m1.mul_add(s1, summs[1]);
-            }
-            ib += 2;
+            let mut s = [0i32; 4];
+            vst1q_s32(s.as_mut_ptr(), p);
+            (s, dx, m)
         }
-        let mut sum = vaddvq_f32(acc[0]) + vaddvq_f32(acc[1]);
-        if q81 {
-            sum = sum + summs[0] + summs[1];
-        }
-        for ib in ib..nb {
-            let (p, dx, dy, m, s) = lanes(ib);
-            let si = vaddvq_s32(p) as f32;
-            sum = match ty {
-                GgmlType::Q4_0 => (si * dx).mul_add(dy, sum),
-                GgmlType::Q4_1 | GgmlType::Q5_1 => sum + (dx * dy).mul_add(si, m * s),
-                _ => (dx * dy).mul_add(si, sum),
-            };
-        }
-        sum
-    }
+    })
 }
 
 /// The exact integer sum of `scales[k] * (codes · q8)` over the sixteen 16-element sub-blocks.

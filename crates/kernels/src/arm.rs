@@ -63,7 +63,53 @@ pub(crate) fn dot(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    if lanes == Lanes::Neon && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        let qoff = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        // SAFETY: AVX2 is enabled here; whole blocks of both rows (the caller's shapes).
+        return legacy_with(ty, w, a, n, |xb, yb| unsafe {
+            neon_lanes_avx2(ty, xb, &yb[qoff..])
+        });
+    }
     dot_portable(lanes, ty, w, a, n)
+}
+
+/// One Q4_0 / Q4_1 / Q8_0 block's four integer lanes in the grouping of ggml's `vdotq_s32`
+/// fallback, with AVX2: `maddubs` sums products `2k, 2k + 1` (NEON's `vpaddlq_s16` pairs), and
+/// lane `l` adds pairs `l, l + 4, l + 8, l + 12`; exact integers, so the same lanes.
+///
+/// # Safety
+/// AVX2 must be present; `xb` holds one block of `ty` and `y` its 32 activation quants.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn neon_lanes_avx2(ty: GgmlType, xb: &[u8], y: &[u8]) -> ([i32; 4], f32, f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: the loads stay inside the block and the 32 quants, as the caller promised.
+    unsafe {
+        let (c, m) = if ty == GgmlType::Q8_0 {
+            (_mm256_loadu_si256(xb.as_ptr().add(2).cast()), 0.0)
+        } else {
+            let off = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+            let q = _mm_loadu_si128(xb.as_ptr().add(off).cast());
+            let nib = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(q, nib);
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), nib);
+            let c = _mm256_set_m128i(hi, lo);
+            if ty == GgmlType::Q4_0 {
+                (_mm256_sub_epi8(c, _mm256_set1_epi8(8)), 0.0)
+            } else {
+                (c, rd_f16(xb, 2))
+            }
+        };
+        let yv = _mm256_loadu_si256(y.as_ptr().cast());
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(yv, c));
+        let p_lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(pairs));
+        let p_hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(pairs, 1));
+        let s8 = _mm256_add_epi32(p_lo, p_hi);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        let mut s = [0i32; 4];
+        _mm_storeu_si128(s.as_mut_ptr().cast(), s4);
+        (s, rd_f16(xb, 0), m)
+    }
 }
 
 /// The portable definition of [`dot`], which every NEON kernel must match bit for bit.
@@ -210,22 +256,43 @@ pub(crate) fn block_lanes(lanes: Lanes, codes: &[i8; QK], y: &[u8]) -> [i32; 4] 
 /// the minimum terms of Q4_1 / Q5_1 beside them, an odd last block in scalar code.
 #[inline(always)]
 fn dot_legacy(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    let qoff = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        4
+    } else {
+        2
+    };
+    let mut codes = [0i8; QK];
+    legacy_with(ty, w, a, n, |xb, yb| {
+        let (dx, m) = block_codes(ty, xb, &mut codes);
+        (block_lanes(lanes, &codes, &yb[qoff..]), dx, m)
+    })
+}
+
+/// [`dot_legacy`]'s float order around `block`, which gives one block's four integer lanes,
+/// its scale and its minimum from the weight block and the activation block (a kernel
+/// computes the lanes its own way; the float steps stay these).
+#[inline(always)]
+pub(crate) fn legacy_with(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    mut block: impl FnMut(&[u8], &[u8]) -> ([i32; 4], f32, f32),
+) -> f32 {
     let q81 = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-    let (ab, qoff) = if q81 { (36, 4) } else { (34, 2) };
+    let ab = if q81 { 36 } else { 34 };
     let wb = ty.block_bytes();
     let nb = n / QK;
     let mut acc = [[0.0f32; 4]; 2];
     // Q4_1 keeps one sum of minimum terms, Q5_1 one per accumulator.
     let mut summs = [0.0f32; 2];
-    let mut codes = [0i8; QK];
     let mut ib = 0;
     while ib + 1 < nb {
         let mut ms = [0.0f32; 2];
         for (k, acc) in acc.iter_mut().enumerate() {
             let (xb, yb) = (&w[(ib + k) * wb..], &a[(ib + k) * ab..]);
-            let (dx, m) = block_codes(ty, xb, &mut codes);
+            let (s, dx, m) = block(xb, yb);
             let dd = dx * rd_f16(yb, 0);
-            let s = block_lanes(lanes, &codes, &yb[qoff..]);
             for (acc, s) in acc.iter_mut().zip(s) {
                 *acc += s as f32 * dd;
             }
@@ -249,10 +316,9 @@ fn dot_legacy(lanes: Lanes, ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     }
     for ib in ib..nb {
         let (xb, yb) = (&w[ib * wb..], &a[ib * ab..]);
-        let (dx, m) = block_codes(ty, xb, &mut codes);
+        let (s, dx, m) = block(xb, yb);
         let dy = rd_f16(yb, 0);
-        let si: i32 = block_lanes(lanes, &codes, &yb[qoff..]).iter().sum();
-        let si = si as f32;
+        let si = s.iter().sum::<i32>() as f32;
         sum = match ty {
             // `sumf += sumi * d_x * d_y`.
             GgmlType::Q4_0 => (si * dx).mul_add(dy, sum),
