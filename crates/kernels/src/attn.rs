@@ -112,8 +112,8 @@ impl Flavour {
             .find(|f| f.name() == name)
     }
 
-    /// Whether this is one of llama.cpp's aarch64 builds (their matrix products follow
-    /// [`crate::arm`]'s orders).
+    /// Whether this is one of llama.cpp's aarch64 builds (their matrix products follow the
+    /// orders of the kernels' `arm` module).
     pub fn arm(self) -> bool {
         self == Flavour::Neon
     }
