@@ -15,8 +15,8 @@ use strata_gguf::GgmlType;
 
 use crate::arm::Lanes;
 use crate::formats::{QK, block_codes, rd_f16};
-use crate::kformats::{KBlock, decode, q8k_d};
-use crate::kquants::{Q6_K_BYTES, Q8_K_BYTES, QK_K, q6k_code, q6k_scale};
+use crate::kformats::KBlock;
+use crate::kquants::{QK_K, q6k_code, q6k_scale};
 
 /// Whether a NEON kernel exists for `ty` with `lanes`.
 pub(crate) fn handles(lanes: Lanes, ty: GgmlType) -> bool {
@@ -135,31 +135,16 @@ unsafe fn block_dot(b: &KBlock, q8: *const i8) -> i32 {
 
 /// Q2_K, Q3_K, Q4_K, Q5_K and IQ4_XS (see `crate::arm::dot_k`).
 unsafe fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
-    let bb = ty.block_bytes();
-    let mut blk = KBlock::default();
-    let mut sum = 0.0f32;
-    for (x, y) in w
-        .chunks_exact(bb)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
-        decode(ty, x, &mut blk);
-        // SAFETY: the Q8_K block holds 256 quants after its scale.
-        let s = unsafe { block_dot(&blk, y.as_ptr().add(4).cast()) };
-        sum = crate::arm::k_step(ty, &blk, y, s, sum);
-    }
-    sum
+    // SAFETY: a Q8_K block holds 256 quants after its scale.
+    crate::arm::dot_k_with(ty, w, a, n, |blk, y| unsafe {
+        block_dot(blk, y.as_ptr().add(4).cast())
+    })
 }
 
 /// Q6_K (see `crate::arm::dot_q6_k`).
 unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let mut sum = 0.0f32;
-    let mut c = [0i8; QK_K];
-    for (x, y) in w
-        .chunks_exact(Q6_K_BYTES)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
+    crate::arm::dot_q6_k_with(w, a, n, |x, y| {
+        let mut c = [0i8; QK_K];
         for (e, c) in c.iter_mut().enumerate() {
             *c = (q6k_code(x, e) - 32) as i8;
         }
@@ -172,7 +157,6 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 total += q6k_scale(x, sb) * vaddvq_s32(p);
             }
         }
-        sum = (rd_f16(x, 208) * q8k_d(y)).mul_add(total as f32, sum);
-    }
-    sum
+        total
+    })
 }

@@ -22,7 +22,7 @@ use strata_gguf::GgmlType;
 
 use crate::formats::{QK, block_codes, rd_f16};
 use crate::kformats::{KBlock, decode, min_sum, q8k_bsum, q8k_d};
-use crate::kquants::{Q6_K_BYTES, Q8_K_BYTES, QK_K, q6k_code, q6k_scale};
+use crate::kquants::{Q6_K_BYTES, Q8_K_BYTES, QK_K};
 
 /// Which integer lane grouping the build's `ggml_vdotq_s32` has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,6 +363,19 @@ fn dot_lut(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 /// fused steps in the format's own arrangement.
 #[inline(always)]
 fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_k_with(ty, w, a, n, crate::kformats::block_dot)
+}
+
+/// [`dot_k`] with the integer sum of a decoded super-block and its Q8_K block from `block_sum`:
+/// the one place the float steps are taken, whichever instructions made the integers.
+#[inline(always)]
+pub(crate) fn dot_k_with(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    block_sum: impl Fn(&KBlock, &[u8]) -> i32,
+) -> f32 {
     let bb = ty.block_bytes();
     let mut blk = KBlock::default();
     let mut sum = 0.0f32;
@@ -372,7 +385,7 @@ fn dot_k(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         .take(n / QK_K)
     {
         decode(ty, x, &mut blk);
-        let s = crate::kformats::block_dot(&blk, y);
+        let s = block_sum(&blk, y);
         sum = k_step(ty, &blk, y, s, sum);
     }
     sum
@@ -405,20 +418,24 @@ pub(crate) fn k_step(ty: GgmlType, blk: &KBlock, y: &[u8], s: i32, sum: f32) -> 
 /// Q6_K: the super-block's exact integer sum (codes less 32), times `d_w * d_a`, fused.
 #[inline(always)]
 fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_q6_k_with(w, a, n, crate::kquants::q6k_block_total)
+}
+
+/// [`dot_q6_k`] with each super-block's integer total from `total(x, y)`.
+#[inline(always)]
+pub(crate) fn dot_q6_k_with(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    total: impl Fn(&[u8], &[u8]) -> i32,
+) -> f32 {
     let mut sum = 0.0f32;
     for (x, y) in w
         .chunks_exact(Q6_K_BYTES)
         .zip(a.chunks_exact(Q8_K_BYTES))
         .take(n / QK_K)
     {
-        let mut total = 0i32;
-        for sb in 0..16 {
-            let s: i32 = (16 * sb..16 * (sb + 1))
-                .map(|e| (q6k_code(x, e) - 32) * i32::from(y[4 + e] as i8))
-                .sum();
-            total += q6k_scale(x, sb) * s;
-        }
-        sum = (rd_f16(x, 208) * q8k_d(y)).mul_add(total as f32, sum);
+        sum = (rd_f16(x, 208) * q8k_d(y)).mul_add(total(x, y) as f32, sum);
     }
     sum
 }

@@ -254,18 +254,24 @@ pub(crate) fn dot_q6_k_tiled(w: &[u8], a: &[u8], n: usize) -> f32 {
         .zip(a.chunks_exact(Q8_K_BYTES))
         .take(n / QK_K)
     {
-        let mut total = 0i32;
-        for sb in 0..16 {
-            let mut s = 0i32;
-            for e in 16 * sb..16 * (sb + 1) {
-                s += (q6k_code(x, e) - 32) * q8k_quant(y, e);
-            }
-            total += q6k_scale(x, sb) * s;
-        }
-        let t = rd_f16(x, 208) * total as f32;
+        let t = rd_f16(x, 208) * q6k_block_total(x, y) as f32;
         acc = t.mul_add(rd_f32(y, 0), acc);
     }
     acc
+}
+
+/// A Q6_K super-block's exact integer sum with its Q8_K block: `scale * ((code - 32) · q8)`
+/// over the sixteen 16-element sub-blocks.
+pub(crate) fn q6k_block_total(x: &[u8], y: &[u8]) -> i32 {
+    let mut total = 0i32;
+    for sb in 0..16 {
+        let mut s = 0i32;
+        for e in 16 * sb..16 * (sb + 1) {
+            s += (q6k_code(x, e) - 32) * q8k_quant(y, e);
+        }
+        total += q6k_scale(x, sb) * s;
+    }
+    total
 }
 
 /// Dequantises a Q4_K row.
