@@ -33,6 +33,11 @@ scripts/llama-reference/dump.c; numpy and, for --synth, llama-cpp-python on the 
 
     python3 scripts/make-reference.py --aarch64 neon MODEL.gguf > fixtures/reference/smollm2-135m-instruct-aarch64-neon.json
     python3 scripts/make-reference.py --aarch64 i8mm --synth qwen2 q4_0 > fixtures/reference/synth-qwen2-q4_0-aarch64-i8mm.json
+    python3 scripts/make-reference.py --aarch64 neon --like synth-qwen2-q4_0 > fixtures/reference/synth-qwen2-q4_0-aarch64-neon.json
+
+`--like NAME` takes the synthetic model of an existing fixture: `strata synth` writes it in its
+types directly, and the script stops unless its weights digest is the one the fixture recorded
+from llama.cpp's quantiser (so no llama-cpp-python is needed on the host).
 
 Settings: 1 thread, one 512-token batch for the prompt, no flash attention, f16 KV cache (the
 llama.cpp defaults), logits only for the last position (llama.cpp's normal path).
@@ -193,6 +198,32 @@ def make_synth(variant, ty, workdir):
     return out, dims
 
 
+def make_like(name, workdir):
+    """Writes the synthetic model of fixtures/reference/NAME.json with `strata synth` in the
+    fixture's types; returns its path and the fixture's synth parameters, after checking that
+    the weights are the bytes llama.cpp's quantiser wrote for it."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "fixtures", "reference", f"{name}.json")) as f:
+        synth = json.load(f)["synth"]
+    strata = os.environ.get("STRATA_BIN", "target/release/strata")
+    out = os.path.join(workdir, f"{name}.gguf")
+    args = [strata, "synth", "-o", out, "--type", synth["type"]]
+    for k, v in synth.items():
+        if k in ("ftype", "type", "tensor_types", "weights_digest"):
+            continue
+        if v is True:
+            args += ["--" + k.replace("_", "-")]
+        elif v is not None and v is not False:
+            args += ["--" + k.replace("_", "-"), str(v)]
+    for tensor, ty in sorted(synth.get("tensor_types", {}).items()):
+        args += ["--tensor-type", f"{tensor}={ty}"]
+    subprocess.run(args, check=True, stdout=sys.stderr)
+    if tensor_digest(out) != synth["weights_digest"]:
+        sys.exit(f"{name}: strata's synthetic weights differ from those the fixture recorded")
+    return out, synth
+
+
 def chatml(system, user):
     system = SYSTEM_DEFAULT if system is None else system
     return (f"<|im_start|>system\n{system}<|im_end|>\n"
@@ -289,6 +320,10 @@ def main():
         base = MIXES[ty][1] if ty in MIXES else ty
         synth = {"ftype": ty, "type": base, **dims,
                  "tensor_types": tensor_types(path, base), "weights_digest": tensor_digest(path)}
+        family = "synth"
+    elif sys.argv[1] == "--like":
+        import tempfile
+        path, synth = make_like(sys.argv[2], tempfile.mkdtemp())
         family = "synth"
     else:
         path = sys.argv[1]

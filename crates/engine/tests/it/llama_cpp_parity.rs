@@ -21,25 +21,6 @@ fn smollm2_matches_an_avx2_build_of_llama_cpp_too() {
     check_against_llama_cpp_fixture("smollm2-135m-instruct", "smollm2-135m-instruct-avx2", 1e-3);
 }
 
-#[test]
-fn smollm2_matches_an_aarch64_neon_build_of_llama_cpp() {
-    // llama.cpp's aarch64 build for plain NEON (`-march=armv8-a`, run under qemu): other
-    // integer lane groupings and float orders in every product, other activation rounding,
-    // tinyBLAS with f32 queries for batches. strata reproduces it on any CPU.
-    check_against_llama_cpp_fixture(
-        "smollm2-135m-instruct",
-        "smollm2-135m-instruct-aarch64-neon",
-        1e-3,
-    );
-}
-
-#[test]
-fn gemma3_matches_an_aarch64_neon_build_of_llama_cpp() {
-    // Q5_0, Q8_0, Q4_K and Q6_K products, GELU through the aarch64 C library's `tanhf`, NEOX
-    // RoPE and sliding windows, as llama.cpp's NEON build computes them.
-    check_against_llama_cpp_fixture("gemma3-270m", "gemma3-270m-aarch64-neon", 1e-3);
-}
-
 fn model_path(id: &str) -> PathBuf {
     strata_store::Store::from_env()
         .expect("model store")
@@ -122,13 +103,13 @@ fn check_against_llama_cpp(id: &str, logit_tolerance: f32) {
     check_against_llama_cpp_fixture(id, id, logit_tolerance);
 }
 
-fn check_against_llama_cpp_fixture(id: &str, fixture_name: &str, logit_tolerance: f32) {
+pub(crate) fn check_against_llama_cpp_fixture(id: &str, fixture_name: &str, logit_tolerance: f32) {
     check_model_against(&model_path(id), id, &fixture(fixture_name), logit_tolerance);
 }
 
 /// Synthesises the model a `--synth` fixture describes with strata's own writer and quantiser,
 /// checks that its weights are the bytes llama.cpp's quantiser wrote, and compares outputs.
-fn check_synthetic(name: &str) {
+pub(crate) fn check_synthetic(name: &str) {
     let fx = fixture(name);
     let sy = &fx["synth"];
     let ty = GgmlType::from_name(sy["type"].as_str().unwrap()).unwrap();

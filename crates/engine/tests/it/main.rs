@@ -5,5 +5,6 @@ mod batched_decode;
 mod embeddings;
 mod hostile_model;
 mod llama_cpp_parity;
+mod parity_aarch64;
 mod prefix_cache;
 mod speculation;
