@@ -9,12 +9,14 @@
 # Trimmed for emulation (each runs 20-50x slower than natively). The kernel suite checks the
 # NEON kernels against their portable definitions and against llama.cpp's aarch64 NEON build's
 # own products (fixtures/quant/dots-aarch64-neon.json), at both levels; both run the NEON
-# flavour (strata does not use dotprod or i8mm yet). The engine's integration suite runs 8 of
-# its llama.cpp parity tests on synthetic models (see `parity` below) in the x86 builds'
-# flavour, which strata reproduces on ARM too, on the dotprod + i8mm level only. Not run under
-# emulation: the parity tests on the two real models, x86 and aarch64 references alike (64
-# tokens x 7 prompts take over 10 minutes each there; the aarch64 ones run natively on x86 in
-# the main suite, through the portable definitions), the other synthetic families, and the
+# flavour (strata does not use dotprod or i8mm yet). The engine's integration suite runs, on
+# the NEON level, 4 synthetic models against llama.cpp's aarch64 NEON build in strata's native
+# flavour there (see `neon_parity`: the NEON kernels end to end), and on the dotprod + i8mm
+# level 8 of its x86 parity tests (see `parity`) in the x86 builds' flavour, which strata
+# reproduces on ARM too. Not run under emulation: the parity tests on the two real models, x86
+# and aarch64 references alike (64 tokens x 7 prompts take over 10 minutes each there; the
+# aarch64 ones run natively on x86 in the main suite, through the portable definitions and
+# their AVX2 emulation), the other synthetic families (all 19 aarch64 references run on x86), and the
 # batching, prefix-cache and hostile-file tests (the same arithmetic, covered natively). The
 # engine's unit test that times a real batched step is skipped (a timing under emulation means
 # nothing), and so is the sliding-window test that runs three synthetic models twice per order
@@ -44,6 +46,11 @@ cargo test --target "$target" --profile test-release "${crates[@]}" --no-run
 # plus the mixture-of-experts (MXFP4) and latent-attention paths: about 50 s each under qemu.
 parity=(synthetic_llama_q4_0 synthetic_qwen2_q4_1 synthetic_llama_q8_0 synthetic_llama_q4_k_m
     synthetic_llama_iq4_xs_matches synthetic_qwen2_bf16 synthetic_gpt_oss synthetic_deepseek2_q8_0)
+parity=("${parity[@]/#/llama_cpp_parity::}")
+# Against llama.cpp's NEON build: the legacy, Q8_0 (with glibc's tanhf), Q6_K and K-quant
+# mixture-of-experts kernels, about 40 s each.
+neon_parity=(parity_aarch64::synthetic_smollm3_q4_0 parity_aarch64::synthetic_gemma2_q8_0
+    parity_aarch64::synthetic_olmo2_q6_k parity_aarch64::synthetic_qwen3moe_q5_k)
 for cpu in cortex-a72 max,sve=off; do
     echo "== aarch64 under qemu -cpu $cpu"
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu $cpu"
@@ -55,6 +62,9 @@ for cpu in cortex-a72 max,sve=off; do
     if [ "$cpu" = "max,sve=off" ]; then
         cargo test --target "$target" --profile test-release -p strata-engine --test it -q -- \
             "${parity[@]}"
+    else
+        cargo test --target "$target" --profile test-release -p strata-engine --test it -q -- \
+            "${neon_parity[@]}"
     fi
     echo "== qemu -cpu $cpu: $((SECONDS - start)) s"
 done
