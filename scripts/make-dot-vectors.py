@@ -24,6 +24,7 @@ qemu-aarch64 on the level's CPU) instead, each at lengths with odd and even bloc
 with i8mm also two rows by two (`nrc` = 2, the path ggml's matrix product takes for pairs):
 
     python3 scripts/make-dot-vectors.py --aarch64 neon --out fixtures/quant/dots-aarch64-neon.json
+    python3 scripts/make-dot-vectors.py --aarch64 i8mm --out fixtures/quant/dots-aarch64-i8mm.json
 """
 
 import argparse

@@ -15,6 +15,7 @@
 mod aarch64;
 mod acts;
 pub(crate) mod arm;
+mod arm_pairs;
 pub mod attn;
 pub(crate) mod dot;
 pub mod formats;
