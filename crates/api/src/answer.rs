@@ -82,6 +82,7 @@ pub(crate) async fn run(
         events: tx,
         arrived,
         speculation: match p.common.speculate {
+            Some(true) if st.defaults.speculation.drafts() => st.defaults.speculation,
             Some(true) => Speculation::Ngram,
             Some(false) => Speculation::Off,
             None => st.defaults.speculation,

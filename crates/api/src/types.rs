@@ -98,8 +98,8 @@ pub struct Sampling {
     /// Choices to generate; only 1 is supported.
     pub n: Option<i64>,
     /// Speculative decoding for this request (extension): `false` turns it off, `true` on
-    /// (prompt-lookup drafts); unset, the server's `--speculate` applies. The tokens are the
-    /// same either way.
+    /// (the server's `--speculate` drafts, prompt lookup where that is off); unset, the
+    /// server's `--speculate` applies. The tokens are the same either way.
     pub speculate: Option<bool>,
 }
 

@@ -82,6 +82,8 @@ pub(crate) enum Speculate {
     Off,
     /// Prompt lookup: what followed the latest earlier occurrence of the last tokens.
     Ngram,
+    /// Prompt lookup and the server's recent answers (`strata serve`); here, as `ngram`.
+    Suffix,
 }
 
 impl Speculate {
@@ -90,6 +92,7 @@ impl Speculate {
         match self {
             Speculate::Off => Speculation::Off,
             Speculate::Ngram => Speculation::Ngram,
+            Speculate::Suffix => Speculation::Suffix,
         }
     }
 }

@@ -111,7 +111,8 @@ pub(crate) struct SamplingArgs {
     max_tokens: Option<i64>,
     /// Speculative decoding for requests that do not say (`"speculate": true|false` in an
     /// OpenAI request): `ngram` drafts from text the sequence already holds and verifies the
-    /// drafts of every stream in one pass; the output is the same.
+    /// drafts of every stream in one pass; `suffix` also copies from the server's recent
+    /// answers (agents repeat themselves across requests). The output is the same.
     #[arg(long, value_enum, default_value_t = crate::cmd_run::Speculate::Off)]
     speculate: crate::cmd_run::Speculate,
 }

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use crate::prefix::{BLOCK, KvStats, Partition, PrefixStats};
-use crate::speculate::{self, Speculation};
+use crate::speculate;
 use crate::{Batch, Error, GenerateRequest, GenerationStats, Sampler, SlotId, StopReason};
 
 /// Prompt tokens per prefill pass: whole prefix-cache blocks, so a prompt's blocks are kept and
@@ -336,8 +336,8 @@ fn run_slot(
     let mut generated = 1usize;
     let mut steps = 0u64;
     engine.weight_bytes_per_step(1);
-    let mut speculator = (req.speculation == Speculation::Ngram && engine.verifies())
-        .then(speculate::Speculator::default);
+    let mut speculator =
+        (req.speculation.drafts() && engine.verifies()).then(speculate::Speculator::default);
     let stop = loop {
         history.push(tok);
         if !on_token(tok) {

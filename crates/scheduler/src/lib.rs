@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use strata_engine::embed::Pooling;
 use strata_engine::prefix::{BLOCK, Partition, REUSABLE_STEP};
+use strata_engine::speculate::{NgramDrafter, SharedAnswers, Speculation};
 use strata_engine::{Sampler, SamplingParams, SlotId, StopReason};
 
 use strata_engine::{EngineError, Sequences, StepKind};
@@ -215,7 +216,18 @@ struct Seq {
     allowed: Vec<u32>,
     premasked: bool,
     /// The sequence's drafts, when it speculates.
-    drafter: Option<strata_engine::speculate::NgramDrafter>,
+    drafter: Option<NgramDrafter>,
+}
+
+impl Drop for Seq {
+    /// However a sequence ends (finished, cancelled, failed), what it generated joins the
+    /// answers suffix drafts copy from, if it drafts from them.
+    fn drop(&mut self) {
+        if let Some(d) = &self.drafter {
+            let start = self.job.prompt.len().min(self.history.len());
+            d.record(&self.history[start..]);
+        }
+    }
 }
 
 impl Seq {
@@ -502,9 +514,11 @@ fn supervise(
 ) {
     let mut recent: Vec<Instant> = Vec::new();
     let mut active: Vec<Seq> = Vec::new();
+    // The recent answers suffix drafts copy from, kept across panics.
+    let answers = SharedAnswers::default();
     loop {
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(batch.as_mut(), tok, &mut rx, m, &mut active)
+            run(batch.as_mut(), tok, &mut rx, m, &mut active, &answers)
         }));
         let Err(panic) = ran else { return };
         let what = panic
@@ -551,6 +565,7 @@ fn run(
     rx: &mut mpsc::Receiver<Job>,
     m: &Metrics,
     active: &mut Vec<Seq>,
+    answers: &SharedAnswers,
 ) {
     let n_ctx = batch.n_ctx();
     let mut steps: Vec<(SlotId, u32)> = Vec::new();
@@ -562,7 +577,7 @@ fn run(
     let piped = batch.depth() > 1;
     loop {
         if piped && overlap::worth(active) {
-            overlap::run(batch, active, rx, tok, m, &mut mask_row);
+            overlap::run(batch, active, rx, tok, m, &mut mask_row, answers);
             m.active_sequences.set(active.len() as i64);
             continue;
         }
@@ -583,7 +598,7 @@ fn run(
                     Err(_) => break,
                 }
             };
-            admit(batch, job, active, m);
+            admit(batch, job, active, m, answers);
             if piped && overlap::worth(active) {
                 break;
             }
@@ -660,7 +675,13 @@ fn run(
 
 /// Gives `job` a slot (with what the prefix cache holds of its prompt) and makes it a live
 /// sequence, or fails it.
-fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics) {
+fn admit(
+    batch: &mut dyn Sequences,
+    job: Job,
+    active: &mut Vec<Seq>,
+    m: &Metrics,
+    answers: &SharedAnswers,
+) {
     m.queue_depth.dec();
     if job.events.is_closed() {
         return;
@@ -677,7 +698,7 @@ fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics
     }
     // Drafts are verified by engines of one stage; a grammar's masks and log-probabilities
     // are decided per row by paths of their own.
-    let speculates = job.speculation == strata_engine::speculate::Speculation::Ngram
+    let speculates = job.speculation.drafts()
         && batch.verifies()
         && batch.depth() == 1
         && job.constraint.is_none()
@@ -687,7 +708,10 @@ fn admit(batch: &mut dyn Sequences, job: Job, active: &mut Vec<Seq>, m: &Metrics
             m.cached_tokens.inc_by(cached as u64);
             let _ = job.events.send(Event::Admitted { cached });
             active.push(Seq {
-                drafter: speculates.then(strata_engine::speculate::NgramDrafter::new),
+                drafter: speculates.then(|| match job.speculation {
+                    Speculation::Suffix => NgramDrafter::with_answers(answers.clone()),
+                    _ => NgramDrafter::new(),
+                }),
                 sampler: Sampler::new(job.sampling.clone()),
                 history: job.prompt.clone(),
                 prefilled: cached,

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{Job, LIVE_CHUNK, Seq, admit, fail_all, masks, need, next_chunk};
 use crate::metrics::Metrics;
+use strata_engine::speculate::SharedAnswers;
 
 /// Whether the live sequences give a pipeline two or more turns to overlap: sequences
 /// decoding, and sequences with a pass to run.
@@ -209,6 +210,7 @@ pub(super) fn run(
     tok: &Tokenizer,
     m: &Metrics,
     mask_row: &mut Vec<f32>,
+    answers: &SharedAnswers,
 ) {
     let n_ctx = batch.n_ctx();
     let depth = batch.depth().max(1);
@@ -217,7 +219,7 @@ pub(super) fn run(
         while batch.free_slots() > 0
             && let Ok(job) = rx.try_recv()
         {
-            admit(batch, job, active, m);
+            admit(batch, job, active, m, answers);
             t.grow(active.len());
         }
         t.add_passes(active);

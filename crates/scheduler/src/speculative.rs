@@ -106,9 +106,9 @@ pub(super) fn round(
     m.verify_passes.inc();
     let total: usize = d.rows[..idx.len()].iter().map(Vec::len).sum();
     let vocab = logits.len() / total.max(1);
-    let source = DraftLabels {
-        source: Speculation::Ngram.name().into(),
-    };
+    let sources = [Speculation::Ngram, Speculation::Suffix].map(|s| DraftLabels {
+        source: s.name().into(),
+    });
     d.keep.clear();
     d.gone.clear();
     d.gone.resize(active.len(), false);
@@ -125,11 +125,12 @@ pub(super) fn round(
         let (goes_on, accepted) = s.decide(rows, vocab, draft, tok, n_ctx, m);
         if let Some(drafter) = s.drafter.as_mut().filter(|_| !draft.is_empty()) {
             drafter.judged(draft.len(), accepted);
+            let source = &sources[usize::from(drafter.source() == Speculation::Suffix)];
             m.drafted_tokens
-                .get_or_create(&source)
+                .get_or_create(source)
                 .inc_by(draft.len() as u64);
             m.accepted_tokens
-                .get_or_create(&source)
+                .get_or_create(source)
                 .inc_by(accepted as u64);
         }
         if goes_on {

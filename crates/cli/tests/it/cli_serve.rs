@@ -652,20 +652,7 @@ fn speculative_serving_answers_as_plain_serving_does() {
     drop(plain);
     let fast = serve(&["--parallel", "4", "--speculate", "ngram"]);
     assert_eq!(answers(&fast, None), want);
-    let metrics = ureq::get(format!("{}/metrics", fast.url))
-        .call()
-        .unwrap()
-        .into_body()
-        .read_to_string()
-        .unwrap();
-    let count = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in\n{metrics}"))
-    };
+    let count = |name: &str| metric(&fast, name).unwrap_or_else(|| panic!("no {name}"));
     let drafted = count("strata_speculative_drafted_tokens_total{source=\"ngram\"}");
     let accepted = count("strata_speculative_accepted_tokens_total{source=\"ngram\"}");
     assert!(
@@ -673,4 +660,57 @@ fn speculative_serving_answers_as_plain_serving_does() {
         "{accepted} of {drafted}"
     );
     assert!(count("strata_speculative_verify_passes_total") > 0.0);
+}
+
+/// A server with `--speculate suffix` drafts a request's answer from an earlier request's
+/// answer, which its own prompt does not hold, and answers token for token as without drafts.
+#[test]
+fn suffix_drafts_copy_an_earlier_answer_into_another_request() {
+    let fast = serve(&["--speculate", "suffix"]);
+    let ask = |speculate: bool| -> String {
+        let body = serde_json::json!({"model": MODEL, "max_tokens": 64, "temperature": 0,
+            "speculate": speculate,
+            "messages": [{"role": "user", "content": "Write a short poem about the sea."}]});
+        let v: serde_json::Value = ureq::post(format!("{}/v1/chat/completions", fast.url))
+            .send_json(&body)
+            .unwrap()
+            .into_body()
+            .read_json()
+            .unwrap();
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string()
+    };
+    let count = |name: &str| metric(&fast, name).unwrap_or(0.0);
+    let suffix = "strata_speculative_accepted_tokens_total{source=\"suffix\"}";
+    // Without drafts, nothing is recorded; the first answer with drafts is (little of a poem
+    // repeats within itself, so few of its tokens come from drafts).
+    let want = ask(false);
+    let first = ask(true);
+    assert_eq!(first, want);
+    let before = count(suffix);
+    // The same question again: its answer so far matches the first answer, and what followed
+    // there is drafted and accepted.
+    assert_eq!(ask(true), want);
+    let accepted = count(suffix) - before;
+    assert!(
+        accepted >= 32.0,
+        "{accepted} tokens accepted from suffix drafts for {want:?}"
+    );
+}
+
+/// The value of the sample `name` (with its labels) in `server`'s `/metrics`, if present.
+fn metric(server: &Server, name: &str) -> Option<f64> {
+    let metrics = ureq::get(format!("{}/metrics", server.url))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
 }

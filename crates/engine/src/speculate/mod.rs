@@ -14,8 +14,16 @@
 //! distribution (the random stream is consumed differently, so a seeded run draws other
 //! tokens from that same distribution).
 
+pub mod suffix;
+
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::sequences::Sequences;
 use crate::{EngineError, Sampler, SlotId};
+use suffix::SuffixStore;
+
+/// A suffix store shared by the sequences of one server (see [`suffix`]).
+pub type SharedAnswers = Arc<Mutex<SuffixStore>>;
 
 /// Where drafts come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,24 +33,32 @@ pub enum Speculation {
     Off,
     /// Prompt lookup: what followed the latest earlier occurrence of the last few tokens.
     Ngram,
+    /// Prompt lookup, and what followed the last few tokens in the server's recent answers
+    /// (suffix decoding, [`suffix`]), whichever match is longer. Where there is no server
+    /// (`strata run`), the same as [`Speculation::Ngram`].
+    Suffix,
 }
 
 impl Speculation {
-    /// The name the command line and the API take (`off`, `ngram`).
+    /// The name the command line and the API take (`off`, `ngram`, `suffix`).
     pub fn name(self) -> &'static str {
         match self {
             Speculation::Off => "off",
             Speculation::Ngram => "ngram",
+            Speculation::Suffix => "suffix",
         }
     }
 
     /// The speculation named `name`.
     pub fn from_name(name: &str) -> Option<Speculation> {
-        match name {
-            "off" => Some(Speculation::Off),
-            "ngram" => Some(Speculation::Ngram),
-            _ => None,
-        }
+        [Speculation::Off, Speculation::Ngram, Speculation::Suffix]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+
+    /// Whether drafts are made at all.
+    pub fn drafts(self) -> bool {
+        self != Speculation::Off
     }
 }
 
@@ -71,6 +87,10 @@ pub struct NgramDrafter {
     pause: usize,
     drafted: u64,
     accepted: u64,
+    /// The server's recent answers, searched beside the sequence's own history.
+    answers: Option<SharedAnswers>,
+    /// Where the last draft came from.
+    source: Speculation,
 }
 
 impl Default for NgramDrafter {
@@ -82,6 +102,8 @@ impl Default for NgramDrafter {
             pause: 0,
             drafted: 0,
             accepted: 0,
+            answers: None,
+            source: Speculation::Ngram,
         }
     }
 }
@@ -92,9 +114,33 @@ impl NgramDrafter {
         NgramDrafter::default()
     }
 
+    /// A drafter that also copies from `answers`, the recent answers of the server it runs
+    /// in ([`Speculation::Suffix`]).
+    pub fn with_answers(answers: SharedAnswers) -> NgramDrafter {
+        NgramDrafter {
+            answers: Some(answers),
+            ..NgramDrafter::default()
+        }
+    }
+
     /// Tokens drafted and accepted so far.
     pub fn counts(&self) -> (u64, u64) {
         (self.drafted, self.accepted)
+    }
+
+    /// Where the last draft came from: the sequence's own history ([`Speculation::Ngram`]) or
+    /// the server's answers ([`Speculation::Suffix`]).
+    pub fn source(&self) -> Speculation {
+        self.source
+    }
+
+    /// Adds a finished sequence's answer to the server's answers, if this drafter reads them.
+    pub fn record(&self, answer: &[u32]) {
+        if let Some(a) = &self.answers {
+            a.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(answer);
+        }
     }
 
     /// Writes into `out` a draft of at most `limit` tokens to follow `history` (empty when
@@ -113,8 +159,21 @@ impl NgramDrafter {
         let from = self
             .follow
             .filter(|&j| j < n && matched(history, j, MIN_MATCH) >= MIN_MATCH)
+            .map(|j| (MAX_MATCH, j))
             .or_else(|| search(history));
-        let Some(j) = from else {
+        self.source = Speculation::Ngram;
+        if let Some(answers) = &self.answers {
+            // The server's answers, where they match longer than the sequence itself does.
+            let store = answers.lock().unwrap_or_else(PoisonError::into_inner);
+            let m = store.draft(history, limit, out);
+            if m > from.map_or(0, |f| f.0) {
+                self.follow = None;
+                self.source = Speculation::Suffix;
+                return;
+            }
+            out.clear();
+        }
+        let Some((_, j)) = from else {
             self.follow = None;
             return;
         };
@@ -166,8 +225,8 @@ fn matched(history: &[u32], j: usize, most: usize) -> usize {
 }
 
 /// The history index after the latest earlier occurrence of the longest run (at least
-/// [`MIN_MATCH`], at most [`MAX_MATCH`] tokens) that ends `history`.
-fn search(history: &[u32]) -> Option<usize> {
+/// [`MIN_MATCH`], at most [`MAX_MATCH`] tokens) that ends `history`, with the run's length.
+fn search(history: &[u32]) -> Option<(usize, usize)> {
     let n = history.len();
     let last = history[n - 1];
     let mut best: Option<(usize, usize)> = None;
@@ -183,7 +242,7 @@ fn search(history: &[u32]) -> Option<usize> {
             }
         }
     }
-    best.map(|(_, j)| j)
+    best
 }
 
 /// What one verified step did (its accepted tokens went to the history and the caller).
@@ -310,6 +369,34 @@ mod tests {
         let mut d = NgramDrafter::new();
         d.draft(&[7, 1, 2, 1, 2, 1, 2], 16, &mut out);
         assert_eq!(out, [1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn suffix_drafts_copy_the_servers_answers_where_they_match_longer() {
+        let answers = SharedAnswers::default();
+        let d0 = NgramDrafter::with_answers(answers.clone());
+        d0.record(&[10, 11, 12, 13, 14, 15, 16, 17]);
+        // Without a drafter of its own source, a sequence does not add to the answers.
+        NgramDrafter::new().record(&[1, 2, 3, 4, 5]);
+        assert_eq!(answers.lock().expect("answers").len(), (8, 1));
+        let mut d = NgramDrafter::with_answers(answers.clone());
+        let mut out = Vec::new();
+        // Nothing in its own history: the answer's continuation.
+        d.draft(&[1, 2, 11, 12, 13], 16, &mut out);
+        assert_eq!(out, [14, 15, 16, 17]);
+        assert_eq!(d.source(), Speculation::Suffix);
+        // Its own history matches four tokens, the answer three: its own text wins.
+        d.draft(&[9, 11, 12, 13, 40, 9, 11, 12, 13], 16, &mut out);
+        assert_eq!(out, [40, 9, 11, 12]);
+        assert_eq!(d.source(), Speculation::Ngram);
+        // The answer matches four, its own text three: the answer wins.
+        d.draft(&[11, 12, 13, 50, 7, 10, 11, 12, 13], 16, &mut out);
+        assert_eq!(out, [14, 15, 16, 17]);
+        assert_eq!(d.source(), Speculation::Suffix);
+        // A plain prompt-lookup drafter never reads the answers.
+        let mut plain = NgramDrafter::new();
+        plain.draft(&[1, 2, 11, 12, 13], 16, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]
