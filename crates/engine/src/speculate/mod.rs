@@ -64,9 +64,9 @@ impl Speculation {
 
 /// The shortest run of tokens matched to find a draft when no earlier draft is being followed:
 /// shorter matches (a common pair of tokens) predict little.
-const MIN_MATCH: usize = 3;
+pub const MIN_MATCH: usize = 3;
 /// The longest run of tokens compared when searching: longer matches are not told apart.
-const MAX_MATCH: usize = 8;
+pub const MAX_MATCH: usize = 8;
 /// The longest draft.
 pub const MAX_DRAFT: usize = 16;
 /// The draft length a sequence starts with.
