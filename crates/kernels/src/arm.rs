@@ -213,10 +213,9 @@ fn dot_f16_half(w: &[u8], a: &[u8], n: usize) -> f32 {
     let h = |row: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]]));
     // Exact in f64 for every finite result (an f16 product has 22 significant bits and the
     // operands' exponents are close enough), so the one rounding is f16's.
-    let fma = |acc: f16, x: f16, y: f16| {
-        f16::from_f64(f64::from(x).mul_add(f64::from(y), f64::from(acc)))
-    };
-    let add = |x: f16, y: f16| f16::from_f64(f64::from(x) + f64::from(y));
+    let fma =
+        |acc: f16, x: f16, y: f16| f16_nearest(f64::from(x).mul_add(f64::from(y), f64::from(acc)));
+    let add = |x: f16, y: f16| f16_nearest(f64::from(x) + f64::from(y));
     let mut c = [[f16::ZERO; 8]; 4];
     let steps = n / 32 * 32;
     for i in (0..steps).step_by(32) {
@@ -237,6 +236,27 @@ fn dot_f16_half(w: &[u8], a: &[u8], n: usize) -> f32 {
         sum += f64::from(f16_at(w, j) * f16_at(a, j));
     }
     sum as f32
+}
+
+/// `x` rounded once to the nearest f16 (ties to even; past the largest, infinity). Not
+/// `half::f16::from_f64`, which on some targets rounds to f32 first: twice rounded, a sum
+/// lands on the other side of a tie now and then.
+fn f16_nearest(x: f64) -> half::f16 {
+    use half::f16;
+    if x.is_nan() {
+        return f16::NAN;
+    }
+    let a = x.abs();
+    let r = if a >= 65520.0 {
+        f64::INFINITY
+    } else {
+        // The f16 spacing at `a`: 2^-24 below the normal range, else 2^(exponent - 10).
+        let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let ulp = 2f64.powi(e.max(-14) - 10);
+        (a / ulp).round_ties_even() * ulp
+    };
+    // Exact in f32 and in f16 now, so either conversion keeps it.
+    f16::from_f32(r.copysign(x) as f32)
 }
 
 /// BF16: every (exact) product added in f64, in element order.
@@ -545,6 +565,24 @@ mod tests {
             Lanes::Dotprod,
         );
         assert!(checked >= 350, "{checked} cases");
+    }
+
+    /// [`f16_nearest`] rounds once: ties to even, a tie broken by a bit far below it, the
+    /// subnormals and the overflow threshold.
+    #[test]
+    fn f16_rounding_is_single() {
+        let f = |x: f64| f64::from(f16_nearest(x));
+        let t = 2f64.powi(-11);
+        assert_eq!(f(1.0 + t), 1.0);
+        assert_eq!(f(1.0 + 3.0 * t), 1.0 + 4.0 * t);
+        // Through f32 this is the tie `1 + 2^-11`, which would go down to 1.
+        assert_eq!(f(1.0 + t + 2f64.powi(-40)), 1.0 + 2.0 * t);
+        assert_eq!(f(-(1.0 + t + 2f64.powi(-40))), -(1.0 + 2.0 * t));
+        assert_eq!(f(2f64.powi(-25)), 0.0);
+        assert_eq!(f(2f64.powi(-25) + 2f64.powi(-60)), 2f64.powi(-24));
+        assert_eq!(f(65519.99), 65504.0);
+        assert_eq!(f(65520.0), f64::INFINITY);
+        assert!(f(f64::NAN).is_nan());
     }
 
     /// Checks every case of a `make-dot-vectors.py --aarch64` fixture in `lanes`, the portable

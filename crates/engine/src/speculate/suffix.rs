@@ -102,7 +102,10 @@ impl SuffixStore {
         let first = self.answers.front().map_or(0, |a| a.0);
         let mut best: Option<(usize, &[u32], usize)> = None;
         for &(id, p) in cands.iter().rev().take(MAX_CANDIDATES) {
-            let Some((_, toks)) = self.answers.get((id - first) as usize) else {
+            let Some((_, toks)) = id
+                .checked_sub(first)
+                .and_then(|i| self.answers.get(i as usize))
+            else {
                 continue;
             };
             let p = p as usize;
