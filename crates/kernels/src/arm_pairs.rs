@@ -9,6 +9,7 @@
 
 use strata_gguf::GgmlType;
 
+use crate::arm::{Lanes, block_lanes};
 use crate::formats::{QK, block_codes, rd_f16};
 use crate::kformats::{KBlock, block_dot, decode, min_sum, q8k_d};
 use crate::kquants::{Q6_K_BYTES, Q8_K_BYTES, QK_K, q6k_block_total};
@@ -51,10 +52,9 @@ fn pair_legacy(ty: GgmlType, w: [&[u8]; 2], a: [&[u8]; 2], n: usize) -> [f32; 4]
         for c in 0..2 {
             let dy = rd_f16(y[c], 0);
             for r in 0..2 {
-                let s: i32 = codes[r]
+                // `vmmlaq_s32` sums the block exactly, as any grouping of its lanes does.
+                let s: i32 = block_lanes(Lanes::Dotprod, &codes[r], &y[c][qoff..])
                     .iter()
-                    .zip(&y[c][qoff..qoff + QK])
-                    .map(|(&q, &v)| i32::from(q) * i32::from(v as i8))
                     .sum();
                 acc[at(r, c)] += s as f32 * (dm[r].0 * dy);
                 if q81 {

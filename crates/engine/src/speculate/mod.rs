@@ -162,11 +162,13 @@ impl NgramDrafter {
             .map(|j| (MAX_MATCH, j))
             .or_else(|| search(history));
         self.source = Speculation::Ngram;
-        if let Some(answers) = &self.answers {
+        // A copy being followed (or a longest match) is never beaten: no lookup then.
+        let own = from.map_or(0, |f| f.0);
+        if let Some(answers) = self.answers.as_ref().filter(|_| own < MAX_MATCH) {
             // The server's answers, where they match longer than the sequence itself does.
             let store = answers.lock().unwrap_or_else(PoisonError::into_inner);
             let m = store.draft(history, limit, out);
-            if m > from.map_or(0, |f| f.0) {
+            if m > own {
                 self.follow = None;
                 self.source = Speculation::Suffix;
                 return;
@@ -218,9 +220,14 @@ impl NgramDrafter {
 
 /// How many tokens before history index `j` equal the last ones of `history`, up to `most`.
 fn matched(history: &[u32], j: usize, most: usize) -> usize {
+    run_before(history, j, history, most)
+}
+
+/// How many tokens before index `j` of `toks` equal the last ones of `history`, up to `most`.
+pub(crate) fn run_before(toks: &[u32], j: usize, history: &[u32], most: usize) -> usize {
     let n = history.len();
-    (1..=most.min(j))
-        .take_while(|&i| history[j - i] == history[n - i])
+    (1..=most.min(j).min(n))
+        .take_while(|&i| toks[j - i] == history[n - i])
         .count()
 }
 

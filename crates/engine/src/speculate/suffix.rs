@@ -112,9 +112,7 @@ impl SuffixStore {
             if p >= toks.len() {
                 continue;
             }
-            let m = (1..=MAX_MATCH.min(p).min(n))
-                .take_while(|&i| toks[p - i] == history[n - i])
-                .count();
+            let m = super::run_before(toks, p, history, MAX_MATCH);
             if best.is_none_or(|(bm, _, _)| m > bm) {
                 best = Some((m, toks, p));
                 if m == MAX_MATCH {
